@@ -1,0 +1,25 @@
+// Command quartermaster is the Quartermaster manager: one process hosting every controller.
+package main
+
+import (
+	"fmt"
+	"os"
+
+	ctrl "sigs.k8s.io/controller-runtime"
+
+	"github.com/quartermaster-dev/quartermaster/internal/manager"
+	"github.com/quartermaster-dev/quartermaster/internal/registry"
+)
+
+// controllers lists every controller the manager can host, in start order.
+func controllers() []registry.Controller {
+	return []registry.Controller{}
+}
+
+func main() {
+	scheme := manager.Scheme()
+	if err := manager.Run(ctrl.SetupSignalHandler(), os.Args[1:], controllers(), scheme, os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "quartermaster:", err)
+		os.Exit(1)
+	}
+}

@@ -1,0 +1,31 @@
+// Package kubeconfig renders a kubeconfig file that authenticates with a bearer token.
+package kubeconfig
+
+import (
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+)
+
+// Params describe a token-authenticated kubeconfig with one cluster, user and context.
+type Params struct {
+	// Name names the cluster, user and context entries.
+	Name string
+	// Server is the API server URL.
+	Server string
+	// CAData is the PEM bundle that verifies the server; empty means the system roots.
+	CAData []byte
+	// Token is the bearer token.
+	Token string
+	// Namespace is the context's default namespace; optional.
+	Namespace string
+}
+
+// Render returns the kubeconfig as YAML.
+func Render(p Params) ([]byte, error) {
+	cfg := clientcmdapi.NewConfig()
+	cfg.Clusters[p.Name] = &clientcmdapi.Cluster{Server: p.Server, CertificateAuthorityData: p.CAData}
+	cfg.AuthInfos[p.Name] = &clientcmdapi.AuthInfo{Token: p.Token}
+	cfg.Contexts[p.Name] = &clientcmdapi.Context{Cluster: p.Name, AuthInfo: p.Name, Namespace: p.Namespace}
+	cfg.CurrentContext = p.Name
+	return clientcmd.Write(*cfg)
+}

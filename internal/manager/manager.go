@@ -1,0 +1,188 @@
+// Package manager turns command-line arguments into a running controller-runtime manager that hosts
+// the chosen Quartermaster controllers. cmd/quartermaster only passes it the arguments and the list
+// of controllers.
+package manager
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/runtime"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	"k8s.io/client-go/discovery"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client/config"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	ctrl "sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	"github.com/quartermaster-dev/quartermaster/internal/registry"
+)
+
+// The manager's own RBAC: Events for every controller, and the TokenReviews and SubjectAccessReviews
+// that guard the metrics endpoint. Leader election uses a namespaced Role (config/rbac).
+// +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
+// +kubebuilder:rbac:groups=authentication.k8s.io,resources=tokenreviews,verbs=create
+// +kubebuilder:rbac:groups=authorization.k8s.io,resources=subjectaccessreviews,verbs=create
+
+// Options are the manager's own flags (each controller adds its own).
+type Options struct {
+	Controllers             string
+	LeaderElect             bool
+	LeaderElectionID        string
+	LeaderElectionNamespace string
+	MetricsBindAddress      string
+	MetricsSecure           bool
+	EnableHTTP2             bool
+	HealthProbeBindAddress  string
+	KindPollInterval        time.Duration
+	Zap                     zap.Options
+}
+
+// Scheme returns the scheme with the built-in kinds plus the given API groups.
+func Scheme(addToScheme ...func(*runtime.Scheme) error) *runtime.Scheme {
+	s := runtime.NewScheme()
+	utilruntime.Must(clientgoscheme.AddToScheme(s))
+	for _, add := range addToScheme {
+		utilruntime.Must(add(s))
+	}
+	return s
+}
+
+// ParseFlags parses args into Options and into every controller's own flags.
+// flag.ErrHelp is returned for -h/--help, after the usage was written to out.
+func ParseFlags(args []string, all []registry.Controller, out io.Writer) (*Options, error) {
+	o := &Options{}
+	fs := flag.NewFlagSet("quartermaster", flag.ContinueOnError)
+	fs.SetOutput(out)
+	fs.StringVar(&o.Controllers, "controllers", "",
+		"Comma-separated controllers to run; empty runs every controller that is configured. Valid: "+
+			strings.Join(registry.Names(all), ", "))
+	fs.BoolVar(&o.LeaderElect, "leader-elect", false,
+		"Elect a leader through a Lease so only one replica reconciles at a time.")
+	fs.StringVar(&o.LeaderElectionID, "leader-election-id", "quartermaster.quartermaster.dev",
+		"Name of the Lease used for leader election.")
+	fs.StringVar(&o.LeaderElectionNamespace, "leader-election-namespace", "",
+		"Namespace of the leader election Lease; defaults to the namespace the manager runs in.")
+	fs.StringVar(&o.MetricsBindAddress, "metrics-bind-address", "0",
+		"Address the metrics endpoint binds to, e.g. :8443 (HTTPS) or :8080 (with --metrics-secure=false); 0 disables it.")
+	fs.BoolVar(&o.MetricsSecure, "metrics-secure", true,
+		"Serve metrics over HTTPS and allow only callers authorized by the API server (TokenReview + SubjectAccessReview).")
+	fs.BoolVar(&o.EnableHTTP2, "enable-http2", false,
+		"Allow HTTP/2 on the metrics server (off by default: HTTP/2 Rapid Reset and Stream Cancellation, CVE-2023-44487).")
+	fs.StringVar(&o.HealthProbeBindAddress, "health-probe-bind-address", ":8081",
+		"Address the /healthz and /readyz probes bind to; 0 disables them.")
+	fs.DurationVar(&o.KindPollInterval, "crd-poll-interval", registry.DefaultKindPollInterval,
+		"How often a controller whose CustomResourceDefinition is not installed checks for it again.")
+	config.RegisterFlags(fs) // --kubeconfig, read by config.GetConfig
+	o.Zap.BindFlags(fs)
+	for _, c := range all {
+		if c.AddFlags != nil {
+			c.AddFlags(fs)
+		}
+	}
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+	return o, nil
+}
+
+// Run parses args, selects the controllers and runs the manager until ctx ends.
+func Run(ctx context.Context, args []string, all []registry.Controller, scheme *runtime.Scheme, out io.Writer) error {
+	o, err := ParseFlags(args, all, out)
+	if errors.Is(err, flag.ErrHelp) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	root := zap.New(zap.UseFlagOptions(&o.Zap), zap.WriteTo(out))
+	// The global logger can be set only once per process; the manager and the registry are handed
+	// root directly so each Run logs where it was told to.
+	log.SetLogger(root)
+	logger := root.WithName("setup")
+
+	sel, err := registry.Select(o.Controllers, all)
+	if err != nil {
+		return err
+	}
+	registry.LogDisabled(logger, sel)
+	byObject, err := registry.CacheOptions(sel.Enabled)
+	if err != nil {
+		return err
+	}
+
+	restConfig, err := config.GetConfig()
+	if err != nil {
+		return fmt.Errorf("no API server to talk to (use --kubeconfig, KUBECONFIG or run in a cluster): %w", err)
+	}
+	mgr, err := ctrl.New(restConfig, ctrl.Options{
+		Scheme: scheme,
+		Logger: root,
+		Cache: cache.Options{
+			ByObject:         byObject,
+			DefaultTransform: cache.TransformStripManagedFields(),
+		},
+		Metrics:                       metricsOptions(o),
+		HealthProbeBindAddress:        o.HealthProbeBindAddress,
+		LeaderElection:                o.LeaderElect,
+		LeaderElectionID:              o.LeaderElectionID,
+		LeaderElectionNamespace:       o.LeaderElectionNamespace,
+		LeaderElectionReleaseOnCancel: true, // the process exits right after, so a successor need not wait out the lease
+	})
+	if err != nil {
+		return fmt.Errorf("creating the manager: %w", err)
+	}
+	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
+		return err
+	}
+	if err := mgr.AddReadyzCheck("readyz", healthz.Ping); err != nil {
+		return err
+	}
+
+	disco, err := discovery.NewDiscoveryClientForConfig(restConfig)
+	if err != nil {
+		return err
+	}
+	for _, c := range sel.Enabled {
+		err := mgr.Add(&registry.Starter{
+			Controller:   c,
+			Manager:      mgr,
+			Discovery:    disco,
+			PollInterval: o.KindPollInterval,
+			Log:          root.WithName("registry"),
+		})
+		if err != nil {
+			return err
+		}
+	}
+	logger.Info("starting manager", "controllers", registry.Names(sel.Enabled))
+	return mgr.Start(ctx)
+}
+
+func metricsOptions(o *Options) metricsserver.Options {
+	m := metricsserver.Options{
+		BindAddress:   o.MetricsBindAddress,
+		SecureServing: o.MetricsSecure,
+	}
+	if o.MetricsSecure {
+		m.FilterProvider = filters.WithAuthenticationAndAuthorization
+	}
+	if !o.EnableHTTP2 {
+		m.TLSOpts = []func(*tls.Config){func(c *tls.Config) { c.NextProtos = []string{"http/1.1"} }}
+	}
+	return m
+}

@@ -1,0 +1,175 @@
+package manager_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrl "sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/yaml"
+
+	"github.com/quartermaster-dev/quartermaster/internal/manager"
+	"github.com/quartermaster-dev/quartermaster/internal/registry"
+	"github.com/quartermaster-dev/quartermaster/internal/testing/testenv"
+)
+
+var widgetGVK = schema.GroupVersionKind{Group: "test.quartermaster.dev", Version: "v1", Kind: "Widget"}
+
+// syncBuffer is a log sink the manager writes to from many goroutines.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// widgetController reconciles test Widgets and reports each reconciled name.
+func widgetController(reconciled chan<- string) registry.Controller {
+	return registry.Controller{
+		Name:     "widgets",
+		Requires: []schema.GroupVersionKind{widgetGVK},
+		Setup: func(mgr ctrl.Manager) error {
+			u := &unstructured.Unstructured{}
+			u.SetGroupVersionKind(widgetGVK)
+			return builder.ControllerManagedBy(mgr).For(u).Named("widgets").Complete(
+				reconcile.Func(func(_ context.Context, req reconcile.Request) (reconcile.Result, error) {
+					reconciled <- req.Name
+					return reconcile.Result{}, nil
+				}))
+		},
+	}
+}
+
+func unconfiguredController() registry.Controller {
+	return registry.Controller{
+		Name:       "needs-config",
+		Configured: func() error { return errors.New("--needs-config-endpoint is required") },
+		Setup:      func(ctrl.Manager) error { return errors.New("must not be set up") },
+	}
+}
+
+func TestUnknownControllerIsAnErrorNamingTheValidOnes(t *testing.T) {
+	all := []registry.Controller{widgetController(nil), unconfiguredController()}
+	err := manager.Run(context.Background(), []string{"--controllers=nonsense"}, all, manager.Scheme(), &syncBuffer{})
+	if err == nil {
+		t.Fatal("Run accepted an unknown controller")
+	}
+	for _, want := range []string{`"nonsense"`, "widgets", "needs-config"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not mention %s", err, want)
+		}
+	}
+}
+
+func TestNamedControllerWithoutConfigurationIsAnError(t *testing.T) {
+	all := []registry.Controller{widgetController(nil), unconfiguredController()}
+	err := manager.Run(context.Background(), []string{"--controllers=widgets,needs-config"}, all, manager.Scheme(), &syncBuffer{})
+	if err == nil || !strings.Contains(err.Error(), "--needs-config-endpoint") {
+		t.Fatalf("want an error naming the missing flag, got %v", err)
+	}
+}
+
+// TestControllerWaitsForItsCRDAndStartsWhenInstalled runs the whole manager against a real API
+// server that does not serve the controller's kind yet, then installs the CRD.
+func TestControllerWaitsForItsCRDAndStartsWhenInstalled(t *testing.T) {
+	env := testenv.Start(t)
+	kubeconfig := env.KubeconfigFor(t, "test-admin", "system:masters")
+
+	reconciled := make(chan string, 10)
+	all := []registry.Controller{widgetController(reconciled), unconfiguredController()}
+	logs := &syncBuffer{}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- manager.Run(ctx, []string{
+			"--kubeconfig=" + kubeconfig,
+			"--health-probe-bind-address=0",
+			"--crd-poll-interval=100ms",
+		}, all, manager.Scheme(), logs)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("manager exited with %v", err)
+		}
+	})
+
+	waitFor(t, "the waiting message", logs, func() bool { return strings.Contains(logs.String(), "waiting for the CustomResourceDefinition") })
+	time.Sleep(time.Second) // ten polls
+	if n := strings.Count(logs.String(), "waiting for the CustomResourceDefinition"); n != 1 {
+		t.Errorf("the missing CRD was logged %d times, want once", n)
+	}
+	if !strings.Contains(logs.String(), "--needs-config-endpoint is required") {
+		t.Errorf("the unconfigured controller's reason was not logged:\n%s", logs)
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("manager exited while a CRD was missing: %v", err)
+	default:
+	}
+
+	installCRD(t, env.Client, filepath.Join(testenv.RepoRoot(), "internal", "testing", "testdata", "crds", "widgets.yaml"))
+	w := &unstructured.Unstructured{}
+	w.SetGroupVersionKind(widgetGVK)
+	w.SetNamespace("default")
+	w.SetName("first")
+	// The test's own client learns the new kind once discovery serves it.
+	waitFor(t, "the Widget create to succeed", logs, func() bool {
+		return env.Client.Create(context.Background(), w) == nil
+	})
+	select {
+	case name := <-reconciled:
+		if name != "first" {
+			t.Errorf("reconciled %q, want first", name)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatalf("the controller did not start after its CRD was installed; logs:\n%s", logs)
+	}
+}
+
+func installCRD(t *testing.T, c client.Client, path string) {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	crd := &apiextensionsv1.CustomResourceDefinition{}
+	if err := yaml.UnmarshalStrict(data, crd); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Create(context.Background(), crd); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func waitFor(t *testing.T, what string, logs *syncBuffer, cond func() bool) {
+	t.Helper()
+	err := wait.PollUntilContextTimeout(context.Background(), 50*time.Millisecond, 60*time.Second, true,
+		func(context.Context) (bool, error) { return cond(), nil })
+	if err != nil {
+		t.Fatalf("timed out waiting for %s; logs:\n%s", what, logs)
+	}
+}

@@ -1,0 +1,125 @@
+// Package registry describes the controllers the Quartermaster manager can host, chooses which of
+// them run from the --controllers flag and their configuration, and starts each one only once the
+// API kinds it needs are served.
+package registry
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+
+	"github.com/go-logr/logr"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrl "sigs.k8s.io/controller-runtime/pkg/manager"
+)
+
+// Controller is one controller the manager can run. Each controller package returns one from a
+// constructor; cmd/quartermaster lists them.
+type Controller struct {
+	// Name is what --controllers selects it by, e.g. "namespaces".
+	Name string
+	// Requires lists the custom resource kinds the controller watches. Until every one of them is
+	// served the controller waits instead of failing (built-in kinds need not be listed).
+	Requires []schema.GroupVersionKind
+	// AddFlags registers the controller's own flags. Optional.
+	AddFlags func(fs *flag.FlagSet)
+	// Configured reports, after flags are parsed, why the controller cannot run (an error that
+	// names the missing or invalid flag), or nil. Optional.
+	Configured func() error
+	// CacheByObject narrows what the shared cache holds for the kinds this controller watches
+	// (label or field selectors). Optional; consulted only when the controller is enabled.
+	CacheByObject func() map[client.Object]cache.ByObject
+	// Setup registers the controller with the manager. It runs once, after Requires are served.
+	Setup func(mgr ctrl.Manager) error
+}
+
+// Selection is the outcome of choosing controllers: the ones to run, and the ones left off with why.
+type Selection struct {
+	Enabled  []Controller
+	Disabled map[string]error
+}
+
+// Names returns the names of the controllers, in order.
+func Names(all []Controller) []string {
+	names := make([]string, 0, len(all))
+	for _, c := range all {
+		names = append(names, c.Name)
+	}
+	return names
+}
+
+// Select chooses the controllers to run from a --controllers value (a comma list; empty means every
+// controller). An unknown name is an error that lists the valid ones. A controller that is not
+// configured is left off when it was chosen implicitly, and is an error when it was named.
+func Select(flagValue string, all []Controller) (Selection, error) {
+	sel := Selection{Disabled: map[string]error{}}
+	named := map[string]bool{}
+	for _, n := range strings.Split(flagValue, ",") {
+		if n = strings.TrimSpace(n); n == "" {
+			continue
+		}
+		if !slices.ContainsFunc(all, func(c Controller) bool { return c.Name == n }) {
+			return sel, fmt.Errorf("--controllers: unknown controller %q; valid controllers are: %s",
+				n, validList(all))
+		}
+		named[n] = true
+	}
+	var errs []error
+	for _, c := range all {
+		if len(named) > 0 && !named[c.Name] {
+			continue
+		}
+		if c.Configured != nil {
+			if err := c.Configured(); err != nil {
+				if named[c.Name] {
+					errs = append(errs, fmt.Errorf("controller %q: %w", c.Name, err))
+				} else {
+					sel.Disabled[c.Name] = err
+				}
+				continue
+			}
+		}
+		sel.Enabled = append(sel.Enabled, c)
+	}
+	return sel, errors.Join(errs...)
+}
+
+func validList(all []Controller) string {
+	if len(all) == 0 {
+		return "(none registered)"
+	}
+	return strings.Join(Names(all), ", ")
+}
+
+// CacheOptions merges the ByObject cache restrictions of the enabled controllers. Two controllers
+// that restrict the same kind would starve each other, so that is an error.
+func CacheOptions(enabled []Controller) (map[client.Object]cache.ByObject, error) {
+	merged := map[client.Object]cache.ByObject{}
+	owner := map[string]string{}
+	for _, c := range enabled {
+		if c.CacheByObject == nil {
+			continue
+		}
+		for obj, by := range c.CacheByObject() {
+			key := fmt.Sprintf("%T", obj)
+			if prev, ok := owner[key]; ok {
+				return nil, fmt.Errorf("controllers %q and %q both restrict the cache for %s", prev, c.Name, key)
+			}
+			owner[key] = c.Name
+			merged[obj] = by
+		}
+	}
+	return merged, nil
+}
+
+// LogDisabled logs once, per controller left off, why.
+func LogDisabled(log logr.Logger, sel Selection) {
+	for _, name := range slices.Sorted(maps.Keys(sel.Disabled)) {
+		log.Info("controller disabled: not configured", "controller", name, "reason", sel.Disabled[name].Error())
+	}
+}
