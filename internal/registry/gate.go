@@ -60,8 +60,11 @@ func (s *Starter) Start(ctx context.Context) error {
 		}
 		return true, nil
 	})
+	if ctx.Err() != nil {
+		return nil // the manager is stopping; not a failure
+	}
 	if err != nil {
-		return nil // the manager is stopping
+		return err
 	}
 	if len(logged) > 0 {
 		log.Info("required kinds are served now; starting")
