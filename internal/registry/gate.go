@@ -60,11 +60,9 @@ func (s *Starter) Start(ctx context.Context) error {
 		}
 		return true, nil
 	})
-	if ctx.Err() != nil {
-		return nil // the manager is stopping; not a failure
-	}
 	if err != nil {
-		return err
+		// The condition never fails, so the poll ends early only when the manager is stopping.
+		return nil //nolint:nilerr // stopping is not a failure
 	}
 	if len(logged) > 0 {
 		log.Info("required kinds are served now; starting")
