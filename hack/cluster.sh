@@ -23,6 +23,16 @@ kubeconfig="${cache_root}/clusters/${name}/kubeconfig"
 
 log() { echo "cluster: $*" >&2; }
 
+# kwokctl logs a JSON line per step: keep them in a file, show them only when a step fails.
+kwok_log="${cache_root}/clusters/${name}.kwokctl.log"
+mkdir -p "$(dirname "${kwok_log}")"
+quiet() {
+	if ! "$@" >>"${kwok_log}" 2>&1; then
+		tail -n 30 "${kwok_log}" >&2
+		return 1
+	fi
+}
+
 bin_dir="$("${here}/k8s-bin.sh" | tail -n1)"
 kwokctl="${bin_dir}/kwokctl"
 
@@ -33,12 +43,12 @@ up)
 	mkdir -p "$(dirname "${kubeconfig}")"
 	if exists; then
 		log "cluster ${name} exists; starting it"
-		"${kwokctl}" start cluster --name "${name}" >&2
+		quiet "${kwokctl}" start cluster --name "${name}"
 	else
 		log "creating cluster ${name}"
 		# Versions must be given so kwokctl renders flags for the binaries we built, not its defaults.
 		KWOK_KUBE_VERSION="$("${bin_dir}/kube-apiserver" --version | awk '{print $2}')" \
-			"${kwokctl}" create cluster --name "${name}" --runtime binary \
+			quiet "${kwokctl}" create cluster --name "${name}" --runtime binary \
 			--config "${bin_dir}/kwok-stages.yaml" \
 			--etcd-binary "${bin_dir}/etcd" \
 			--kube-apiserver-binary "${bin_dir}/kube-apiserver" \
@@ -46,22 +56,23 @@ up)
 			--kube-scheduler-binary "${bin_dir}/kube-scheduler" \
 			--kwok-controller-binary "${bin_dir}/kwok" \
 			--kubeconfig "${kubeconfig}" \
-			--wait 3m >&2
+			--wait 3m
 	fi
 	have="$("${bin_dir}/kubectl" --kubeconfig "${kubeconfig}" get nodes --no-headers 2>/dev/null | wc -l)"
 	if (( have < nodes )); then
 		# kwokctl's default node template gives each node a spec.podCIDR (10.0.N.0/24).
-		"${kwokctl}" scale node --name "${name}" --replicas "${nodes}" >&2
+		quiet "${kwokctl}" scale node --name "${name}" --replicas "${nodes}"
 	fi
-	"${bin_dir}/kubectl" --kubeconfig "${kubeconfig}" wait --for=condition=Ready nodes --all --timeout=2m >&2
+	quiet "${bin_dir}/kubectl" --kubeconfig "${kubeconfig}" wait --for=condition=Ready nodes --all --timeout=2m
+	log "cluster ${name} is up with ${nodes} nodes; kubeconfig: ${kubeconfig}"
 	echo "${kubeconfig}"
 	;;
 down)
 	if exists; then
 		log "deleting cluster ${name}"
-		"${kwokctl}" delete cluster --name "${name}" >&2
+		quiet "${kwokctl}" delete cluster --name "${name}"
 	fi
-	rm -rf "$(dirname "${kubeconfig}")"
+	rm -rf "$(dirname "${kubeconfig}")" "${kwok_log}"
 	;;
 kubeconfig)
 	echo "${kubeconfig}"

@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# make demo / make demo-down: from nothing to a running Quartermaster on the local cluster.
+#
+#   up:   build what is missing, start the local cluster "quartermaster", install CRDs and RBAC
+#         (config/local), run the manager as a local process authenticated as its own
+#         ServiceAccount (bound to the generated ClusterRole, not admin), apply config/samples,
+#         wait for them, and print every Quartermaster kind with its status.
+#   down: stop the manager and delete the cluster.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(cd "${here}/.." && pwd)"
+cache_root="${QM_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/quartermaster}"
+cluster=quartermaster
+state="${cache_root}/demo"
+probe_addr=127.0.0.1:18081
+metrics_addr=127.0.0.1:18443
+
+log() { echo "demo: $*" >&2; }
+
+stop_manager() {
+	if [[ -f "${state}/manager.pid" ]]; then
+		pid="$(cat "${state}/manager.pid")"
+		if kill -0 "${pid}" 2>/dev/null; then
+			log "stopping the manager (pid ${pid})"
+			kill "${pid}"
+			for _ in $(seq 50); do kill -0 "${pid}" 2>/dev/null || break; sleep 0.2; done
+		fi
+		rm -f "${state}/manager.pid"
+	fi
+}
+
+case "${1:-up}" in
+down)
+	stop_manager
+	"${here}/cluster.sh" down "${cluster}"
+	rm -rf "${state}"
+	exit 0
+	;;
+up) ;;
+*) echo "usage: $0 up|down" >&2; exit 2 ;;
+esac
+
+bin_dir="$("${here}/k8s-bin.sh" | tail -n1)"
+kubeconfig="$("${here}/cluster.sh" up "${cluster}" 3 | tail -n1)"
+kubectl() { "${bin_dir}/kubectl" --kubeconfig "${kubeconfig}" "$@"; }
+mkdir -p "${state}"
+cd "${root}"
+
+log "installing CRDs, RBAC and the namespace (config/local)"
+kubectl apply --server-side --force-conflicts -k config/local >/dev/null
+kubectl wait --for=condition=Established crd -l app.kubernetes.io/part-of=quartermaster --timeout=60s >/dev/null 2>&1 || true
+
+log "building the manager"
+go build -o bin/quartermaster ./cmd/quartermaster
+
+# The manager authenticates with a token of its own ServiceAccount, so it runs with exactly the
+# permissions the generated ClusterRole gives it in a real cluster.
+server="$(kubectl config view --raw --minify -o jsonpath='{.clusters[0].cluster.server}')"
+kubectl config view --raw --minify -o jsonpath='{.clusters[0].cluster.certificate-authority-data}' | base64 -d >"${state}/ca.crt"
+token="$(kubectl -n quartermaster-system create token quartermaster-manager --duration=24h)"
+manager_kubeconfig="${state}/manager.kubeconfig"
+rm -f "${manager_kubeconfig}"
+mk() { "${bin_dir}/kubectl" --kubeconfig "${manager_kubeconfig}" "$@" >/dev/null; }
+mk config set-cluster local --server="${server}" --certificate-authority="${state}/ca.crt" --embed-certs
+mk config set-credentials quartermaster-manager --token="${token}"
+mk config set-context manager --cluster=local --user=quartermaster-manager --namespace=quartermaster-system
+mk config use-context manager
+
+stop_manager
+log "starting the manager (logs: ${state}/manager.log)"
+nohup "${root}/bin/quartermaster" --kubeconfig="${manager_kubeconfig}" \
+	--leader-elect --leader-election-namespace=quartermaster-system \
+	--health-probe-bind-address="${probe_addr}" --metrics-bind-address="${metrics_addr}" \
+	${QM_DEMO_ARGS:-} >"${state}/manager.log" 2>&1 &
+echo $! >"${state}/manager.pid"
+for i in $(seq 100); do
+	if curl -fsS "http://${probe_addr}/readyz" >/dev/null 2>&1; then break; fi
+	if ! kill -0 "$(cat "${state}/manager.pid")" 2>/dev/null; then
+		log "the manager exited:"; tail -20 "${state}/manager.log" >&2; exit 1
+	fi
+	if (( i == 100 )); then log "the manager did not become ready"; tail -20 "${state}/manager.log" >&2; exit 1; fi
+	sleep 0.2
+done
+
+log "applying config/samples"
+if [[ -n "$(kubectl kustomize config/samples)" ]]; then
+	kubectl apply --server-side -k config/samples >/dev/null
+fi
+kinds="$(kubectl api-resources -o name 2>/dev/null | grep -E '\.quartermaster\.dev$' | sort || true)"
+for kind in ${kinds}; do
+	kubectl wait --for=condition=Ready "${kind}" --all -A --timeout=120s >/dev/null 2>&1 ||
+		log "not every ${kind} is Ready yet"
+done
+
+echo
+echo "=== Quartermaster is running ==="
+echo "manager:    pid $(cat "${state}/manager.pid"), readyz $(curl -fsS "http://${probe_addr}/readyz"), logs ${state}/manager.log"
+holder=""
+for _ in $(seq 60); do
+	holder="$(kubectl -n quartermaster-system get lease quartermaster.quartermaster.dev -o jsonpath='{.spec.holderIdentity}' 2>/dev/null || true)"
+	[[ -n "${holder}" ]] && break
+	sleep 0.5
+done
+echo "leader:     ${holder:-(electing)}"
+echo "controllers: $(grep -o '"controllers":\[[^]]*\]' "${state}/manager.log" | tail -n1 | cut -d: -f2)"
+echo
+kubectl get nodes
+for kind in ${kinds}; do
+	echo; echo "--- ${kind}"; kubectl get "${kind}" -A
+done
+echo
+echo "export KUBECONFIG=${kubeconfig}   # then: kubectl get <kind>; make demo-down to clean up"
