@@ -57,7 +57,7 @@ go build -o bin/quartermaster ./cmd/quartermaster
 # The manager authenticates with a token of its own ServiceAccount, so it runs with exactly the
 # permissions the generated ClusterRole gives it in a real cluster.
 server="$(kubectl config view --raw --minify -o jsonpath='{.clusters[0].cluster.server}')"
-kubectl config view --raw --minify -o jsonpath='{.clusters[0].cluster.certificate-authority-data}' | base64 -d >"${state}/ca.crt"
+kubectl config view --raw --minify --flatten -o jsonpath='{.clusters[0].cluster.certificate-authority-data}' | base64 -d >"${state}/ca.crt"
 token="$(kubectl -n quartermaster-system create token quartermaster-manager --duration=24h)"
 manager_kubeconfig="${state}/manager.kubeconfig"
 rm -f "${manager_kubeconfig}"

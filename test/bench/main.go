@@ -1,0 +1,99 @@
+// Command bench starts a local kwok cluster and prints Quartermaster's benchmark report. Every
+// figure in one report comes from the same run on the same cluster, so ratios between them hold
+// even on a noisy machine; absolute numbers do not carry across machines.
+//
+//	go run ./test/bench [-cases REGEXP] [-keep-cluster]
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"regexp"
+	"runtime"
+	"text/tabwriter"
+	"time"
+
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/quartermaster-dev/quartermaster/internal/manager"
+	"github.com/quartermaster-dev/quartermaster/internal/testing/localcluster"
+)
+
+const clusterName = "qm-bench"
+
+// env is what every case gets: the cluster and an admin client without client-side rate limits.
+type env struct {
+	cluster *localcluster.Cluster
+	client  client.Client
+}
+
+// result is one line of the report.
+type result struct {
+	metric string
+	value  float64
+	unit   string
+	note   string
+}
+
+type benchCase struct {
+	name string
+	run  func(ctx context.Context, e *env) ([]result, error)
+}
+
+// cases run in order; controllers add theirs here.
+var cases = []benchCase{
+	{name: "floor/bare-client-writes", run: floorWrites},
+}
+
+func main() {
+	pattern := flag.String("cases", ".", "run only the cases whose name matches this regular expression")
+	keep := flag.Bool("keep-cluster", false, "leave the benchmark cluster running afterwards")
+	flag.Parse()
+	if err := run(*pattern, *keep); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+func run(pattern string, keep bool) error {
+	re, err := regexp.Compile(pattern)
+	if err != nil {
+		return err
+	}
+	// A fresh cluster each run: leftovers from an earlier run would skew the figures.
+	_ = localcluster.Down(clusterName)
+	cl, err := localcluster.Up(clusterName, 3)
+	if err != nil {
+		return err
+	}
+	if !keep {
+		defer func() { _ = localcluster.Down(clusterName) }()
+	}
+	c, err := client.New(cl.Config, client.Options{Scheme: manager.Scheme()})
+	if err != nil {
+		return err
+	}
+	e := &env{cluster: cl, client: c}
+	ctx := context.Background()
+
+	fmt.Printf("Quartermaster benchmark report — %s\n", time.Now().UTC().Format(time.RFC3339))
+	fmt.Printf("local kwok cluster %q, %d CPUs, %s\n\n", clusterName, runtime.NumCPU(), runtime.Version())
+	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "CASE\tMETRIC\tVALUE\tUNIT\tNOTE")
+	for _, bc := range cases {
+		if !re.MatchString(bc.name) {
+			continue
+		}
+		results, err := bc.run(ctx, e)
+		if err != nil {
+			return fmt.Errorf("%s: %w", bc.name, err)
+		}
+		for _, r := range results {
+			fmt.Fprintf(w, "%s\t%s\t%.1f\t%s\t%s\n", bc.name, r.metric, r.value, r.unit, r.note)
+		}
+		_ = w.Flush()
+	}
+	return w.Flush()
+}
