@@ -7,13 +7,16 @@ import (
 
 	ctrl "sigs.k8s.io/controller-runtime"
 
+	"github.com/quartermaster-dev/quartermaster/internal/controller/namespaces"
 	"github.com/quartermaster-dev/quartermaster/internal/manager"
 	"github.com/quartermaster-dev/quartermaster/internal/registry"
 )
 
 // controllers lists every controller the manager can host, in start order.
 func controllers() []registry.Controller {
-	return []registry.Controller{}
+	return []registry.Controller{
+		namespaces.Controller(),
+	}
 }
 
 func main() {

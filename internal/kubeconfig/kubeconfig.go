@@ -2,6 +2,8 @@
 package kubeconfig
 
 import (
+	"fmt"
+
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 )
@@ -28,4 +30,21 @@ func Render(p Params) ([]byte, error) {
 	cfg.Contexts[p.Name] = &clientcmdapi.Context{Cluster: p.Name, AuthInfo: p.Name, Namespace: p.Namespace}
 	cfg.CurrentContext = p.Name
 	return clientcmd.Write(*cfg)
+}
+
+// Server returns the API server URL of a kubeconfig's current context.
+func Server(data []byte) (string, error) {
+	cfg, err := clientcmd.Load(data)
+	if err != nil {
+		return "", err
+	}
+	ctx, ok := cfg.Contexts[cfg.CurrentContext]
+	if !ok {
+		return "", fmt.Errorf("kubeconfig has no current context")
+	}
+	cluster, ok := cfg.Clusters[ctx.Cluster]
+	if !ok {
+		return "", fmt.Errorf("kubeconfig has no cluster %q", ctx.Cluster)
+	}
+	return cluster.Server, nil
 }

@@ -1,0 +1,151 @@
+// Package namespaces is the "namespaces" controller: a ConfigMap named N in the requests namespace
+// asks for namespace N; the controller creates it with an admin ServiceAccount, RBAC and the
+// configured defaults, and hands back a kubeconfig scoped to N in a Secret named N beside the request.
+package namespaces
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrl "sigs.k8s.io/controller-runtime/pkg/manager"
+
+	"github.com/quartermaster-dev/quartermaster/internal/nsrequest"
+	"github.com/quartermaster-dev/quartermaster/internal/registry"
+)
+
+// Name is the controller's name in --controllers.
+const Name = "namespaces"
+
+// Options are the controller's flags.
+type Options struct {
+	RequestsNamespace string
+	OperatorNamespace string
+	DefaultsFile      string
+	ClusterServer     string
+	ClusterCAFile     string
+	TokenTTL          time.Duration
+	MaxTokenTTL       time.Duration
+	MaxTTL            time.Duration
+	DenyNames         string
+	AllowNames        string
+	Concurrency       int
+}
+
+// AddFlags registers the controller's flags on fs.
+func (o *Options) AddFlags(fs *flag.FlagSet) {
+	fs.StringVar(&o.RequestsNamespace, "requests-namespace", "namespace-requests",
+		"Namespace whose ConfigMaps are namespace requests (a ConfigMap named N asks for namespace N).")
+	fs.StringVar(&o.OperatorNamespace, "operator-namespace", defaultOperatorNamespace(),
+		"The operator's own namespace, never handed out (default: $POD_NAMESPACE, the in-cluster namespace, or quartermaster-system).")
+	fs.StringVar(&o.DefaultsFile, "namespace-defaults", "",
+		"YAML file with the ResourceQuota, LimitRange and network isolation every requested namespace gets (see docs/namespaces.md).")
+	fs.StringVar(&o.ClusterServer, "cluster-server", "",
+		"API server URL written into handed-out kubeconfigs (default: the URL the manager itself uses).")
+	fs.StringVar(&o.ClusterCAFile, "cluster-ca-file", "",
+		"CA bundle written into handed-out kubeconfigs (default: the CA the manager itself trusts).")
+	fs.DurationVar(&o.TokenTTL, "token-ttl", 24*time.Hour, "Lifetime of handed-out tokens; a request may ask for another with data key token-ttl.")
+	fs.DurationVar(&o.MaxTokenTTL, "max-token-ttl", 7*24*time.Hour, "Upper bound of a request's token-ttl.")
+	fs.DurationVar(&o.MaxTTL, "max-ttl", 0, "Upper bound of a request's namespace ttl; 0 means unbounded.")
+	fs.StringVar(&o.DenyNames, "deny-names", strings.Join(nsrequest.DefaultDenyNames, ","),
+		"Comma-separated regular expressions (anchored) of namespace names that are refused. The requests and operator namespaces are always refused.")
+	fs.StringVar(&o.AllowNames, "allow-names", "",
+		"Comma-separated regular expressions (anchored); when set, only matching namespace names are accepted.")
+	fs.IntVar(&o.Concurrency, "namespaces-concurrency", 8, "Requests reconciled in parallel.")
+}
+
+func defaultOperatorNamespace() string {
+	if ns := os.Getenv("POD_NAMESPACE"); ns != "" {
+		return ns
+	}
+	if b, err := os.ReadFile("/var/run/secrets/kubernetes.io/serviceaccount/namespace"); err == nil {
+		return strings.TrimSpace(string(b))
+	}
+	return "quartermaster-system"
+}
+
+// policy compiles the options; errors name the flag at fault.
+func (o *Options) policy() (*nsrequest.Policy, *nsrequest.Defaults, error) {
+	deny, err := nsrequest.CompilePatterns(strings.Split(o.DenyNames, ","))
+	if err != nil {
+		return nil, nil, fmt.Errorf("--deny-names: %w", err)
+	}
+	allow, err := nsrequest.CompilePatterns(strings.Split(o.AllowNames, ","))
+	if err != nil {
+		return nil, nil, fmt.Errorf("--allow-names: %w", err)
+	}
+	defaults, err := nsrequest.LoadDefaults(o.DefaultsFile)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--namespace-defaults: %w", err)
+	}
+	if o.RequestsNamespace == "" {
+		return nil, nil, fmt.Errorf("--requests-namespace must not be empty")
+	}
+	if o.TokenTTL < nsrequest.MinTokenTTL {
+		return nil, nil, fmt.Errorf("--token-ttl must be at least %s (the TokenRequest API's minimum)", nsrequest.MinTokenTTL)
+	}
+	if o.MaxTokenTTL < o.TokenTTL {
+		return nil, nil, fmt.Errorf("--max-token-ttl (%s) must not be shorter than --token-ttl (%s)", o.MaxTokenTTL, o.TokenTTL)
+	}
+	return &nsrequest.Policy{
+		RequestsNamespace: o.RequestsNamespace,
+		OperatorNamespace: o.OperatorNamespace,
+		Deny:              deny,
+		Allow:             allow,
+		TokenTTL:          o.TokenTTL,
+		MaxTokenTTL:       o.MaxTokenTTL,
+		MaxTTL:            o.MaxTTL,
+	}, defaults, nil
+}
+
+// Controller returns the registry entry of the namespaces controller.
+func Controller() registry.Controller {
+	o := &Options{}
+	return registry.Controller{
+		Name:     Name,
+		AddFlags: o.AddFlags,
+		Configured: func() error {
+			_, _, err := o.policy()
+			return err
+		},
+		CacheByObject: o.cacheByObject,
+		Setup: func(mgr ctrl.Manager) error {
+			policy, defaults, err := o.policy()
+			if err != nil {
+				return err
+			}
+			r, err := NewReconciler(mgr, policy, defaults, o.ClusterServer, o.ClusterCAFile)
+			if err != nil {
+				return err
+			}
+			return r.SetupWithManager(mgr, o.Concurrency)
+		},
+	}
+}
+
+// cacheByObject keeps the cache to what the controller owns: ConfigMaps and Secrets of the requests
+// namespace only (the manager has no RBAC for them elsewhere), and everything else by label.
+func (o *Options) cacheByObject() map[client.Object]cache.ByObject {
+	managed := labels.SelectorFromSet(labels.Set{nsrequest.LabelManagedBy: nsrequest.ManagedByValue})
+	inRequests := map[string]cache.Config{o.RequestsNamespace: {}}
+	byLabel := cache.ByObject{Label: managed}
+	return map[client.Object]cache.ByObject{
+		&corev1.ConfigMap{}:           {Namespaces: inRequests},
+		&corev1.Secret{}:              {Namespaces: inRequests, Label: managed},
+		&corev1.Namespace{}:           byLabel,
+		&corev1.ServiceAccount{}:      byLabel,
+		&rbacv1.Role{}:                byLabel,
+		&rbacv1.RoleBinding{}:         byLabel,
+		&corev1.ResourceQuota{}:       byLabel,
+		&corev1.LimitRange{}:          byLabel,
+		&networkingv1.NetworkPolicy{}: byLabel,
+	}
+}

@@ -1,0 +1,118 @@
+package namespaces
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"time"
+
+	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+
+	"github.com/quartermaster-dev/quartermaster/internal/kubeconfig"
+	"github.com/quartermaster-dev/quartermaster/internal/nsrequest"
+)
+
+// Keys of the credentials Secret.
+const (
+	keyToken      = "token"
+	keyCA         = "ca.crt"
+	keyNamespace  = "namespace"
+	keyKubeconfig = "kubeconfig"
+)
+
+// ensureCredentials keeps the Secret named like the request, in the requests namespace, holding a
+// current token of the namespace's admin ServiceAccount. The token is replaced when it is due, when
+// the ServiceAccount was re-created (its old tokens stopped working), or when the server or CA to
+// write changed. A nil Secret with an outcome means the request cannot proceed.
+func (r *Reconciler) ensureCredentials(ctx context.Context, req *nsrequest.Request, ns *corev1.Namespace, sa *corev1.ServiceAccount) (*corev1.Secret, outcome, error) {
+	rns := r.Policy.RequestsNamespace
+	secret := &corev1.Secret{}
+	err := r.Client.Get(ctx, client.ObjectKey{Namespace: rns, Name: req.Namespace}, secret)
+	exists := err == nil
+	if err != nil && !apierrors.IsNotFound(err) {
+		return nil, outcome{}, err
+	}
+	if exists && !nsrequest.IsOurs(secret.Labels, rns, req.Namespace) {
+		return nil, outcome{status: nsrequest.StatusConflict, reason: "SecretConflict",
+			message: fmt.Sprintf("Secret %s/%s exists and was not created by Quartermaster; delete or rename it to receive credentials", rns, req.Namespace)}, nil
+	}
+	now := r.Now()
+	if exists && !r.credentialsStale(secret, req, sa, now) {
+		return secret, outcome{}, nil
+	}
+
+	tr := &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{
+		ExpirationSeconds: new(int64(req.TokenTTL.Seconds())),
+	}}
+	if err := r.Client.SubResource("token").Create(ctx, sa, tr); err != nil {
+		return nil, outcome{}, fmt.Errorf("requesting a token for ServiceAccount %s/%s: %w", sa.Namespace, sa.Name, err)
+	}
+	config, err := kubeconfig.Render(kubeconfig.Params{
+		Name: req.Namespace, Server: r.Server, CAData: r.CAData, Token: tr.Status.Token, Namespace: req.Namespace,
+	})
+	if err != nil {
+		return nil, outcome{}, err
+	}
+	want := secret.DeepCopy()
+	if !exists {
+		want = &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: rns, Name: req.Namespace}, Type: corev1.SecretTypeOpaque}
+	}
+	want.Labels = nsrequest.Labels(rns, req.Namespace)
+	if want.Annotations == nil {
+		want.Annotations = map[string]string{}
+	}
+	want.Annotations[nsrequest.AnnotationRequest] = rns + "/" + req.Namespace
+	want.Annotations[nsrequest.AnnotationTokenIssuedAt] = now.UTC().Format(time.RFC3339)
+	want.Annotations[nsrequest.AnnotationTokenExpiresAt] = tr.Status.ExpirationTimestamp.UTC().Format(time.RFC3339)
+	want.Annotations[nsrequest.AnnotationTokenSAUID] = string(sa.UID)
+	want.Data = map[string][]byte{
+		keyToken:      []byte(tr.Status.Token),
+		keyCA:         r.CAData,
+		keyNamespace:  []byte(req.Namespace),
+		keyKubeconfig: config,
+	}
+	// The namespace owns the Secret: deleting the namespace removes it even while the operator is down.
+	if err := controllerutil.SetOwnerReference(ns, want, r.Client.Scheme()); err != nil {
+		return nil, outcome{}, err
+	}
+	if exists {
+		err = r.Client.Update(ctx, want)
+	} else {
+		err = r.Client.Create(ctx, want)
+	}
+	if err != nil {
+		return nil, outcome{}, err
+	}
+	reason, action := "CredentialsIssued", "Issue"
+	if exists {
+		reason, action = "CredentialsRefreshed", "Refresh"
+	}
+	r.Recorder.Eventf(want, nil, corev1.EventTypeNormal, reason, action,
+		"token for ServiceAccount %s/%s valid until %s", sa.Namespace, sa.Name, want.Annotations[nsrequest.AnnotationTokenExpiresAt])
+	return want, outcome{}, nil
+}
+
+// credentialsStale reports whether the Secret must get a new token.
+func (r *Reconciler) credentialsStale(s *corev1.Secret, req *nsrequest.Request, sa *corev1.ServiceAccount, now time.Time) bool {
+	if s.Annotations[nsrequest.AnnotationTokenSAUID] != string(sa.UID) ||
+		len(s.Data[keyToken]) == 0 || len(s.Data[keyKubeconfig]) == 0 ||
+		!bytes.Equal(s.Data[keyCA], r.CAData) || string(s.Data[keyNamespace]) != req.Namespace {
+		return true
+	}
+	if cfg, err := kubeconfig.Server(s.Data[keyKubeconfig]); err != nil || cfg != r.Server {
+		return true
+	}
+	return tokenState(s).NeedsRefresh(now, req.TokenTTL, nsrequest.Jitter(req.Namespace))
+}
+
+// tokenState reads what the Secret records about its token; unreadable times read as zero.
+func tokenState(s *corev1.Secret) nsrequest.TokenState {
+	issued, _ := time.Parse(time.RFC3339, s.Annotations[nsrequest.AnnotationTokenIssuedAt])
+	expires, _ := time.Parse(time.RFC3339, s.Annotations[nsrequest.AnnotationTokenExpiresAt])
+	return nsrequest.TokenState{IssuedAt: issued, ExpiresAt: expires}
+}

@@ -1,0 +1,300 @@
+package namespaces
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/quartermaster-dev/quartermaster/internal/nsrequest"
+	"github.com/quartermaster-dev/quartermaster/internal/testing/testenv"
+)
+
+func TestRequestGetsNamespaceRBACDefaultsAndCredentials(t *testing.T) {
+	f := start(t, nil)
+	ctx := context.Background()
+	f.request(t, "ci-branch-foo", nil)
+	cm := f.waitStatus(t, "ci-branch-foo", nsrequest.StatusReady)
+
+	ns := &corev1.Namespace{}
+	must(t, f.c.Get(ctx, client.ObjectKey{Name: "ci-branch-foo"}, ns))
+	if ns.Labels[nsrequest.LabelManagedBy] != "quartermaster" || ns.Labels[nsrequest.LabelRequest] != "namespace-requests.ci-branch-foo" {
+		t.Errorf("namespace labels = %v", ns.Labels)
+	}
+	in := func(name string) client.ObjectKey { return client.ObjectKey{Namespace: "ci-branch-foo", Name: name} }
+
+	must(t, f.c.Get(ctx, in("admin"), &corev1.ServiceAccount{}))
+	admin := &rbacv1.RoleBinding{}
+	must(t, f.c.Get(ctx, in(nsrequest.AdminBindingName), admin))
+	if admin.RoleRef.Kind != "ClusterRole" || admin.RoleRef.Name != "admin" ||
+		len(admin.Subjects) != 1 || admin.Subjects[0].Name != "admin" || admin.Subjects[0].Namespace != "ci-branch-foo" {
+		t.Errorf("admin RoleBinding = %+v %+v", admin.RoleRef, admin.Subjects)
+	}
+	self := &rbacv1.Role{}
+	must(t, f.c.Get(ctx, in(nsrequest.SelfRoleName), self))
+	if len(self.Rules) != 1 || !slices.Equal(self.Rules[0].ResourceNames, []string{"ci-branch-foo"}) ||
+		!slices.Equal(self.Rules[0].Verbs, []string{"get", "delete"}) || !slices.Equal(self.Rules[0].Resources, []string{"namespaces"}) {
+		t.Errorf("self Role rules = %+v", self.Rules)
+	}
+	selfBinding := &rbacv1.RoleBinding{}
+	must(t, f.c.Get(ctx, in(nsrequest.SelfRoleName), selfBinding))
+	if selfBinding.RoleRef.Kind != "Role" || selfBinding.RoleRef.Name != nsrequest.SelfRoleName {
+		t.Errorf("self RoleBinding roleRef = %+v", selfBinding.RoleRef)
+	}
+	quota := &corev1.ResourceQuota{}
+	must(t, f.c.Get(ctx, in(nsrequest.DefaultsObjectsName), quota))
+	if quota.Spec.Hard.Pods().String() != "20" {
+		t.Errorf("quota = %v", quota.Spec.Hard)
+	}
+	must(t, f.c.Get(ctx, in(nsrequest.DefaultsObjectsName), &corev1.LimitRange{}))
+	np := &networkingv1.NetworkPolicy{}
+	must(t, f.c.Get(ctx, in(nsrequest.DefaultsObjectsName), np))
+	if len(np.Spec.Ingress) != 1 || np.Spec.Ingress[0].From[0].NamespaceSelector != nil {
+		t.Errorf("network policy does not isolate the namespace: %+v", np.Spec)
+	}
+
+	secret := &corev1.Secret{}
+	must(t, f.c.Get(ctx, client.ObjectKey{Namespace: requestsNS, Name: "ci-branch-foo"}, secret))
+	if secret.Type != corev1.SecretTypeOpaque {
+		t.Errorf("secret type = %s", secret.Type)
+	}
+	for _, k := range []string{"token", "ca.crt", "namespace", "kubeconfig"} {
+		if len(secret.Data[k]) == 0 {
+			t.Errorf("secret has no %q", k)
+		}
+	}
+	expires, err := time.Parse(time.RFC3339, secret.Annotations[nsrequest.AnnotationTokenExpiresAt])
+	if err != nil || expires.Before(time.Now().Add(23*time.Hour)) || expires.After(time.Now().Add(25*time.Hour)) {
+		t.Errorf("token-expires-at = %q, want about 24h from now", secret.Annotations[nsrequest.AnnotationTokenExpiresAt])
+	}
+	kc, err := clientcmd.Load(secret.Data["kubeconfig"])
+	must(t, err)
+	cur := kc.Contexts[kc.CurrentContext]
+	if cur.Namespace != "ci-branch-foo" || kc.Clusters[cur.Cluster].Server != f.env.Config.Host ||
+		kc.AuthInfos[cur.AuthInfo].Token != string(secret.Data["token"]) {
+		t.Errorf("kubeconfig context %+v, server %q", cur, kc.Clusters[cur.Cluster].Server)
+	}
+
+	// The namespace owns the request and the Secret, so deleting it removes both.
+	for _, o := range []client.Object{cm, secret} {
+		refs := o.GetOwnerReferences()
+		if len(refs) != 1 || refs[0].UID != ns.UID || refs[0].Kind != "Namespace" {
+			t.Errorf("%s ownerReferences = %+v, want the namespace", o.GetName(), refs)
+		}
+	}
+	f.waitEvent(t, cm, "Ready")
+	f.waitEvent(t, secret, "CredentialsIssued")
+	for _, e := range f.events(t, secret) {
+		if strings.Contains(e.Note, string(secret.Data["token"])) {
+			t.Errorf("an Event carries the token: %q", e.Note)
+		}
+	}
+}
+
+func TestRefusedRequestsGetNoNamespaceAndNoSecret(t *testing.T) {
+	f := start(t, nil)
+	ctx := context.Background()
+	must(t, f.c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "existing"}}))
+	cases := []struct {
+		name   string
+		data   map[string]string
+		status nsrequest.Status
+		reason string
+	}{
+		{"kube-tools", nil, nsrequest.StatusInvalid, "Denied"},
+		{"default", nil, nsrequest.StatusInvalid, "Denied"},
+		{requestsNS, nil, nsrequest.StatusInvalid, "Denied"},
+		{"quartermaster-system", nil, nsrequest.StatusInvalid, "Denied"},
+		{"dotted.name", nil, nsrequest.StatusInvalid, "InvalidName"},
+		{"bad-ttl", map[string]string{"ttl": "soon"}, nsrequest.StatusInvalid, "InvalidTTL"},
+		{"bad-token-ttl", map[string]string{"token-ttl": "-1h"}, nsrequest.StatusInvalid, "InvalidTokenTTL"},
+		{"existing", nil, nsrequest.StatusConflict, "NamespaceConflict"},
+	}
+	for _, tc := range cases {
+		f.request(t, tc.name, tc.data)
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			cm := f.waitStatus(t, tc.name, tc.status)
+			if cm.Annotations[nsrequest.AnnotationMessage] == "" {
+				t.Error("no message")
+			}
+			ev := f.waitEvent(t, cm, tc.reason)
+			if ev.Type != corev1.EventTypeWarning {
+				t.Errorf("event type %s, want Warning", ev.Type)
+			}
+			err := f.c.Get(ctx, client.ObjectKey{Namespace: requestsNS, Name: tc.name}, &corev1.Secret{})
+			if !apierrors.IsNotFound(err) {
+				t.Errorf("a Secret exists for a refused request (err %v)", err)
+			}
+			if tc.reason != "NamespaceConflict" && tc.name != "default" && tc.name != requestsNS && tc.name != "quartermaster-system" {
+				err := f.c.Get(ctx, client.ObjectKey{Name: tc.name}, &corev1.Namespace{})
+				if !apierrors.IsNotFound(err) {
+					t.Errorf("a namespace was created for a refused request (err %v)", err)
+				}
+			}
+		})
+	}
+	// The conflicting namespace got nothing from us.
+	ns := &corev1.Namespace{}
+	must(t, f.c.Get(ctx, client.ObjectKey{Name: "existing"}, ns))
+	if len(ns.Labels) > 1 { // kubernetes.io/metadata.name only
+		t.Errorf("the existing namespace was labelled: %v", ns.Labels)
+	}
+	if err := f.c.Get(ctx, client.ObjectKey{Namespace: "existing", Name: "admin"}, &corev1.ServiceAccount{}); !apierrors.IsNotFound(err) {
+		t.Errorf("a ServiceAccount was made in a namespace we did not create (err %v)", err)
+	}
+}
+
+func TestAllowNamesRefusesOthers(t *testing.T) {
+	f := start(t, func(o *Options) { o.AllowNames = "ci-.*" })
+	f.request(t, "ci-ok", nil)
+	f.request(t, "prod", nil)
+	f.waitStatus(t, "ci-ok", nsrequest.StatusReady)
+	cm := f.waitStatus(t, "prod", nsrequest.StatusInvalid)
+	f.waitEvent(t, cm, "NotAllowed")
+}
+
+func TestIgnoredConfigMapsAreNotRequests(t *testing.T) {
+	f := start(t, nil)
+	ctx := context.Background()
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: requestsNS, Name: "not-a-request",
+		Labels: map[string]string{nsrequest.LabelIgnore: "true"}}}
+	must(t, f.c.Create(ctx, cm))
+	f.request(t, "marker", nil)
+	f.waitStatus(t, "marker", nsrequest.StatusReady) // the controller is working
+	must(t, f.c.Get(ctx, client.ObjectKeyFromObject(cm), cm))
+	if _, ok := cm.Annotations[nsrequest.AnnotationStatus]; ok {
+		t.Error("an ignored ConfigMap got a status")
+	}
+	if err := f.c.Get(ctx, client.ObjectKey{Name: "not-a-request"}, &corev1.Namespace{}); !apierrors.IsNotFound(err) {
+		t.Errorf("a namespace was created for an ignored ConfigMap (err %v)", err)
+	}
+}
+
+// TestSecondReconcileWritesNothing counts the API requests of a reconcile of a request that is
+// already served: reads only, no write.
+func TestSecondReconcileWritesNothing(t *testing.T) {
+	f := start(t, nil)
+	f.request(t, "steady", map[string]string{"ttl": "72h"})
+	f.waitStatus(t, "steady", nsrequest.StatusReady)
+
+	cfg, counter := testenv.Counting(f.env.Config)
+	c, err := client.New(cfg, client.Options{Scheme: f.env.Scheme})
+	must(t, err)
+	r := *f.reconciler
+	r.Client, r.APIReader = c, c
+	res, err := r.Reconcile(context.Background(), reconcile.Request{NamespacedName: client.ObjectKey{Namespace: requestsNS, Name: "steady"}})
+	must(t, err)
+	if counter.Writes() != 0 {
+		t.Errorf("a reconcile of a served request wrote %d times: %v", counter.Writes(), counter.Log())
+	}
+	// It comes back in time to refresh the token before 80% of its 24h lifetime.
+	if res.RequeueAfter <= 0 || res.RequeueAfter > 80*24*time.Hour/100 {
+		t.Errorf("RequeueAfter = %s", res.RequeueAfter)
+	}
+}
+
+func TestTokenTTLPerRequestIsCapped(t *testing.T) {
+	f := start(t, nil)
+	f.request(t, "short", map[string]string{"token-ttl": "1h"})
+	f.request(t, "long", map[string]string{"token-ttl": "1000h"})
+	f.waitStatus(t, "short", nsrequest.StatusReady)
+	cm := f.waitStatus(t, "long", nsrequest.StatusReady)
+	for name, want := range map[string]time.Duration{"short": time.Hour, "long": 48 * time.Hour} {
+		s := &corev1.Secret{}
+		must(t, f.c.Get(context.Background(), client.ObjectKey{Namespace: requestsNS, Name: name}, s))
+		st := tokenState(s)
+		if got := st.ExpiresAt.Sub(st.IssuedAt); got < want-time.Minute || got > want+time.Minute {
+			t.Errorf("%s: token lifetime %s, want %s", name, got, want)
+		}
+	}
+	if msg := cm.Annotations[nsrequest.AnnotationMessage]; !strings.Contains(msg, "capped") {
+		t.Errorf("the message does not say the token-ttl was capped: %q", msg)
+	}
+}
+
+func TestTokenIsRefreshedWhenDue(t *testing.T) {
+	f := start(t, nil)
+	ctx := context.Background()
+	f.request(t, "refresh", nil)
+	f.waitStatus(t, "refresh", nsrequest.StatusReady)
+	key := client.ObjectKey{Namespace: requestsNS, Name: "refresh"}
+	s := &corev1.Secret{}
+	must(t, f.c.Get(ctx, key, s))
+	oldToken := string(s.Data["token"])
+
+	// Pretend the token was issued 20 hours ago: past 80% of its life, it is due.
+	s.Annotations[nsrequest.AnnotationTokenIssuedAt] = time.Now().Add(-20 * time.Hour).UTC().Format(time.RFC3339)
+	s.Annotations[nsrequest.AnnotationTokenExpiresAt] = time.Now().Add(4 * time.Hour).UTC().Format(time.RFC3339)
+	must(t, f.c.Update(ctx, s))
+	eventually(t, "a new token", func() bool {
+		return f.c.Get(ctx, key, s) == nil && string(s.Data["token"]) != oldToken
+	}, nil)
+	if exp := tokenState(s).ExpiresAt; exp.Before(time.Now().Add(23 * time.Hour)) {
+		t.Errorf("the new token expires at %s", exp)
+	}
+	f.waitEvent(t, s, "CredentialsRefreshed")
+}
+
+func TestDriftIsRepaired(t *testing.T) {
+	f := start(t, nil)
+	ctx := context.Background()
+	f.request(t, "drift", nil)
+	f.waitStatus(t, "drift", nsrequest.StatusReady)
+	key := client.ObjectKey{Namespace: "drift", Name: nsrequest.AdminBindingName}
+	rb := &rbacv1.RoleBinding{}
+	must(t, f.c.Get(ctx, key, rb))
+	must(t, f.c.Delete(ctx, rb))
+	role := &rbacv1.Role{}
+	must(t, f.c.Get(ctx, client.ObjectKey{Namespace: "drift", Name: nsrequest.SelfRoleName}, role))
+	role.Rules[0].ResourceNames = []string{"someone-else"}
+	must(t, f.c.Update(ctx, role))
+
+	eventually(t, "the admin RoleBinding to be re-created", func() bool {
+		return f.c.Get(ctx, key, &rbacv1.RoleBinding{}) == nil
+	}, nil)
+	eventually(t, "the self Role to be restored", func() bool {
+		err := f.c.Get(ctx, client.ObjectKeyFromObject(role), role)
+		return err == nil && slices.Equal(role.Rules[0].ResourceNames, []string{"drift"})
+	}, nil)
+}
+
+func TestDeletingTheRequestLeavesTheNamespace(t *testing.T) {
+	f := start(t, nil)
+	ctx := context.Background()
+	cm := f.request(t, "keep-me", nil)
+	f.waitStatus(t, "keep-me", nsrequest.StatusReady)
+	must(t, f.c.Delete(ctx, cm))
+	time.Sleep(time.Second) // let a (wrong) reaction happen
+	ns := &corev1.Namespace{}
+	must(t, f.c.Get(ctx, client.ObjectKey{Name: "keep-me"}, ns))
+	if ns.DeletionTimestamp != nil {
+		t.Error("deleting the request deleted the namespace")
+	}
+}
+
+func TestTTLDeletesTheNamespace(t *testing.T) {
+	f := start(t, nil)
+	ctx := context.Background()
+	f.request(t, "short-lived", map[string]string{"ttl": "2s"})
+	ns := &corev1.Namespace{}
+	eventually(t, "the namespace to be deleted after its ttl", func() bool {
+		// envtest has no namespace controller: a deleted namespace stays Terminating.
+		return f.c.Get(ctx, client.ObjectKey{Name: "short-lived"}, ns) == nil && ns.DeletionTimestamp != nil
+	}, nil)
+	if ns.Annotations[nsrequest.AnnotationExpiresAt] == "" {
+		t.Error("the namespace had no expires-at annotation")
+	}
+	f.waitEvent(t, ns, "Expired")
+}

@@ -1,0 +1,427 @@
+package namespaces
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
+	ctrl "sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/quartermaster-dev/quartermaster/internal/nsrequest"
+)
+
+// RBAC: request ConfigMaps and credential Secrets live in the requests namespace only, so those
+// rules are a Role there (config/rbac binds it); if you change --requests-namespace, move the Role.
+// +kubebuilder:rbac:groups="",namespace=namespace-requests,resources=configmaps,verbs=get;list;watch;update;patch
+// +kubebuilder:rbac:groups="",namespace=namespace-requests,resources=secrets,verbs=get;list;watch;create;update;patch
+// +kubebuilder:rbac:groups="",resources=namespaces,verbs=get;list;watch;create;patch;delete
+// +kubebuilder:rbac:groups="",resources=serviceaccounts,verbs=get;list;watch;create;update;patch
+// +kubebuilder:rbac:groups="",resources=serviceaccounts/token,verbs=create
+// +kubebuilder:rbac:groups="",resources=resourcequotas;limitranges,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=networking.k8s.io,resources=networkpolicies,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=rbac.authorization.k8s.io,resources=roles;rolebindings,verbs=get;list;watch;create;update;patch;delete
+// Binding tenants to the built-in "admin" ClusterRole needs bind on it, not its permissions.
+// +kubebuilder:rbac:groups=rbac.authorization.k8s.io,resources=clusterroles,resourceNames=admin,verbs=bind
+
+// Reconciler serves namespace requests.
+type Reconciler struct {
+	Client    client.Client
+	APIReader client.Reader // for objects the cache does not hold (namespaces not labelled as ours)
+	Recorder  events.EventRecorder
+	Policy    *nsrequest.Policy
+	Defaults  *nsrequest.Defaults
+	Server    string
+	CAData    []byte
+	Now       func() time.Time
+}
+
+// NewReconciler builds the reconciler; server and caFile override the manager's own API server URL
+// and CA in handed-out kubeconfigs.
+func NewReconciler(mgr ctrl.Manager, policy *nsrequest.Policy, defaults *nsrequest.Defaults, server, caFile string) (*Reconciler, error) {
+	cfg := mgr.GetConfig()
+	if server == "" {
+		server = cfg.Host
+	}
+	ca := cfg.CAData
+	if caFile == "" {
+		caFile = cfg.CAFile
+	}
+	if caFile != "" {
+		b, err := os.ReadFile(caFile)
+		if err != nil {
+			return nil, fmt.Errorf("reading the cluster CA: %w", err)
+		}
+		ca = b
+	}
+	return &Reconciler{
+		Client:    mgr.GetClient(),
+		APIReader: mgr.GetAPIReader(),
+		Recorder:  mgr.GetEventRecorder("quartermaster-namespaces"),
+		Policy:    policy,
+		Defaults:  defaults,
+		Server:    server,
+		CAData:    ca,
+		Now:       time.Now,
+	}, nil
+}
+
+// SetupWithManager watches request ConfigMaps and everything made for them.
+func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
+	toRequest := handler.EnqueueRequestsFromMapFunc(r.mapToRequest)
+	isOurs := predicate.NewPredicateFuncs(func(o client.Object) bool {
+		return o.GetLabels()[nsrequest.LabelManagedBy] == nsrequest.ManagedByValue
+	})
+	return builder.ControllerManagedBy(mgr).
+		Named(Name).
+		For(&corev1.ConfigMap{}, builder.WithPredicates(requestPredicate(r.Policy.RequestsNamespace))).
+		Watches(&corev1.Namespace{}, toRequest, builder.WithPredicates(isOurs)).
+		Watches(&corev1.Secret{}, toRequest, builder.WithPredicates(isOurs)).
+		Watches(&corev1.ServiceAccount{}, toRequest, builder.WithPredicates(isOurs)).
+		Watches(&rbacv1.Role{}, toRequest, builder.WithPredicates(isOurs)).
+		Watches(&rbacv1.RoleBinding{}, toRequest, builder.WithPredicates(isOurs)).
+		Watches(&corev1.ResourceQuota{}, toRequest, builder.WithPredicates(isOurs)).
+		Watches(&corev1.LimitRange{}, toRequest, builder.WithPredicates(isOurs)).
+		Watches(&networkingv1.NetworkPolicy{}, toRequest, builder.WithPredicates(isOurs)).
+		WithOptions(controller.Options{MaxConcurrentReconciles: concurrency}).
+		Complete(r)
+}
+
+// mapToRequest maps an object made for a request back to the request ConfigMap: a Namespace by its
+// name, a Secret (in the requests namespace) by its name, anything else by its namespace.
+func (r *Reconciler) mapToRequest(_ context.Context, o client.Object) []reconcile.Request {
+	name := o.GetNamespace()
+	switch o.(type) {
+	case *corev1.Namespace:
+		name = o.GetName()
+	case *corev1.Secret:
+		if o.GetNamespace() != r.Policy.RequestsNamespace {
+			return nil
+		}
+		name = o.GetName()
+	}
+	if !nsrequest.IsOurs(o.GetLabels(), r.Policy.RequestsNamespace, name) {
+		return nil
+	}
+	return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: r.Policy.RequestsNamespace, Name: name}}}
+}
+
+// requestPredicate passes request ConfigMaps, and updates to them only when the user changed
+// something: the controller's own status annotations and ownerReference do not trigger a reconcile.
+func requestPredicate(requestsNamespace string) predicate.Predicate {
+	isRequest := func(o client.Object) bool {
+		return o.GetNamespace() == requestsNamespace && o.GetName() != nsrequest.RootCAConfigMap &&
+			o.GetLabels()[nsrequest.LabelIgnore] != "true"
+	}
+	return predicate.Funcs{
+		CreateFunc:  func(e event.CreateEvent) bool { return isRequest(e.Object) },
+		DeleteFunc:  func(event.DeleteEvent) bool { return false }, // deleting a request leaves its namespace alone
+		GenericFunc: func(e event.GenericEvent) bool { return isRequest(e.Object) },
+		UpdateFunc: func(e event.UpdateEvent) bool {
+			if !isRequest(e.ObjectNew) && !isRequest(e.ObjectOld) {
+				return false
+			}
+			o, n := e.ObjectOld.(*corev1.ConfigMap), e.ObjectNew.(*corev1.ConfigMap)
+			return !equalStrings(o.Data, n.Data) || !equalStrings(o.Labels, n.Labels) ||
+				len(o.BinaryData) != len(n.BinaryData) ||
+				o.Annotations[nsrequest.AnnotationStatus] != n.Annotations[nsrequest.AnnotationStatus] && n.Annotations[nsrequest.AnnotationStatus] == ""
+		},
+	}
+}
+
+func equalStrings(a, b map[string]string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if w, ok := b[k]; !ok || w != v {
+			return false
+		}
+	}
+	return true
+}
+
+// outcome is what one reconcile concluded: the status to show, and why.
+type outcome struct {
+	status  nsrequest.Status
+	reason  string
+	message string
+	owner   *corev1.Namespace // set the request's ownerReference to it
+	requeue time.Duration
+}
+
+// Reconcile serves one request ConfigMap.
+func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	cm := &corev1.ConfigMap{}
+	if err := r.Client.Get(ctx, req.NamespacedName, cm); err != nil {
+		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
+	if cm.Namespace != r.Policy.RequestsNamespace || cm.Name == nsrequest.RootCAConfigMap ||
+		cm.Labels[nsrequest.LabelIgnore] == "true" || cm.DeletionTimestamp != nil {
+		return reconcile.Result{}, nil
+	}
+	out, err := r.serve(ctx, cm)
+	if err != nil {
+		// Transient (refusals are outcomes, not errors): show Pending with the cause, and let the
+		// workqueue back off.
+		out = outcome{status: nsrequest.StatusPending, reason: "Error", message: err.Error()}
+		if werr := r.writeStatus(ctx, cm, out); werr != nil {
+			logf.FromContext(ctx).Error(werr, "writing the request status")
+		}
+		return reconcile.Result{}, err
+	}
+	if err := r.writeStatus(ctx, cm, out); err != nil {
+		return reconcile.Result{}, err
+	}
+	return reconcile.Result{RequeueAfter: out.requeue}, nil
+}
+
+// serve does the work of a request and returns the outcome to show.
+func (r *Reconciler) serve(ctx context.Context, cm *corev1.ConfigMap) (outcome, error) {
+	req, rej := r.Policy.Parse(cm.Name, cm.Data)
+	if rej != nil {
+		return outcome{status: nsrequest.StatusInvalid, reason: rej.Reason, message: rej.Message}, nil
+	}
+	ns, out, err := r.ensureNamespace(ctx, req)
+	if ns == nil || err != nil {
+		return out, err
+	}
+	now := r.Now()
+	if req.TTL > 0 {
+		expires := ns.CreationTimestamp.Add(req.TTL)
+		if !now.Before(expires) {
+			return r.expire(ctx, ns, expires)
+		}
+		if err := r.annotateExpiry(ctx, ns, expires); err != nil {
+			return outcome{}, err
+		}
+	} else if err := r.annotateExpiry(ctx, ns, time.Time{}); err != nil {
+		return outcome{}, err
+	}
+	sa, err := r.ensureNamespaceObjects(ctx, req.Namespace)
+	if err != nil {
+		return outcome{}, err
+	}
+	secret, out, err := r.ensureCredentials(ctx, req, ns, sa)
+	if secret == nil || err != nil {
+		return out, err
+	}
+
+	state := tokenState(secret)
+	refreshIn := state.RefreshAt(nsrequest.Jitter(req.Namespace)).Sub(now)
+	msg := fmt.Sprintf("namespace %s is ready; credentials in Secret %s/%s expire at %s",
+		req.Namespace, secret.Namespace, secret.Name, state.ExpiresAt.UTC().Format(time.RFC3339))
+	requeue := refreshIn
+	if req.TTL > 0 {
+		expires := ns.CreationTimestamp.Add(req.TTL)
+		msg += "; the namespace is deleted at " + expires.UTC().Format(time.RFC3339)
+		requeue = min(requeue, expires.Sub(now))
+	}
+	for _, n := range req.Notes {
+		msg += "; " + n
+	}
+	return outcome{status: nsrequest.StatusReady, reason: "Ready", message: msg, owner: ns, requeue: max(requeue, time.Second)}, nil
+}
+
+// ensureNamespace returns the request's namespace, creating it when missing. A nil namespace with
+// an outcome means the request cannot proceed (conflict, terminating).
+func (r *Reconciler) ensureNamespace(ctx context.Context, req *nsrequest.Request) (*corev1.Namespace, outcome, error) {
+	rns := r.Policy.RequestsNamespace
+	ns := &corev1.Namespace{}
+	err := r.Client.Get(ctx, client.ObjectKey{Name: req.Namespace}, ns)
+	switch {
+	case apierrors.IsNotFound(err):
+		// The cache holds only namespaces labelled as ours; an unlabelled one shows up as AlreadyExists.
+		ns = nsrequest.Namespace(rns, req, r.Now())
+		if err := r.Client.Create(ctx, ns); err != nil {
+			if !apierrors.IsAlreadyExists(err) {
+				return nil, outcome{}, err
+			}
+			ns = &corev1.Namespace{}
+			if err := r.APIReader.Get(ctx, client.ObjectKey{Name: req.Namespace}, ns); err != nil {
+				return nil, outcome{}, err
+			}
+		} else {
+			r.Recorder.Eventf(ns, nil, corev1.EventTypeNormal, "NamespaceCreated", "Create", "created for request %s/%s", rns, req.Namespace)
+		}
+	case err != nil:
+		return nil, outcome{}, err
+	}
+	if !nsrequest.IsOurs(ns.Labels, rns, req.Namespace) {
+		return nil, outcome{status: nsrequest.StatusConflict, reason: "NamespaceConflict",
+			message: fmt.Sprintf("namespace %s already exists and was not created by Quartermaster for this request; no credentials are issued for it", req.Namespace)}, nil
+	}
+	if ns.DeletionTimestamp != nil {
+		return nil, outcome{status: nsrequest.StatusPending, reason: "NamespaceTerminating",
+			message: fmt.Sprintf("namespace %s is being deleted", req.Namespace)}, nil
+	}
+	return ns, outcome{}, nil
+}
+
+// annotateExpiry keeps the namespace's expires-at annotation true to the request's ttl.
+func (r *Reconciler) annotateExpiry(ctx context.Context, ns *corev1.Namespace, expires time.Time) error {
+	want := ""
+	if !expires.IsZero() {
+		want = expires.UTC().Format(time.RFC3339)
+	}
+	if ns.Annotations[nsrequest.AnnotationExpiresAt] == want {
+		return nil
+	}
+	patch := client.MergeFrom(ns.DeepCopy())
+	if want == "" {
+		delete(ns.Annotations, nsrequest.AnnotationExpiresAt)
+	} else {
+		if ns.Annotations == nil {
+			ns.Annotations = map[string]string{}
+		}
+		ns.Annotations[nsrequest.AnnotationExpiresAt] = want
+	}
+	return r.Client.Patch(ctx, ns, patch)
+}
+
+// expire deletes a namespace whose ttl has passed; garbage collection then removes the request
+// and its Secret, which the namespace owns.
+func (r *Reconciler) expire(ctx context.Context, ns *corev1.Namespace, expires time.Time) (outcome, error) {
+	err := r.Client.Delete(ctx, ns, client.Preconditions{UID: &ns.UID})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return outcome{}, err
+	}
+	r.Recorder.Eventf(ns, nil, corev1.EventTypeNormal, "Expired", "Delete", "ttl passed at %s; namespace deleted", expires.UTC().Format(time.RFC3339))
+	return outcome{status: nsrequest.StatusPending, reason: "Expired",
+		message: fmt.Sprintf("the ttl of namespace %s passed at %s; it is being deleted", ns.Name, expires.UTC().Format(time.RFC3339))}, nil
+}
+
+// ensureNamespaceObjects creates or repairs the ServiceAccount, RBAC and defaults inside the
+// namespace, deletes defaults no longer configured, and returns the ServiceAccount.
+func (r *Reconciler) ensureNamespaceObjects(ctx context.Context, name string) (*corev1.ServiceAccount, error) {
+	rns := r.Policy.RequestsNamespace
+	var sa *corev1.ServiceAccount
+	for _, want := range nsrequest.NamespaceObjects(rns, name, r.Defaults) {
+		got, err := r.ensureObject(ctx, want)
+		if err != nil {
+			return nil, err
+		}
+		if s, ok := got.(*corev1.ServiceAccount); ok {
+			sa = s
+		}
+	}
+	// Defaults removed from the operator's configuration are removed from the namespaces too.
+	for _, obj := range []client.Object{&corev1.ResourceQuota{}, &corev1.LimitRange{}, &networkingv1.NetworkPolicy{}} {
+		if wanted(obj, r.Defaults) {
+			continue
+		}
+		err := r.Client.Get(ctx, client.ObjectKey{Namespace: name, Name: nsrequest.DefaultsObjectsName}, obj)
+		if apierrors.IsNotFound(err) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		if nsrequest.IsOurs(obj.GetLabels(), rns, name) {
+			if err := r.Client.Delete(ctx, obj); client.IgnoreNotFound(err) != nil {
+				return nil, err
+			}
+		}
+	}
+	return sa, nil
+}
+
+func wanted(obj client.Object, d *nsrequest.Defaults) bool {
+	switch obj.(type) {
+	case *corev1.ResourceQuota:
+		return d.ResourceQuota != nil
+	case *corev1.LimitRange:
+		return d.LimitRange != nil
+	case *networkingv1.NetworkPolicy:
+		return d.IsolateNetwork
+	}
+	return false
+}
+
+// ensureObject creates want, or updates the existing object when what the operator sets differs.
+// It returns the object as stored.
+func (r *Reconciler) ensureObject(ctx context.Context, want client.Object) (client.Object, error) {
+	got := want.DeepCopyObject().(client.Object)
+	err := r.Client.Get(ctx, client.ObjectKeyFromObject(want), got)
+	if apierrors.IsNotFound(err) {
+		err = r.Client.Create(ctx, want)
+		if err == nil {
+			return want, nil
+		}
+		if !apierrors.IsAlreadyExists(err) {
+			return nil, err
+		}
+		// It exists without our labels, so the cache does not see it: adopt it (the namespace is ours).
+		err = r.APIReader.Get(ctx, client.ObjectKeyFromObject(want), got)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if !nsrequest.NeedsUpdate(got, want) {
+		return got, nil
+	}
+	if rbWant, ok := want.(*rbacv1.RoleBinding); ok && got.(*rbacv1.RoleBinding).RoleRef != rbWant.RoleRef {
+		// roleRef is immutable: replace the binding.
+		if err := r.Client.Delete(ctx, got); client.IgnoreNotFound(err) != nil {
+			return nil, err
+		}
+		want.SetResourceVersion("")
+		return want, r.Client.Create(ctx, want)
+	}
+	merged := nsrequest.ApplyTo(got, want)
+	return merged, r.Client.Update(ctx, merged)
+}
+
+// writeStatus records the outcome on the request ConfigMap (status and message annotations, and
+// the ownerReference to its namespace) in one patch, only when something changed, and emits an
+// Event when the status or message changed.
+func (r *Reconciler) writeStatus(ctx context.Context, cm *corev1.ConfigMap, out outcome) error {
+	want := cm.DeepCopy()
+	if want.Annotations == nil {
+		want.Annotations = map[string]string{}
+	}
+	want.Annotations[nsrequest.AnnotationStatus] = string(out.status)
+	want.Annotations[nsrequest.AnnotationMessage] = out.message
+	if out.owner != nil {
+		if err := controllerutil.SetOwnerReference(out.owner, want, r.Client.Scheme()); err != nil {
+			return err
+		}
+	}
+	changed := cm.Annotations[nsrequest.AnnotationStatus] != want.Annotations[nsrequest.AnnotationStatus] ||
+		cm.Annotations[nsrequest.AnnotationMessage] != want.Annotations[nsrequest.AnnotationMessage]
+	if !changed && equality.Semantic.DeepEqual(cm.OwnerReferences, want.OwnerReferences) {
+		return nil
+	}
+	// A merge patch without a resourceVersion: it names only the annotations (and, when first set,
+	// the ownerReferences) it changes, so a stale cached copy does not make it fail.
+	if err := r.Client.Patch(ctx, want, client.MergeFrom(cm)); err != nil {
+		return err
+	}
+	if changed {
+		kind := corev1.EventTypeNormal
+		if out.status != nsrequest.StatusReady {
+			kind = corev1.EventTypeWarning
+		}
+		if out.status == nsrequest.StatusPending && out.reason != "Error" {
+			kind = corev1.EventTypeNormal
+		}
+		r.Recorder.Eventf(cm, nil, kind, out.reason, string(out.status), "%s", out.message)
+	}
+	return nil
+}

@@ -1,0 +1,179 @@
+package namespaces
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	ctrl "sigs.k8s.io/controller-runtime/pkg/manager"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	"github.com/quartermaster-dev/quartermaster/internal/nsrequest"
+	"github.com/quartermaster-dev/quartermaster/internal/testing/testenv"
+)
+
+const requestsNS = "namespace-requests"
+
+// fixture is an envtest API server with the namespaces controller running in a manager.
+type fixture struct {
+	env        *testenv.Env
+	c          client.Client
+	reconciler *Reconciler
+	opts       *Options
+}
+
+var defaultsYAML = `
+resourceQuota:
+  hard: {pods: "20", requests.cpu: "2"}
+limitRange:
+  limits:
+    - type: Container
+      default: {cpu: 500m, memory: 256Mi}
+isolateNetwork: true
+`
+
+// start runs the controller; tweak adjusts its options before it starts.
+func start(t *testing.T, tweak func(*Options)) *fixture {
+	t.Helper()
+	logf.SetLogger(zap.New(zap.UseDevMode(true), zap.WriteTo(os.Stderr), zap.Level(zap.Options{}.Level)))
+	env := testenv.Start(t)
+	ctx := context.Background()
+	for _, ns := range []string{requestsNS, "quartermaster-system"} {
+		if err := env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	defaults := filepath.Join(t.TempDir(), "defaults.yaml")
+	if err := os.WriteFile(defaults, []byte(defaultsYAML), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	o := &Options{
+		RequestsNamespace: requestsNS, OperatorNamespace: "quartermaster-system", DefaultsFile: defaults,
+		TokenTTL: 24 * time.Hour, MaxTokenTTL: 48 * time.Hour, DenyNames: "kube-.*,default", Concurrency: 4,
+	}
+	if tweak != nil {
+		tweak(o)
+	}
+	policy, d, err := o.policy()
+	if err != nil {
+		t.Fatal(err)
+	}
+	mgr, err := ctrl.New(env.Config, ctrl.Options{
+		Scheme:  env.Scheme,
+		Cache:   cache.Options{ByObject: o.cacheByObject(), DefaultTransform: cache.TransformStripManagedFields()},
+		Metrics: metricsserver.Options{BindAddress: "0"},
+		// envtest runs several managers in one process: controller names must not collide.
+		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := NewReconciler(mgr, policy, d, "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.SetupWithManager(mgr, o.Concurrency); err != nil {
+		t.Fatal(err)
+	}
+	mctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(mctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("manager: %v", err)
+		}
+	})
+	return &fixture{env: env, c: env.Client, reconciler: r, opts: o}
+}
+
+// request creates a request ConfigMap.
+func (f *fixture) request(t *testing.T, name string, data map[string]string) *corev1.ConfigMap {
+	t.Helper()
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: requestsNS, Name: name}, Data: data}
+	if err := f.c.Create(context.Background(), cm); err != nil {
+		t.Fatal(err)
+	}
+	return cm
+}
+
+// waitStatus waits until the request shows status and returns it.
+func (f *fixture) waitStatus(t *testing.T, name string, status nsrequest.Status) *corev1.ConfigMap {
+	t.Helper()
+	cm := &corev1.ConfigMap{}
+	eventually(t, "request "+name+" to be "+string(status), func() bool {
+		err := f.c.Get(context.Background(), client.ObjectKey{Namespace: requestsNS, Name: name}, cm)
+		return err == nil && cm.Annotations[nsrequest.AnnotationStatus] == string(status)
+	}, func() string { return cm.Annotations[nsrequest.AnnotationMessage] })
+	return cm
+}
+
+// events lists the Events about an object.
+func (f *fixture) events(t *testing.T, obj client.Object) []eventsv1.Event {
+	t.Helper()
+	list := &eventsv1.EventList{}
+	if err := f.c.List(context.Background(), list, client.InNamespace(obj.GetNamespace())); err != nil {
+		t.Fatal(err)
+	}
+	var out []eventsv1.Event
+	for _, e := range list.Items {
+		if e.Regarding.UID == obj.GetUID() {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+func (f *fixture) waitEvent(t *testing.T, obj client.Object, reason string) eventsv1.Event {
+	t.Helper()
+	var found eventsv1.Event
+	eventually(t, "an Event "+reason, func() bool {
+		for _, e := range f.events(t, obj) {
+			if e.Reason == reason {
+				found = e
+				return true
+			}
+		}
+		return false
+	}, func() string {
+		var rs []string
+		for _, e := range f.events(t, obj) {
+			rs = append(rs, e.Reason)
+		}
+		return "events: " + strings.Join(rs, ",")
+	})
+	return found
+}
+
+func eventually(t *testing.T, what string, cond func() bool, detail func() string) {
+	t.Helper()
+	err := wait.PollUntilContextTimeout(context.Background(), 50*time.Millisecond, 30*time.Second, true,
+		func(context.Context) (bool, error) { return cond(), nil })
+	if err != nil {
+		d := ""
+		if detail != nil {
+			d = detail()
+		}
+		t.Fatalf("timed out waiting for %s (%s)", what, d)
+	}
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}

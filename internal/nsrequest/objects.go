@@ -1,0 +1,122 @@
+package nsrequest
+
+import (
+	"fmt"
+	"os"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
+)
+
+// Names of the objects made inside a requested namespace.
+const (
+	ServiceAccountName  = "admin"
+	AdminBindingName    = "quartermaster-admin"
+	SelfRoleName        = "quartermaster-namespace-self"
+	DefaultsObjectsName = "quartermaster-defaults"
+)
+
+// Defaults are the optional objects every requested namespace gets, read from the file given by
+// --namespace-defaults. Example:
+//
+//	resourceQuota:
+//	  hard: {requests.cpu: "4", requests.memory: 8Gi, pods: "50"}
+//	limitRange:
+//	  limits:
+//	    - type: Container
+//	      default: {cpu: 500m, memory: 512Mi}
+//	      defaultRequest: {cpu: 100m, memory: 128Mi}
+//	isolateNetwork: true
+type Defaults struct {
+	ResourceQuota *corev1.ResourceQuotaSpec `json:"resourceQuota,omitempty"`
+	LimitRange    *corev1.LimitRangeSpec    `json:"limitRange,omitempty"`
+	// IsolateNetwork adds a NetworkPolicy that admits ingress only from pods of the same namespace.
+	IsolateNetwork bool `json:"isolateNetwork,omitempty"`
+}
+
+// LoadDefaults reads a defaults file; an empty path means no defaults.
+func LoadDefaults(path string) (*Defaults, error) {
+	d := &Defaults{}
+	if path == "" {
+		return d, nil
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := yaml.UnmarshalStrict(data, d); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return d, nil
+}
+
+// Labels returns the labels of every object made for a request.
+func Labels(requestsNamespace, name string) map[string]string {
+	return map[string]string{LabelManagedBy: ManagedByValue, LabelRequest: RequestLabel(requestsNamespace, name)}
+}
+
+func meta(requestsNamespace, name, objName string) metav1.ObjectMeta {
+	return metav1.ObjectMeta{
+		Name: objName, Namespace: name,
+		Labels:      Labels(requestsNamespace, name),
+		Annotations: map[string]string{AnnotationRequest: requestsNamespace + "/" + name},
+	}
+}
+
+// Namespace returns the namespace to create for a request, created now.
+func Namespace(requestsNamespace string, req *Request, now time.Time) *corev1.Namespace {
+	ns := &corev1.Namespace{ObjectMeta: meta(requestsNamespace, req.Namespace, req.Namespace)}
+	ns.Namespace = ""
+	if req.TTL > 0 {
+		ns.Annotations[AnnotationExpiresAt] = now.Add(req.TTL).UTC().Format(time.RFC3339)
+	}
+	return ns
+}
+
+// NamespaceObjects returns what the operator keeps inside a requested namespace: the admin
+// ServiceAccount and its bindings, then the configured defaults.
+func NamespaceObjects(requestsNamespace, name string, d *Defaults) []client.Object {
+	objs := []client.Object{
+		&corev1.ServiceAccount{ObjectMeta: meta(requestsNamespace, name, ServiceAccountName)},
+		&rbacv1.RoleBinding{
+			ObjectMeta: meta(requestsNamespace, name, AdminBindingName),
+			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "admin"},
+			Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: ServiceAccountName, Namespace: name}},
+		},
+		// A pipeline tears its namespace down when done: it may get and delete this Namespace only.
+		&rbacv1.Role{
+			ObjectMeta: meta(requestsNamespace, name, SelfRoleName),
+			Rules: []rbacv1.PolicyRule{{
+				APIGroups: []string{""}, Resources: []string{"namespaces"},
+				ResourceNames: []string{name}, Verbs: []string{"get", "delete"},
+			}},
+		},
+		&rbacv1.RoleBinding{
+			ObjectMeta: meta(requestsNamespace, name, SelfRoleName),
+			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: SelfRoleName},
+			Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: ServiceAccountName, Namespace: name}},
+		},
+	}
+	if d.ResourceQuota != nil {
+		objs = append(objs, &corev1.ResourceQuota{ObjectMeta: meta(requestsNamespace, name, DefaultsObjectsName), Spec: *d.ResourceQuota.DeepCopy()})
+	}
+	if d.LimitRange != nil {
+		objs = append(objs, &corev1.LimitRange{ObjectMeta: meta(requestsNamespace, name, DefaultsObjectsName), Spec: *d.LimitRange.DeepCopy()})
+	}
+	if d.IsolateNetwork {
+		objs = append(objs, &networkingv1.NetworkPolicy{
+			ObjectMeta: meta(requestsNamespace, name, DefaultsObjectsName),
+			Spec: networkingv1.NetworkPolicySpec{
+				PodSelector: metav1.LabelSelector{},
+				PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress},
+				Ingress:     []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{}}}}},
+			},
+		})
+	}
+	return objs
+}
