@@ -198,7 +198,7 @@ func (r *Reconciler) serve(ctx context.Context, cm *corev1.ConfigMap) (outcome, 
 	if rej != nil {
 		return outcome{status: nsrequest.StatusInvalid, reason: rej.Reason, message: rej.Message}, nil
 	}
-	ns, out, err := r.ensureNamespace(ctx, req)
+	ns, out, err := r.ensureNamespace(ctx, req, servedNamespaceUID(cm))
 	if ns == nil || err != nil {
 		return out, err
 	}
@@ -241,10 +241,18 @@ func (r *Reconciler) serve(ctx context.Context, cm *corev1.ConfigMap) (outcome, 
 
 // ensureNamespace returns the request's namespace, creating it when missing. A nil namespace with
 // an outcome means the request cannot proceed (conflict, terminating).
-func (r *Reconciler) ensureNamespace(ctx context.Context, req *nsrequest.Request) (*corev1.Namespace, outcome, error) {
+//
+// servedUID is the UID of the namespace that already served this request (the request's owner), if
+// any. When that namespace is gone, the request is over: garbage collection is about to delete it,
+// and creating the namespace again would leave an orphan behind.
+func (r *Reconciler) ensureNamespace(ctx context.Context, req *nsrequest.Request, servedUID types.UID) (*corev1.Namespace, outcome, error) {
 	rns := r.Policy.RequestsNamespace
 	ns := &corev1.Namespace{}
 	err := r.Client.Get(ctx, client.ObjectKey{Name: req.Namespace}, ns)
+	if servedUID != "" && (apierrors.IsNotFound(err) || err == nil && ns.UID != servedUID) {
+		return nil, outcome{status: nsrequest.StatusPending, reason: "NamespaceDeleted",
+			message: fmt.Sprintf("namespace %s was deleted; this request is deleted with it (re-create the ConfigMap to ask again)", req.Namespace)}, nil
+	}
 	switch {
 	case apierrors.IsNotFound(err):
 		// The cache holds only namespaces labelled as ours; an unlabelled one shows up as AlreadyExists.
@@ -272,6 +280,16 @@ func (r *Reconciler) ensureNamespace(ctx context.Context, req *nsrequest.Request
 			message: fmt.Sprintf("namespace %s is being deleted", req.Namespace)}, nil
 	}
 	return ns, outcome{}, nil
+}
+
+// servedNamespaceUID returns the UID of the Namespace that owns the request, or "".
+func servedNamespaceUID(cm *corev1.ConfigMap) types.UID {
+	for _, ref := range cm.OwnerReferences {
+		if ref.Kind == "Namespace" && ref.APIVersion == "v1" && ref.Name == cm.Name {
+			return ref.UID
+		}
+	}
+	return ""
 }
 
 // annotateExpiry keeps the namespace's expires-at annotation true to the request's ttl.

@@ -1,0 +1,205 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/quartermaster-dev/quartermaster/internal/nsrequest"
+)
+
+const requestsNamespace = "namespace-requests"
+
+func startNamespacesManager(t *testing.T) *managerProcess {
+	t.Helper()
+	defaults := filepath.Join(t.TempDir(), "defaults.yaml")
+	must(t, os.WriteFile(defaults, []byte("resourceQuota:\n  hard: {pods: \"10\"}\nisolateNetwork: true\n"), 0o600))
+	return startManager(t, "--controllers=namespaces", "--health-probe-bind-address=0", "--namespace-defaults="+defaults)
+}
+
+func requestNamespace(t *testing.T, name string, data map[string]string) {
+	t.Helper()
+	must(t, admin.Create(context.Background(), &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Namespace: requestsNamespace, Name: name}, Data: data,
+	}))
+	t.Cleanup(func() {
+		_ = admin.Delete(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}})
+		_ = admin.Delete(context.Background(), &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: requestsNamespace, Name: name}})
+	})
+}
+
+func waitReady(t *testing.T, name string) *corev1.Secret {
+	t.Helper()
+	cm := &corev1.ConfigMap{}
+	eventually(t, "request "+name+" to be Ready", func() bool {
+		err := admin.Get(context.Background(), client.ObjectKey{Namespace: requestsNamespace, Name: name}, cm)
+		return err == nil && cm.Annotations[nsrequest.AnnotationStatus] == "Ready"
+	})
+	s := &corev1.Secret{}
+	must(t, admin.Get(context.Background(), client.ObjectKey{Namespace: requestsNamespace, Name: name}, s))
+	return s
+}
+
+// clientFromSecret is what the pipeline does with the Secret: use its kubeconfig.
+func clientFromSecret(t *testing.T, s *corev1.Secret) *kubernetes.Clientset {
+	t.Helper()
+	cfg, err := clientcmd.RESTConfigFromKubeConfig(s.Data["kubeconfig"])
+	must(t, err)
+	cs, err := kubernetes.NewForConfig(cfg)
+	must(t, err)
+	return cs
+}
+
+func TestNamespaceCredentialsWorkInTheirNamespaceOnly(t *testing.T) {
+	startNamespacesManager(t)
+	ctx := context.Background()
+	other := newNamespace(t)
+	requestNamespace(t, "e2e-ci-branch", nil)
+	secret := waitReady(t, "e2e-ci-branch")
+	pipeline := clientFromSecret(t, secret)
+
+	labels := map[string]string{"app": "web"}
+	_, err := pipeline.AppsV1().Deployments("e2e-ci-branch").Create(ctx, &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Name: "web"},
+		Spec: appsv1.DeploymentSpec{
+			Replicas: ptr.To[int32](1),
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "web", Image: "registry.invalid/web:1",
+					Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{}}}}},
+			},
+		},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("creating a Deployment in its own namespace: %v", err)
+	}
+	forbidden := map[string]error{}
+	_, forbidden["a ConfigMap in another namespace"] = pipeline.CoreV1().ConfigMaps(other).Create(ctx,
+		&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "x"}}, metav1.CreateOptions{})
+	_, forbidden["reading Secrets of the requests namespace"] = pipeline.CoreV1().Secrets(requestsNamespace).List(ctx, metav1.ListOptions{})
+	_, forbidden["a Namespace (cluster-scoped)"] = pipeline.CoreV1().Namespaces().Create(ctx,
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "e2e-ci-escape"}}, metav1.CreateOptions{})
+	_, forbidden["a ClusterRoleBinding (cluster-scoped)"] = pipeline.RbacV1().ClusterRoleBindings().Create(ctx,
+		&rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "e2e-ci-escape"},
+			RoleRef: rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: "cluster-admin"}}, metav1.CreateOptions{})
+	forbidden["deleting another namespace"] = pipeline.CoreV1().Namespaces().Delete(ctx, other, metav1.DeleteOptions{})
+	for what, err := range forbidden {
+		if !apierrors.IsForbidden(err) {
+			t.Errorf("%s: want Forbidden, got %v", what, err)
+		}
+	}
+
+	// The pipeline tears its namespace down; the request and the Secret go with it.
+	if _, err := pipeline.CoreV1().Namespaces().Get(ctx, "e2e-ci-branch", metav1.GetOptions{}); err != nil {
+		t.Fatalf("getting its own namespace: %v", err)
+	}
+	if err := pipeline.CoreV1().Namespaces().Delete(ctx, "e2e-ci-branch", metav1.DeleteOptions{}); err != nil {
+		t.Fatalf("deleting its own namespace: %v", err)
+	}
+	eventually(t, "the namespace, the request and the Secret to be gone", func() bool {
+		return apierrors.IsNotFound(admin.Get(ctx, client.ObjectKey{Name: "e2e-ci-branch"}, &corev1.Namespace{})) &&
+			apierrors.IsNotFound(admin.Get(ctx, client.ObjectKey{Namespace: requestsNamespace, Name: "e2e-ci-branch"}, &corev1.ConfigMap{})) &&
+			apierrors.IsNotFound(admin.Get(ctx, client.ObjectKey{Namespace: requestsNamespace, Name: "e2e-ci-branch"}, &corev1.Secret{}))
+	})
+}
+
+func TestNamespaceTTLDeletesIt(t *testing.T) {
+	startNamespacesManager(t)
+	ctx := context.Background()
+	requestNamespace(t, "e2e-ttl", map[string]string{"ttl": "5s"})
+	eventually(t, "the namespace and its request to be deleted after the ttl", func() bool {
+		return apierrors.IsNotFound(admin.Get(ctx, client.ObjectKey{Name: "e2e-ttl"}, &corev1.Namespace{})) &&
+			apierrors.IsNotFound(admin.Get(ctx, client.ObjectKey{Namespace: requestsNamespace, Name: "e2e-ttl"}, &corev1.ConfigMap{})) &&
+			apierrors.IsNotFound(admin.Get(ctx, client.ObjectKey{Namespace: requestsNamespace, Name: "e2e-ttl"}, &corev1.Secret{}))
+	})
+}
+
+func TestNamespaceTokenIsRefreshedBeforeExpiry(t *testing.T) {
+	startNamespacesManager(t)
+	ctx := context.Background()
+	requestNamespace(t, "e2e-refresh", map[string]string{"token-ttl": "10m"})
+	s := waitReady(t, "e2e-refresh")
+	old := string(s.Data["token"])
+	// Make the recorded issue time 9 minutes ago: 90% of the 10-minute life has passed.
+	s.Annotations[nsrequest.AnnotationTokenIssuedAt] = time.Now().Add(-9 * time.Minute).UTC().Format(time.RFC3339)
+	must(t, admin.Update(ctx, s))
+	eventually(t, "a new token", func() bool {
+		return admin.Get(ctx, client.ObjectKeyFromObject(s), s) == nil && string(s.Data["token"]) != old
+	})
+	review, err := clientFromSecret(t, s).AuthenticationV1().SelfSubjectReviews().Create(ctx, &authenticationv1.SelfSubjectReview{}, metav1.CreateOptions{})
+	must(t, err)
+	if want := "system:serviceaccount:e2e-refresh:admin"; review.Status.UserInfo.Username != want {
+		t.Errorf("the new token is %q, want %q", review.Status.UserInfo.Username, want)
+	}
+}
+
+// TestNamespaceRequestsSurviveAManagerKill kills the manager (SIGKILL) while it serves 50
+// requests, restarts it, and checks that every request ends served exactly once.
+func TestNamespaceRequestsSurviveAManagerKill(t *testing.T) {
+	ctx := context.Background()
+	const n = 50
+	names := make([]string, n)
+	for i := range names {
+		names[i] = fmt.Sprintf("e2e-kill-%02d", i)
+	}
+	first := startNamespacesManager(t)
+	var wg sync.WaitGroup
+	for _, name := range names {
+		wg.Add(1)
+		go func() { defer wg.Done(); requestNamespace(t, name, nil) }()
+	}
+	wg.Wait()
+	eventually(t, "some requests to be served", func() bool {
+		list := &corev1.SecretList{}
+		return admin.List(ctx, list, client.InNamespace(requestsNamespace)) == nil && len(list.Items) >= 5
+	})
+	must(t, first.cmd.Process.Signal(syscall.SIGKILL))
+	<-first.done
+	served := &corev1.SecretList{}
+	must(t, admin.List(ctx, served, client.InNamespace(requestsNamespace)))
+	t.Logf("killed the manager with %d of %d Secrets written", len(served.Items), n)
+
+	startNamespacesManager(t)
+	for _, name := range names {
+		s := waitReady(t, name)
+		sas := &corev1.ServiceAccountList{}
+		must(t, admin.List(ctx, sas, client.InNamespace(name)))
+		bindings := &rbacv1.RoleBindingList{}
+		must(t, admin.List(ctx, bindings, client.InNamespace(name)))
+		if len(bindings.Items) != 2 {
+			t.Errorf("%s: %d RoleBindings, want 2", name, len(bindings.Items))
+		}
+		admins := 0
+		for _, sa := range sas.Items {
+			if sa.Name == "admin" {
+				admins++
+			}
+		}
+		if admins != 1 {
+			t.Errorf("%s: %d admin ServiceAccounts", name, admins)
+		}
+		review, err := clientFromSecret(t, s).AuthenticationV1().SelfSubjectReviews().Create(ctx, &authenticationv1.SelfSubjectReview{}, metav1.CreateOptions{})
+		if err != nil || review.Status.UserInfo.Username != "system:serviceaccount:"+name+":admin" {
+			t.Errorf("%s: the Secret's token does not authenticate as its admin (%v)", name, err)
+		}
+	}
+}
