@@ -72,6 +72,7 @@ log "starting the manager (logs: ${state}/manager.log)"
 nohup "${root}/bin/quartermaster" --kubeconfig="${manager_kubeconfig}" \
 	--leader-elect --leader-election-namespace=quartermaster-system \
 	--health-probe-bind-address="${probe_addr}" --metrics-bind-address="${metrics_addr}" \
+	--namespace-defaults="${root}/config/manager/namespace-defaults.yaml" \
 	${QM_DEMO_ARGS:-} >"${state}/manager.log" 2>&1 &
 echo $! >"${state}/manager.pid"
 for i in $(seq 100); do
@@ -87,6 +88,15 @@ log "applying config/samples"
 if [[ -n "$(kubectl kustomize config/samples)" ]]; then
 	kubectl apply --server-side -k config/samples >/dev/null
 fi
+# Namespace requests are ConfigMaps: wait for each to be served.
+for cm in $(kubectl kustomize config/samples | awk '/^kind: ConfigMap/{c=1} c&&/^  name:/{print $2; c=0}'); do
+	for _ in $(seq 120); do
+		status="$(kubectl -n namespace-requests get configmap "${cm}" -o jsonpath='{.metadata.annotations.quartermaster\.dev/status}' 2>/dev/null || true)"
+		[[ "${status}" == Ready ]] && break
+		sleep 0.5
+	done
+	[[ "${status}" == Ready ]] || log "namespace request ${cm} is ${status:-not served yet}"
+done
 kinds="$(kubectl api-resources -o name 2>/dev/null | grep -E '\.quartermaster\.dev$' | sort || true)"
 for kind in ${kinds}; do
 	kubectl wait --for=condition=Ready "${kind}" --all -A --timeout=120s >/dev/null 2>&1 ||
@@ -106,8 +116,20 @@ echo "leader:     ${holder:-(electing)}"
 echo "controllers: $(grep -o '"controllers":\[[^]]*\]' "${state}/manager.log" | tail -n1 | cut -d: -f2)"
 echo
 kubectl get nodes
+echo; echo "--- namespace requests (namespaces controller)"
+kubectl -n namespace-requests get configmaps -l '!quartermaster.dev/ignore' --field-selector metadata.name!=kube-root-ca.crt \
+	-o custom-columns='REQUEST:.metadata.name,STATUS:.metadata.annotations.quartermaster\.dev/status,MESSAGE:.metadata.annotations.quartermaster\.dev/message'
+echo; kubectl get namespaces -l quartermaster.dev/managed-by=quartermaster -L quartermaster.dev/request
+echo; kubectl -n namespace-requests get secrets -l quartermaster.dev/managed-by=quartermaster \
+	-o custom-columns='SECRET:.metadata.name,TOKEN-EXPIRES-AT:.metadata.annotations.quartermaster\.dev/token-expires-at'
 for kind in ${kinds}; do
 	echo; echo "--- ${kind}"; kubectl get "${kind}" -A
 done
+if kubectl -n namespace-requests get secret demo-ci-branch >/dev/null 2>&1; then
+	kubectl -n namespace-requests get secret demo-ci-branch -o jsonpath='{.data.kubeconfig}' | base64 -d >"${state}/demo-ci-branch.kubeconfig"
+	echo; echo "the handed-out kubeconfig authenticates as: $("${bin_dir}/kubectl" --kubeconfig "${state}/demo-ci-branch.kubeconfig" auth whoami -o jsonpath='{.status.userInfo.username}')"
+	echo "  and may create deployments in demo-ci-branch: $("${bin_dir}/kubectl" --kubeconfig "${state}/demo-ci-branch.kubeconfig" auth can-i create deployments)," \
+		"in default: $("${bin_dir}/kubectl" --kubeconfig "${state}/demo-ci-branch.kubeconfig" auth can-i create deployments -n default || true)"
+fi
 echo
 echo "export KUBECONFIG=${kubeconfig}   # then: kubectl get <kind>; make demo-down to clean up"
