@@ -15,7 +15,10 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"go.uber.org/zap/zapcore"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/quartermaster-dev/quartermaster/internal/manager"
 	"github.com/quartermaster-dev/quartermaster/internal/testing/localcluster"
@@ -45,12 +48,15 @@ type benchCase struct {
 // cases run in order; controllers add theirs here.
 var cases = []benchCase{
 	{name: "floor/bare-client-writes", run: floorWrites},
+	{name: "namespaces/1000-requests", run: namespacesBench},
 }
 
 func main() {
 	pattern := flag.String("cases", ".", "run only the cases whose name matches this regular expression")
 	keep := flag.Bool("keep-cluster", false, "leave the benchmark cluster running afterwards")
 	flag.Parse()
+	// Controllers run in-process: show their errors, not their chatter.
+	log.SetLogger(zap.New(zap.Level(zapcore.ErrorLevel)))
 	if err := run(*pattern, *keep); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)

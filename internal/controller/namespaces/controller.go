@@ -59,7 +59,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 		"Comma-separated regular expressions (anchored) of namespace names that are refused. The requests and operator namespaces are always refused.")
 	fs.StringVar(&o.AllowNames, "allow-names", "",
 		"Comma-separated regular expressions (anchored); when set, only matching namespace names are accepted.")
-	fs.IntVar(&o.Concurrency, "namespaces-concurrency", 8, "Requests reconciled in parallel.")
+	fs.IntVar(&o.Concurrency, "namespaces-concurrency", 16, "Requests reconciled in parallel (each waits on the API server, not the CPU).")
 }
 
 func defaultOperatorNamespace() string {

@@ -38,8 +38,7 @@ func (r *Reconciler) ensureCredentials(ctx context.Context, req *nsrequest.Reque
 		return nil, outcome{}, err
 	}
 	if exists && !nsrequest.IsOurs(secret.Labels, rns, req.Namespace) {
-		return nil, outcome{status: nsrequest.StatusConflict, reason: "SecretConflict",
-			message: fmt.Sprintf("Secret %s/%s exists and was not created by Quartermaster; delete or rename it to receive credentials", rns, req.Namespace)}, nil
+		return nil, secretConflict(rns, req.Namespace), nil
 	}
 	now := r.Now()
 	if exists && !r.credentialsStale(secret, req, sa, now) {
@@ -115,4 +114,33 @@ func tokenState(s *corev1.Secret) nsrequest.TokenState {
 	issued, _ := time.Parse(time.RFC3339, s.Annotations[nsrequest.AnnotationTokenIssuedAt])
 	expires, _ := time.Parse(time.RFC3339, s.Annotations[nsrequest.AnnotationTokenExpiresAt])
 	return nsrequest.TokenState{IssuedAt: issued, ExpiresAt: expires}
+}
+
+// checkSecretFree returns a Conflict outcome when a Secret named like the request exists in the
+// requests namespace and is not the operator's. The cache holds only the operator's Secrets, so
+// this reads from the API server; it runs only until the request is served.
+func (r *Reconciler) checkSecretFree(ctx context.Context, name string) (*outcome, error) {
+	rns := r.Policy.RequestsNamespace
+	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: rns, Name: name}, &corev1.Secret{}); err == nil {
+		return nil, nil // ours (the cache holds only labelled Secrets)
+	}
+	s := &metav1.PartialObjectMetadata{}
+	s.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Secret"))
+	err := r.APIReader.Get(ctx, client.ObjectKey{Namespace: rns, Name: name}, s)
+	if apierrors.IsNotFound(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	if nsrequest.IsOurs(s.Labels, rns, name) {
+		return nil, nil
+	}
+	out := secretConflict(rns, name)
+	return &out, nil
+}
+
+func secretConflict(rns, name string) outcome {
+	return outcome{status: nsrequest.StatusConflict, reason: "SecretConflict",
+		message: fmt.Sprintf("Secret %s/%s exists and was not created by Quartermaster; delete or rename it to receive credentials", rns, name)}
 }

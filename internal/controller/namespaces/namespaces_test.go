@@ -105,6 +105,8 @@ func TestRefusedRequestsGetNoNamespaceAndNoSecret(t *testing.T) {
 	f := start(t, nil)
 	ctx := context.Background()
 	must(t, f.c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "existing"}}))
+	must(t, f.c.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: requestsNS, Name: "secret-taken"},
+		StringData: map[string]string{"mine": "not yours"}}))
 	cases := []struct {
 		name   string
 		data   map[string]string
@@ -119,6 +121,7 @@ func TestRefusedRequestsGetNoNamespaceAndNoSecret(t *testing.T) {
 		{"bad-ttl", map[string]string{"ttl": "soon"}, nsrequest.StatusInvalid, "InvalidTTL"},
 		{"bad-token-ttl", map[string]string{"token-ttl": "-1h"}, nsrequest.StatusInvalid, "InvalidTokenTTL"},
 		{"existing", nil, nsrequest.StatusConflict, "NamespaceConflict"},
+		{"secret-taken", nil, nsrequest.StatusConflict, "SecretConflict"},
 	}
 	for _, tc := range cases {
 		f.request(t, tc.name, tc.data)
@@ -133,8 +136,13 @@ func TestRefusedRequestsGetNoNamespaceAndNoSecret(t *testing.T) {
 			if ev.Type != corev1.EventTypeWarning {
 				t.Errorf("event type %s, want Warning", ev.Type)
 			}
-			err := f.c.Get(ctx, client.ObjectKey{Namespace: requestsNS, Name: tc.name}, &corev1.Secret{})
-			if !apierrors.IsNotFound(err) {
+			secret := &corev1.Secret{}
+			err := f.c.Get(ctx, client.ObjectKey{Namespace: requestsNS, Name: tc.name}, secret)
+			if tc.reason == "SecretConflict" {
+				if string(secret.Data["mine"]) != "not yours" || secret.Data["token"] != nil {
+					t.Errorf("the foreign Secret was changed: %v", secret.Data)
+				}
+			} else if !apierrors.IsNotFound(err) {
 				t.Errorf("a Secret exists for a refused request (err %v)", err)
 			}
 			if tc.reason != "NamespaceConflict" && tc.name != "default" && tc.name != requestsNS && tc.name != "quartermaster-system" {

@@ -198,6 +198,10 @@ func (r *Reconciler) serve(ctx context.Context, cm *corev1.ConfigMap) (outcome, 
 	if rej != nil {
 		return outcome{status: nsrequest.StatusInvalid, reason: rej.Reason, message: rej.Message}, nil
 	}
+	// Refuse before creating anything when the Secret name is taken by someone else.
+	if out, err := r.checkSecretFree(ctx, req.Namespace); out != nil || err != nil {
+		return *out, err
+	}
 	ns, out, err := r.ensureNamespace(ctx, req, servedNamespaceUID(cm))
 	if ns == nil || err != nil {
 		return out, err
