@@ -173,7 +173,7 @@ func TestNamespaceRequestsSurviveAManagerKill(t *testing.T) {
 		return admin.List(ctx, list, client.InNamespace(requestsNamespace)) == nil && len(list.Items) >= 5
 	})
 	must(t, first.cmd.Process.Signal(syscall.SIGKILL))
-	_ = <-first.done // killed: the exit error is expected
+	t.Logf("the killed manager exited: %v", <-first.done)
 	served := &corev1.SecretList{}
 	must(t, admin.List(ctx, served, client.InNamespace(requestsNamespace)))
 	t.Logf("killed the manager with %d of %d Secrets written", len(served.Items), n)
