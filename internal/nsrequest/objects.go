@@ -9,6 +9,7 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 )
@@ -68,10 +69,11 @@ func meta(requestsNamespace, name, objName string) metav1.ObjectMeta {
 	}
 }
 
-// Namespace returns the namespace to create for a request, created now.
-func Namespace(requestsNamespace string, req *Request, now time.Time) *corev1.Namespace {
+// Namespace returns the namespace to create, now, for the request ConfigMap with UID requestUID.
+func Namespace(requestsNamespace string, req *Request, requestUID types.UID, now time.Time) *corev1.Namespace {
 	ns := &corev1.Namespace{ObjectMeta: meta(requestsNamespace, req.Namespace, req.Namespace)}
 	ns.Namespace = ""
+	ns.Annotations[AnnotationRequestUID] = string(requestUID)
 	if req.TTL > 0 {
 		ns.Annotations[AnnotationExpiresAt] = now.Add(req.TTL).UTC().Format(time.RFC3339)
 	}

@@ -25,6 +25,7 @@ const (
 	AnnotationStatus         = "quartermaster.dev/status"
 	AnnotationMessage        = "quartermaster.dev/message"
 	AnnotationRequest        = "quartermaster.dev/request"
+	AnnotationRequestUID     = "quartermaster.dev/request-uid"
 	AnnotationExpiresAt      = "quartermaster.dev/expires-at"
 	AnnotationTokenExpiresAt = "quartermaster.dev/token-expires-at"
 	AnnotationTokenIssuedAt  = "quartermaster.dev/token-issued-at"
@@ -66,7 +67,8 @@ type Policy struct {
 // MinTokenTTL is the shortest lifetime the TokenRequest API issues.
 const MinTokenTTL = 10 * time.Minute
 
-// DefaultDenyNames are refused whatever the flags say: system namespaces.
+// DefaultDenyNames is the default of --deny-names: system namespaces. (Existing system namespaces
+// are safe whatever the flag says: they lack the operator's labels, so requests for them conflict.)
 var DefaultDenyNames = []string{"kube-.*", "default"}
 
 // CompilePatterns anchors and compiles comma-separated regular expressions.

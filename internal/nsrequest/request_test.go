@@ -1,6 +1,7 @@
 package nsrequest
 
 import (
+	"encoding/base64"
 	"strings"
 	"testing"
 	"time"
@@ -173,4 +174,17 @@ func FuzzParse(f *testing.F) {
 			}
 		}
 	})
+}
+
+func TestTokenTimesReadsTheServersClock(t *testing.T) {
+	payload := base64.RawURLEncoding.EncodeToString([]byte(`{"iat":1700000000,"exp":1700003600,"sub":"system:serviceaccount:n:admin"}`))
+	issued, expires, ok := TokenTimes("header." + payload + ".signature")
+	if !ok || issued.Unix() != 1700000000 || expires.Sub(issued) != time.Hour {
+		t.Errorf("TokenTimes = %v %v %v", issued, expires, ok)
+	}
+	for _, bad := range []string{"", "opaque-token", "a.b.c", "a." + base64.RawURLEncoding.EncodeToString([]byte(`{"iat":5,"exp":1}`)) + ".c"} {
+		if _, _, ok := TokenTimes(bad); ok {
+			t.Errorf("TokenTimes(%q) ok", bad)
+		}
+	}
 }

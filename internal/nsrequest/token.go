@@ -1,7 +1,10 @@
 package nsrequest
 
 import (
+	"encoding/base64"
+	"encoding/json"
 	"hash/fnv"
+	"strings"
 	"time"
 )
 
@@ -44,4 +47,27 @@ func Jitter(name string) float64 {
 	h := fnv.New32a()
 	_, _ = h.Write([]byte(name))
 	return float64(h.Sum32()) / (1 << 32)
+}
+
+// TokenTimes reads the iat and exp claims of a ServiceAccount token (a JWT) without verifying it.
+// Both come from the API server's clock, so the recorded lifetime is exact even when the
+// operator's clock is off (which would otherwise make every token look longer-lived than asked for,
+// and be replaced in a loop).
+func TokenTimes(token string) (issued, expires time.Time, ok bool) {
+	parts := strings.Split(token, ".")
+	if len(parts) != 3 {
+		return time.Time{}, time.Time{}, false
+	}
+	payload, err := base64.RawURLEncoding.DecodeString(parts[1])
+	if err != nil {
+		return time.Time{}, time.Time{}, false
+	}
+	var claims struct {
+		IssuedAt  int64 `json:"iat"`
+		ExpiresAt int64 `json:"exp"`
+	}
+	if err := json.Unmarshal(payload, &claims); err != nil || claims.IssuedAt == 0 || claims.ExpiresAt <= claims.IssuedAt {
+		return time.Time{}, time.Time{}, false
+	}
+	return time.Unix(claims.IssuedAt, 0), time.Unix(claims.ExpiresAt, 0), true
 }

@@ -3,6 +3,7 @@ package namespaces
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -66,8 +67,12 @@ func (r *Reconciler) ensureCredentials(ctx context.Context, req *nsrequest.Reque
 		want.Annotations = map[string]string{}
 	}
 	want.Annotations[nsrequest.AnnotationRequest] = rns + "/" + req.Namespace
-	want.Annotations[nsrequest.AnnotationTokenIssuedAt] = now.UTC().Format(time.RFC3339)
-	want.Annotations[nsrequest.AnnotationTokenExpiresAt] = tr.Status.ExpirationTimestamp.UTC().Format(time.RFC3339)
+	issued, expires, ok := nsrequest.TokenTimes(tr.Status.Token)
+	if !ok { // not a JWT: fall back to our clock and the server's expiry
+		issued, expires = now, tr.Status.ExpirationTimestamp.Time
+	}
+	want.Annotations[nsrequest.AnnotationTokenIssuedAt] = issued.UTC().Format(time.RFC3339)
+	want.Annotations[nsrequest.AnnotationTokenExpiresAt] = expires.UTC().Format(time.RFC3339)
 	want.Annotations[nsrequest.AnnotationTokenSAUID] = string(sa.UID)
 	want.Data = map[string][]byte{
 		keyToken:      []byte(tr.Status.Token),
@@ -134,13 +139,17 @@ func (r *Reconciler) checkSecretFree(ctx context.Context, name string) (*outcome
 		return nil, err
 	}
 	if nsrequest.IsOurs(s.Labels, rns, name) {
-		return nil, nil
+		// Ours, but not in the cache yet: writing now would mint a token only to fail.
+		return nil, errCacheBehind
 	}
 	out := secretConflict(rns, name)
 	return &out, nil
 }
 
+// errCacheBehind says the cache has not seen a write of our own yet; the reconcile is retried shortly.
+var errCacheBehind = errors.New("the cache is behind the API server")
+
 func secretConflict(rns, name string) outcome {
-	return outcome{status: nsrequest.StatusConflict, reason: "SecretConflict",
+	return outcome{status: nsrequest.StatusConflict, reason: "SecretConflict", requeue: conflictRetry,
 		message: fmt.Sprintf("Secret %s/%s exists and was not created by Quartermaster; delete or rename it to receive credentials", rns, name)}
 }

@@ -105,6 +105,8 @@ func TestRefusedRequestsGetNoNamespaceAndNoSecret(t *testing.T) {
 	f := start(t, nil)
 	ctx := context.Background()
 	must(t, f.c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "existing"}}))
+	// Someone who may create namespaces forges the operator's labels to catch a future request.
+	must(t, f.c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "forged", Labels: nsrequest.Labels(requestsNS, "forged")}}))
 	must(t, f.c.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: requestsNS, Name: "secret-taken"},
 		StringData: map[string]string{"mine": "not yours"}}))
 	cases := []struct {
@@ -122,6 +124,7 @@ func TestRefusedRequestsGetNoNamespaceAndNoSecret(t *testing.T) {
 		{"bad-token-ttl", map[string]string{"token-ttl": "-1h"}, nsrequest.StatusInvalid, "InvalidTokenTTL"},
 		{"existing", nil, nsrequest.StatusConflict, "NamespaceConflict"},
 		{"secret-taken", nil, nsrequest.StatusConflict, "SecretConflict"},
+		{"forged", nil, nsrequest.StatusConflict, "NamespaceConflict"},
 	}
 	for _, tc := range cases {
 		f.request(t, tc.name, tc.data)
@@ -305,4 +308,16 @@ func TestTTLDeletesTheNamespace(t *testing.T) {
 		t.Error("the namespace had no expires-at annotation")
 	}
 	f.waitEvent(t, ns, "Expired")
+}
+
+func TestTTLHoldsAfterTheRequestIsDeleted(t *testing.T) {
+	f := start(t, nil)
+	ctx := context.Background()
+	cm := f.request(t, "orphaned", map[string]string{"ttl": "4s"})
+	f.waitStatus(t, "orphaned", nsrequest.StatusReady)
+	must(t, f.c.Delete(ctx, cm))
+	ns := &corev1.Namespace{}
+	eventually(t, "the namespace to be deleted at its ttl although its request is gone", func() bool {
+		return f.c.Get(ctx, client.ObjectKey{Name: "orphaned"}, ns) == nil && ns.DeletionTimestamp != nil
+	}, nil)
 }

@@ -2,6 +2,7 @@ package namespaces
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"time"
@@ -9,8 +10,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
@@ -157,12 +158,15 @@ func equalStrings(a, b map[string]string) bool {
 	return true
 }
 
+// conflictRetry is how often a request refused for a conflict is looked at again: the object in
+// the way is not ours, so no watch tells when it goes.
+const conflictRetry = 5 * time.Minute
+
 // outcome is what one reconcile concluded: the status to show, and why.
 type outcome struct {
 	status  nsrequest.Status
 	reason  string
 	message string
-	owner   *corev1.Namespace // set the request's ownerReference to it
 	requeue time.Duration
 }
 
@@ -170,13 +174,21 @@ type outcome struct {
 func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	cm := &corev1.ConfigMap{}
 	if err := r.Client.Get(ctx, req.NamespacedName, cm); err != nil {
-		return reconcile.Result{}, client.IgnoreNotFound(err)
+		if !apierrors.IsNotFound(err) {
+			return reconcile.Result{}, err
+		}
+		// The request is gone but a namespace it created may remain: its ttl still holds.
+		return r.expireOrphan(ctx, req.Name)
 	}
 	if cm.Namespace != r.Policy.RequestsNamespace || cm.Name == nsrequest.RootCAConfigMap ||
 		cm.Labels[nsrequest.LabelIgnore] == "true" || cm.DeletionTimestamp != nil {
 		return reconcile.Result{}, nil
 	}
 	out, err := r.serve(ctx, cm)
+	if apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err) || errors.Is(err, errCacheBehind) {
+		// The cache is behind a write of our own: look again shortly, nothing to report.
+		return reconcile.Result{RequeueAfter: time.Second}, nil
+	}
 	if err != nil {
 		// Transient (refusals are outcomes, not errors): show Pending with the cause, and let the
 		// workqueue back off.
@@ -196,27 +208,39 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 func (r *Reconciler) serve(ctx context.Context, cm *corev1.ConfigMap) (outcome, error) {
 	req, rej := r.Policy.Parse(cm.Name, cm.Data)
 	if rej != nil {
-		return outcome{status: nsrequest.StatusInvalid, reason: rej.Reason, message: rej.Message}, nil
+		out := outcome{status: nsrequest.StatusInvalid, reason: rej.Reason, message: rej.Message}
+		// A ttl granted before the request became invalid (edited data, new operator policy) still holds.
+		if uid := servedNamespaceUID(cm); uid != "" {
+			ns := &corev1.Namespace{}
+			if err := r.Client.Get(ctx, client.ObjectKey{Name: cm.Name}, ns); err == nil && ns.UID == uid {
+				_, in, err := r.enforceExpiry(ctx, ns)
+				out.requeue = in
+				return out, err
+			}
+		}
+		return out, nil
 	}
 	// Refuse before creating anything when the Secret name is taken by someone else.
-	if out, err := r.checkSecretFree(ctx, req.Namespace); out != nil || err != nil {
-		return *out, err
+	if out, err := r.checkSecretFree(ctx, req.Namespace); err != nil || out != nil {
+		if err != nil {
+			return outcome{}, err
+		}
+		return *out, nil
 	}
-	ns, out, err := r.ensureNamespace(ctx, req, servedNamespaceUID(cm))
+	ns, out, err := r.ensureNamespace(ctx, cm, req)
 	if ns == nil || err != nil {
 		return out, err
 	}
 	now := r.Now()
+	var expires time.Time
 	if req.TTL > 0 {
-		expires := ns.CreationTimestamp.Add(req.TTL)
-		if !now.Before(expires) {
-			return r.expire(ctx, ns, expires)
-		}
-		if err := r.annotateExpiry(ctx, ns, expires); err != nil {
-			return outcome{}, err
-		}
-	} else if err := r.annotateExpiry(ctx, ns, time.Time{}); err != nil {
+		expires = ns.CreationTimestamp.Add(req.TTL)
+	}
+	if err := r.annotateExpiry(ctx, ns, expires); err != nil {
 		return outcome{}, err
+	}
+	if expired, _, err := r.enforceExpiry(ctx, ns); expired || err != nil {
+		return expiredOutcome(ns, expires), err
 	}
 	sa, err := r.ensureNamespaceObjects(ctx, req.Namespace)
 	if err != nil {
@@ -228,62 +252,115 @@ func (r *Reconciler) serve(ctx context.Context, cm *corev1.ConfigMap) (outcome, 
 	}
 
 	state := tokenState(secret)
-	refreshIn := state.RefreshAt(nsrequest.Jitter(req.Namespace)).Sub(now)
 	msg := fmt.Sprintf("namespace %s is ready; credentials in Secret %s/%s expire at %s",
 		req.Namespace, secret.Namespace, secret.Name, state.ExpiresAt.UTC().Format(time.RFC3339))
-	requeue := refreshIn
-	if req.TTL > 0 {
-		expires := ns.CreationTimestamp.Add(req.TTL)
+	requeue := state.RefreshAt(nsrequest.Jitter(req.Namespace)).Sub(now)
+	if !expires.IsZero() {
 		msg += "; the namespace is deleted at " + expires.UTC().Format(time.RFC3339)
 		requeue = min(requeue, expires.Sub(now))
 	}
 	for _, n := range req.Notes {
 		msg += "; " + n
 	}
-	return outcome{status: nsrequest.StatusReady, reason: "Ready", message: msg, owner: ns, requeue: max(requeue, time.Second)}, nil
+	return outcome{status: nsrequest.StatusReady, reason: "Ready", message: msg, requeue: max(requeue, time.Second)}, nil
 }
 
-// ensureNamespace returns the request's namespace, creating it when missing. A nil namespace with
-// an outcome means the request cannot proceed (conflict, terminating).
+// ensureNamespace returns the request's namespace, creating it when missing, and makes it the
+// owner of the request. A nil namespace with an outcome means the request cannot proceed.
 //
-// servedUID is the UID of the namespace that already served this request (the request's owner), if
-// any. When that namespace is gone, the request is over: garbage collection is about to delete it,
-// and creating the namespace again would leave an orphan behind.
-func (r *Reconciler) ensureNamespace(ctx context.Context, req *nsrequest.Request, servedUID types.UID) (*corev1.Namespace, outcome, error) {
+// Labels alone prove nothing (whoever may create namespaces can set them), so an existing
+// namespace is the request's only when it was made for this very ConfigMap (its request-uid
+// annotation, or the request's ownerReference), or when the operator's own Secret for the request
+// is owned by it (a re-created ConfigMap resumes a namespace served before).
+//
+// When the namespace that served this request is gone, the request is over: garbage collection is
+// about to delete it, and creating the namespace again would leave an orphan behind.
+func (r *Reconciler) ensureNamespace(ctx context.Context, cm *corev1.ConfigMap, req *nsrequest.Request) (*corev1.Namespace, outcome, error) {
 	rns := r.Policy.RequestsNamespace
+	servedUID := servedNamespaceUID(cm)
 	ns := &corev1.Namespace{}
 	err := r.Client.Get(ctx, client.ObjectKey{Name: req.Namespace}, ns)
 	if servedUID != "" && (apierrors.IsNotFound(err) || err == nil && ns.UID != servedUID) {
 		return nil, outcome{status: nsrequest.StatusPending, reason: "NamespaceDeleted",
 			message: fmt.Sprintf("namespace %s was deleted; this request is deleted with it (re-create the ConfigMap to ask again)", req.Namespace)}, nil
 	}
+	created := false
 	switch {
 	case apierrors.IsNotFound(err):
 		// The cache holds only namespaces labelled as ours; an unlabelled one shows up as AlreadyExists.
-		ns = nsrequest.Namespace(rns, req, r.Now())
-		if err := r.Client.Create(ctx, ns); err != nil {
-			if !apierrors.IsAlreadyExists(err) {
-				return nil, outcome{}, err
-			}
+		ns = nsrequest.Namespace(rns, req, cm.UID, r.Now())
+		err = r.Client.Create(ctx, ns)
+		if apierrors.IsAlreadyExists(err) {
 			ns = &corev1.Namespace{}
-			if err := r.APIReader.Get(ctx, client.ObjectKey{Name: req.Namespace}, ns); err != nil {
-				return nil, outcome{}, err
-			}
-		} else {
+			err = r.APIReader.Get(ctx, client.ObjectKey{Name: req.Namespace}, ns)
+		} else if err == nil {
+			created = true
 			r.Recorder.Eventf(ns, nil, corev1.EventTypeNormal, "NamespaceCreated", "Create", "created for request %s/%s", rns, req.Namespace)
+		}
+		if err != nil {
+			return nil, outcome{}, err
 		}
 	case err != nil:
 		return nil, outcome{}, err
 	}
+	conflict := outcome{status: nsrequest.StatusConflict, reason: "NamespaceConflict", requeue: conflictRetry,
+		message: fmt.Sprintf("namespace %s already exists and was not created by Quartermaster for this request; no credentials are issued for it", req.Namespace)}
 	if !nsrequest.IsOurs(ns.Labels, rns, req.Namespace) {
-		return nil, outcome{status: nsrequest.StatusConflict, reason: "NamespaceConflict",
-			message: fmt.Sprintf("namespace %s already exists and was not created by Quartermaster for this request; no credentials are issued for it", req.Namespace)}, nil
+		return nil, conflict, nil
+	}
+	if !created && ns.UID != servedUID && ns.Annotations[nsrequest.AnnotationRequestUID] != string(cm.UID) {
+		owned, err := r.secretOwnedBy(ctx, req.Namespace, ns.UID)
+		if err != nil || !owned {
+			return nil, conflict, err
+		}
+		// Resuming: record the new request so the next reconcile needs no proof.
+		patch := client.MergeFrom(ns.DeepCopy())
+		metav1.SetMetaDataAnnotation(&ns.ObjectMeta, nsrequest.AnnotationRequestUID, string(cm.UID))
+		if err := r.Client.Patch(ctx, ns, patch); err != nil {
+			return nil, outcome{}, err
+		}
 	}
 	if ns.DeletionTimestamp != nil {
+		if exp := expiresAt(ns); !exp.IsZero() && !r.Now().Before(exp) {
+			return nil, expiredOutcome(ns, exp), nil
+		}
 		return nil, outcome{status: nsrequest.StatusPending, reason: "NamespaceTerminating",
 			message: fmt.Sprintf("namespace %s is being deleted", req.Namespace)}, nil
 	}
+	// Own the request at once: from here on, deleting the namespace deletes the request, and the
+	// controller knows the request was served even if it stops before the rest is done.
+	if servedUID != ns.UID {
+		patch := client.MergeFrom(cm.DeepCopy())
+		if err := controllerutil.SetOwnerReference(ns, cm, r.Client.Scheme()); err != nil {
+			return nil, outcome{}, err
+		}
+		if err := r.Client.Patch(ctx, cm, patch); err != nil {
+			return nil, outcome{}, err
+		}
+	}
 	return ns, outcome{}, nil
+}
+
+// secretOwnedBy reports whether the operator's credentials Secret for a request is owned by the
+// namespace with the given UID.
+func (r *Reconciler) secretOwnedBy(ctx context.Context, name string, uid types.UID) (bool, error) {
+	s := &corev1.Secret{}
+	err := r.Client.Get(ctx, client.ObjectKey{Namespace: r.Policy.RequestsNamespace, Name: name}, s)
+	if apierrors.IsNotFound(err) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	if !nsrequest.IsOurs(s.Labels, r.Policy.RequestsNamespace, name) {
+		return false, nil
+	}
+	for _, ref := range s.OwnerReferences {
+		if ref.Kind == "Namespace" && ref.UID == uid {
+			return true, nil
+		}
+	}
+	return false, nil
 }
 
 // servedNamespaceUID returns the UID of the Namespace that owns the request, or "".
@@ -296,13 +373,58 @@ func servedNamespaceUID(cm *corev1.ConfigMap) types.UID {
 	return ""
 }
 
+// expiresAt reads a namespace's expires-at annotation; zero when it has none.
+func expiresAt(ns *corev1.Namespace) time.Time {
+	t, _ := time.Parse(time.RFC3339, ns.Annotations[nsrequest.AnnotationExpiresAt])
+	return t
+}
+
+// enforceExpiry deletes a namespace whose expires-at annotation has passed. Otherwise it returns
+// how long until it does (zero when the namespace has no expiry).
+func (r *Reconciler) enforceExpiry(ctx context.Context, ns *corev1.Namespace) (bool, time.Duration, error) {
+	exp := expiresAt(ns)
+	if exp.IsZero() || ns.DeletionTimestamp != nil {
+		return false, 0, nil
+	}
+	if left := exp.Sub(r.Now()); left > 0 {
+		return false, left, nil
+	}
+	err := r.Client.Delete(ctx, ns, client.Preconditions{UID: &ns.UID})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return false, 0, err
+	}
+	r.Recorder.Eventf(ns, nil, corev1.EventTypeNormal, "Expired", "Delete", "ttl passed at %s; namespace deleted", exp.UTC().Format(time.RFC3339))
+	return true, 0, nil
+}
+
+// expireOrphan enforces the ttl of a namespace whose request ConfigMap was deleted.
+func (r *Reconciler) expireOrphan(ctx context.Context, name string) (reconcile.Result, error) {
+	ns := &corev1.Namespace{}
+	if err := r.Client.Get(ctx, client.ObjectKey{Name: name}, ns); err != nil {
+		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
+	if !nsrequest.IsOurs(ns.Labels, r.Policy.RequestsNamespace, name) {
+		return reconcile.Result{}, nil
+	}
+	_, in, err := r.enforceExpiry(ctx, ns)
+	return reconcile.Result{RequeueAfter: in}, err
+}
+
+func expiredOutcome(ns *corev1.Namespace, exp time.Time) outcome {
+	return outcome{status: nsrequest.StatusPending, reason: "Expired",
+		message: fmt.Sprintf("the ttl of namespace %s passed at %s; it is being deleted", ns.Name, exp.UTC().Format(time.RFC3339))}
+}
+
 // annotateExpiry keeps the namespace's expires-at annotation true to the request's ttl.
 func (r *Reconciler) annotateExpiry(ctx context.Context, ns *corev1.Namespace, expires time.Time) error {
 	want := ""
 	if !expires.IsZero() {
 		want = expires.UTC().Format(time.RFC3339)
 	}
-	if ns.Annotations[nsrequest.AnnotationExpiresAt] == want {
+	// The annotation set at creation used the operator's clock; a difference of under a minute from
+	// the server's creation time is not worth a write.
+	if got := expiresAt(ns); ns.Annotations[nsrequest.AnnotationExpiresAt] == want ||
+		!expires.IsZero() && !got.IsZero() && got.Sub(expires).Abs() < time.Minute {
 		return nil
 	}
 	patch := client.MergeFrom(ns.DeepCopy())
@@ -315,18 +437,6 @@ func (r *Reconciler) annotateExpiry(ctx context.Context, ns *corev1.Namespace, e
 		ns.Annotations[nsrequest.AnnotationExpiresAt] = want
 	}
 	return r.Client.Patch(ctx, ns, patch)
-}
-
-// expire deletes a namespace whose ttl has passed; garbage collection then removes the request
-// and its Secret, which the namespace owns.
-func (r *Reconciler) expire(ctx context.Context, ns *corev1.Namespace, expires time.Time) (outcome, error) {
-	err := r.Client.Delete(ctx, ns, client.Preconditions{UID: &ns.UID})
-	if err != nil && !apierrors.IsNotFound(err) {
-		return outcome{}, err
-	}
-	r.Recorder.Eventf(ns, nil, corev1.EventTypeNormal, "Expired", "Delete", "ttl passed at %s; namespace deleted", expires.UTC().Format(time.RFC3339))
-	return outcome{status: nsrequest.StatusPending, reason: "Expired",
-		message: fmt.Sprintf("the ttl of namespace %s passed at %s; it is being deleted", ns.Name, expires.UTC().Format(time.RFC3339))}, nil
 }
 
 // ensureNamespaceObjects creates or repairs the ServiceAccount, RBAC and defaults inside the
@@ -410,9 +520,8 @@ func (r *Reconciler) ensureObject(ctx context.Context, want client.Object) (clie
 	return merged, r.Client.Update(ctx, merged)
 }
 
-// writeStatus records the outcome on the request ConfigMap (status and message annotations, and
-// the ownerReference to its namespace) in one patch, only when something changed, and emits an
-// Event when the status or message changed.
+// writeStatus records the outcome on the request ConfigMap (status and message annotations) in one
+// patch, only when it changed, with an Event.
 func (r *Reconciler) writeStatus(ctx context.Context, cm *corev1.ConfigMap, out outcome) error {
 	want := cm.DeepCopy()
 	if want.Annotations == nil {
@@ -420,22 +529,17 @@ func (r *Reconciler) writeStatus(ctx context.Context, cm *corev1.ConfigMap, out 
 	}
 	want.Annotations[nsrequest.AnnotationStatus] = string(out.status)
 	want.Annotations[nsrequest.AnnotationMessage] = out.message
-	if out.owner != nil {
-		if err := controllerutil.SetOwnerReference(out.owner, want, r.Client.Scheme()); err != nil {
-			return err
-		}
-	}
 	changed := cm.Annotations[nsrequest.AnnotationStatus] != want.Annotations[nsrequest.AnnotationStatus] ||
 		cm.Annotations[nsrequest.AnnotationMessage] != want.Annotations[nsrequest.AnnotationMessage]
-	if !changed && equality.Semantic.DeepEqual(cm.OwnerReferences, want.OwnerReferences) {
+	if !changed {
 		return nil
 	}
-	// A merge patch without a resourceVersion: it names only the annotations (and, when first set,
-	// the ownerReferences) it changes, so a stale cached copy does not make it fail.
+	// A merge patch without a resourceVersion: it names only the annotations it changes, so a stale
+	// cached copy does not make it fail.
 	if err := r.Client.Patch(ctx, want, client.MergeFrom(cm)); err != nil {
 		return err
 	}
-	if changed {
+	{
 		kind := corev1.EventTypeNormal
 		if out.status != nsrequest.StatusReady {
 			kind = corev1.EventTypeWarning
