@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -201,5 +202,40 @@ func TestNamespaceRequestsSurviveAManagerKill(t *testing.T) {
 		if err != nil || review.Status.UserInfo.Username != "system:serviceaccount:"+name+":admin" {
 			t.Errorf("%s: the Secret's token does not authenticate as its admin (%v)", name, err)
 		}
+	}
+}
+
+// TestManagerCannotMintTokensOutsideItsNamespaces checks the admission policy that narrows the
+// manager's cluster-wide token and RBAC permissions to the namespaces it manages.
+func TestManagerCannotMintTokensOutsideItsNamespaces(t *testing.T) {
+	ctx := context.Background()
+	kubeconfig, _, err := cluster.ServiceAccountKubeconfig(ctx, managerNamespace, "quartermaster-manager", 10*time.Minute)
+	must(t, err)
+	cfg, err := clientcmd.RESTConfigFromKubeConfig(kubeconfig)
+	must(t, err)
+	asManager, err := kubernetes.NewForConfig(cfg)
+	must(t, err)
+
+	// Allowed by RBAC, denied by the policy.
+	_, err = asManager.CoreV1().ServiceAccounts("kube-system").CreateToken(ctx, "default", &authenticationv1.TokenRequest{}, metav1.CreateOptions{})
+	if err == nil || !strings.Contains(err.Error(), "namespaces it manages") {
+		t.Errorf("minting a kube-system token: want a denial by the admission policy, got %v", err)
+	}
+	_, err = asManager.RbacV1().RoleBindings("kube-system").Create(ctx, &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "qm-escape"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: "admin"},
+		Subjects:   []rbacv1.Subject{{Kind: "ServiceAccount", Name: "quartermaster-manager", Namespace: managerNamespace}},
+	}, metav1.CreateOptions{})
+	if err == nil || !strings.Contains(err.Error(), "namespaces it manages") {
+		t.Errorf("binding admin in kube-system: want a denial by the admission policy, got %v", err)
+	}
+
+	// In a managed namespace: only the admin ServiceAccount.
+	startNamespacesManager(t)
+	requestNamespace(t, "e2e-scope", nil)
+	waitReady(t, "e2e-scope")
+	_, err = asManager.CoreV1().ServiceAccounts("e2e-scope").CreateToken(ctx, "default", &authenticationv1.TokenRequest{}, metav1.CreateOptions{})
+	if err == nil || !strings.Contains(err.Error(), "named admin") {
+		t.Errorf("minting a token for another ServiceAccount in a managed namespace: want a denial, got %v", err)
 	}
 }
