@@ -33,6 +33,10 @@ func TestMain(m *testing.M) {
 }
 
 func run(m *testing.M) int {
+	// A fresh cluster each run: leftovers of an interrupted run would collide with fixed names.
+	if err := localcluster.Down(clusterName); err != nil {
+		fmt.Fprintln(os.Stderr, "e2e: deleting a leftover cluster:", err)
+	}
 	var err error
 	cluster, err = localcluster.Up(clusterName, 2)
 	if err != nil {
