@@ -7,7 +7,9 @@ import (
 
 	ctrl "sigs.k8s.io/controller-runtime"
 
+	computev1alpha1 "github.com/quartermaster-dev/quartermaster/api/compute/v1alpha1"
 	"github.com/quartermaster-dev/quartermaster/internal/controller/namespaces"
+	"github.com/quartermaster-dev/quartermaster/internal/controller/vmgroups"
 	"github.com/quartermaster-dev/quartermaster/internal/manager"
 	"github.com/quartermaster-dev/quartermaster/internal/registry"
 )
@@ -16,11 +18,12 @@ import (
 func controllers() []registry.Controller {
 	return []registry.Controller{
 		namespaces.Controller(),
+		vmgroups.Controller(),
 	}
 }
 
 func main() {
-	scheme := manager.Scheme()
+	scheme := manager.Scheme(computev1alpha1.AddToScheme)
 	if err := manager.Run(ctrl.SetupSignalHandler(), os.Args[1:], controllers(), scheme, os.Stderr); err != nil {
 		fmt.Fprintln(os.Stderr, "quartermaster:", err)
 		os.Exit(1)

@@ -1,0 +1,185 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// VmGroupSpec is the group a user asks for: how many VMs, their size and the template they are
+// cloned from.
+// +kubebuilder:validation:XValidation:rule="has(self.placement) == has(oldSelf.placement) && (!has(self.placement) || self.placement == oldSelf.placement)",message="placement is immutable: existing VMs are not moved; create a new VmGroup to place VMs elsewhere"
+type VmGroupSpec struct {
+	// CPU is the number of virtual CPUs of each VM.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=4
+	// +required
+	CPU int32 `json:"cpu"`
+
+	// Memory is the memory of each VM in GB.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=8
+	// +required
+	Memory int32 `json:"memory"`
+
+	// Template is the VM template the VMs are cloned from: an inventory path ("/DC0/vm/templates/ubuntu")
+	// or a name found in the datacenter. Changing it replaces the VMs one at a time.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=255
+	// +kubebuilder:validation:XValidation:rule="self == self.trim()",message="template must not start or end with spaces"
+	// +required
+	Template string `json:"template"`
+
+	// Replicas is the number of VMs. Scale down removes the highest ordinals first.
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:default=1
+	// +optional
+	Replicas *int32 `json:"replicas,omitempty"`
+
+	// Placement says where in vCenter the VMs go; each field left empty takes the operator's
+	// default (its --vsphere-* flags). Immutable.
+	// +optional
+	Placement *Placement `json:"placement,omitempty"`
+}
+
+// Placement locates the group's VMs in vCenter.
+type Placement struct {
+	// Datacenter is the datacenter's name.
+	// +kubebuilder:validation:MaxLength=255
+	// +optional
+	Datacenter string `json:"datacenter,omitempty"`
+
+	// Folder is the parent of the group's own folder: an inventory path ("/DC0/vm/teams") or a path
+	// relative to the datacenter's VM folder ("teams").
+	// +kubebuilder:validation:MaxLength=1024
+	// +optional
+	Folder string `json:"folder,omitempty"`
+
+	// ResourcePool is the resource pool's inventory path or name.
+	// +kubebuilder:validation:MaxLength=1024
+	// +optional
+	ResourcePool string `json:"resourcePool,omitempty"`
+
+	// Datastore is the datastore's name or inventory path; empty keeps the template's.
+	// +kubebuilder:validation:MaxLength=1024
+	// +optional
+	Datastore string `json:"datastore,omitempty"`
+
+	// Network is the network (port group) of each VM's first network adapter; empty keeps the
+	// template's.
+	// +kubebuilder:validation:MaxLength=1024
+	// +optional
+	Network string `json:"network,omitempty"`
+}
+
+// Phase summarizes a VmGroup's state in one word.
+// +kubebuilder:validation:Enum=Pending;Running;Error;Deleting
+type Phase string
+
+// Phases of a VmGroup.
+const (
+	// PhasePending: the group is being brought to its spec, or vCenter cannot be reached.
+	PhasePending Phase = "Pending"
+	// PhaseRunning: every VM exists, is powered on and matches the spec.
+	PhaseRunning Phase = "Running"
+	// PhaseError: the group cannot progress until something changes (e.g. the template is missing).
+	PhaseError Phase = "Error"
+	// PhaseDeleting: the group's VMs and folder are being removed.
+	PhaseDeleting Phase = "Deleting"
+)
+
+// Condition types of a VmGroup (kstatus: Ready summarizes, Reconciling and Stalled qualify).
+const (
+	ConditionReady       = "Ready"
+	ConditionReconciling = "Reconciling"
+	ConditionStalled     = "Stalled"
+)
+
+// VMStatus is one VM of the group as last observed.
+type VMStatus struct {
+	// Name is the VM's name, <group name>-<ordinal>.
+	Name string `json:"name"`
+	// PowerState is vCenter's: poweredOn, poweredOff or suspended.
+	// +optional
+	PowerState string `json:"powerState,omitempty"`
+	// IP is the guest's primary IP address, when VMware Tools report one.
+	// +optional
+	IP string `json:"ip,omitempty"`
+	// Ready is true when the VM is powered on.
+	Ready bool `json:"ready"`
+}
+
+// VmGroupStatus is what the operator last observed and did.
+type VmGroupStatus struct {
+	// Phase is Pending, Running, Error or Deleting.
+	// +optional
+	Phase Phase `json:"phase,omitempty"`
+	// CurrentReplicas is the number of the group's VMs that exist.
+	// +optional
+	CurrentReplicas int32 `json:"currentReplicas"`
+	// ReadyReplicas is the number of the group's VMs that are powered on.
+	// +optional
+	ReadyReplicas int32 `json:"readyReplicas"`
+	// DesiredReplicas is spec.replicas as last seen.
+	// +optional
+	DesiredReplicas int32 `json:"desiredReplicas"`
+	// LastMessage says what happened last, or what is wrong.
+	// +optional
+	LastMessage string `json:"lastMessage,omitempty"`
+	// VMs lists the group's VMs by ordinal.
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	VMs []VMStatus `json:"vms,omitempty"`
+	// UnmanagedVMs lists VMs found in the group's folder that Quartermaster did not create; they are
+	// reported and left alone.
+	// +optional
+	// +listType=set
+	UnmanagedVMs []string `json:"unmanagedVMs,omitempty"`
+	// Folder is the inventory path of the group's folder, recorded when it is created so the VMs are
+	// found (and cleaned up) even if the operator's defaults change later.
+	// +optional
+	Folder string `json:"folder,omitempty"`
+	// Selector is the label selector of the scale subresource (for kubectl scale and HPA).
+	// +optional
+	Selector string `json:"selector,omitempty"`
+	// Conditions: Ready, Reconciling, Stalled.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+	// ObservedGeneration is the generation of the spec last reconciled.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+}
+
+// VmGroup is a group of vSphere VMs cloned from a template, scalable with kubectl scale.
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:subresource:scale:specpath=.spec.replicas,statuspath=.status.currentReplicas,selectorpath=.status.selector
+// +kubebuilder:resource:shortName=vg,categories=quartermaster
+// +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
+// +kubebuilder:printcolumn:name="Current",type=integer,JSONPath=`.status.currentReplicas`
+// +kubebuilder:printcolumn:name="Desired",type=integer,JSONPath=`.spec.replicas`
+// +kubebuilder:printcolumn:name="CPU",type=integer,JSONPath=`.spec.cpu`
+// +kubebuilder:printcolumn:name="Memory",type=integer,JSONPath=`.spec.memory`,description="GB"
+// +kubebuilder:printcolumn:name="Template",type=string,JSONPath=`.spec.template`
+// +kubebuilder:printcolumn:name="Last_Message",type=string,JSONPath=`.status.lastMessage`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+// The name becomes the VMs' names (<name>-<ordinal>), which guests commonly use as host names.
+// +kubebuilder:validation:XValidation:rule="self.metadata.name.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$') && self.metadata.name.size() <= 50",message="metadata.name must be a DNS label of at most 50 characters (lower case letters, digits and '-'): it names the VMs <name>-<ordinal>"
+type VmGroup struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// +required
+	Spec VmGroupSpec `json:"spec"`
+	// +optional
+	Status VmGroupStatus `json:"status,omitempty"`
+}
+
+// VmGroupList is a list of VmGroups.
+// +kubebuilder:object:root=true
+type VmGroupList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []VmGroup `json:"items"`
+}

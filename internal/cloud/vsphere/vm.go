@@ -1,0 +1,186 @@
+package vsphere
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+
+	"github.com/vmware/govmomi/fault"
+	"github.com/vmware/govmomi/find"
+	"github.com/vmware/govmomi/object"
+	"github.com/vmware/govmomi/vim25/types"
+)
+
+// API is what the vmgroups controller needs from vCenter; *Client implements it.
+type API interface {
+	FolderPath(ctx context.Context, p Placement, name string) (string, error)
+	Folder(ctx context.Context, path string, create bool) (Folder, error)
+	List(ctx context.Context, f Folder) (Listing, error)
+	DestroyFolder(ctx context.Context, f Folder) error
+	Source(ctx context.Context, p Placement, template string) (*Source, error)
+	Clone(ctx context.Context, src *Source, f Folder, spec CloneSpec) (string, error)
+	PowerOn(ctx context.Context, id string) error
+	PowerOff(ctx context.Context, id string) error
+	Reconfigure(ctx context.Context, id string, cpu, memoryMB int32) error
+	Destroy(ctx context.Context, id string) error
+}
+
+var _ API = (*Client)(nil)
+
+// Source is a resolved template with the placement of its clones; resolve once per batch.
+type Source struct {
+	Template  string
+	template  types.ManagedObjectReference
+	pool      types.ManagedObjectReference
+	datastore *types.ManagedObjectReference
+	nic       types.BaseVirtualDeviceConfigSpec // re-points the first network adapter; nil keeps the template's
+}
+
+// Source resolves the template and the placement. A missing item is a NotFoundError naming it.
+func (c *Client) Source(ctx context.Context, p Placement, template string) (*Source, error) {
+	finder := find.NewFinder(c.vim)
+	dcName, err := c.datacenterName(ctx, p.Datacenter)
+	if err != nil {
+		return nil, err
+	}
+	dc, err := finder.Datacenter(ctx, dcName)
+	if err != nil {
+		return nil, c.redact(notFound(err, "datacenter", dcName))
+	}
+	finder.SetDatacenter(dc)
+
+	tmpl, err := finder.VirtualMachine(ctx, template)
+	if err != nil {
+		return nil, c.redact(notFound(err, "template", template))
+	}
+	src := &Source{Template: template, template: tmpl.Reference()}
+
+	var pool *object.ResourcePool
+	if p.ResourcePool != "" {
+		pool, err = finder.ResourcePool(ctx, p.ResourcePool)
+	} else {
+		pool, err = finder.DefaultResourcePool(ctx)
+	}
+	if err != nil {
+		return nil, c.redact(notFound(err, "resource pool", p.ResourcePool))
+	}
+	src.pool = pool.Reference()
+
+	if p.Datastore != "" {
+		ds, err := finder.Datastore(ctx, p.Datastore)
+		if err != nil {
+			return nil, c.redact(notFound(err, "datastore", p.Datastore))
+		}
+		ref := ds.Reference()
+		src.datastore = &ref
+	}
+
+	if p.Network != "" {
+		net, err := finder.Network(ctx, p.Network)
+		if err != nil {
+			return nil, c.redact(notFound(err, "network", p.Network))
+		}
+		backing, err := net.EthernetCardBackingInfo(ctx)
+		if err != nil {
+			return nil, c.redact(err)
+		}
+		devices, err := tmpl.Device(ctx)
+		if err != nil {
+			return nil, c.redact(err)
+		}
+		nics := devices.SelectByType((*types.VirtualEthernetCard)(nil))
+		if len(nics) == 0 {
+			return nil, fmt.Errorf("template %q has no network adapter to connect to network %q", template, p.Network)
+		}
+		nics[0].(types.BaseVirtualEthernetCard).GetVirtualEthernetCard().Backing = backing
+		src.nic = &types.VirtualDeviceConfigSpec{Operation: types.VirtualDeviceConfigSpecOperationEdit, Device: nics[0]}
+	}
+	return src, nil
+}
+
+// CloneSpec is one VM to clone.
+type CloneSpec struct {
+	Name        string
+	CPU         int32
+	MemoryMB    int32
+	ExtraConfig map[string]string // marks written on the VM (domain.KeyGroup, domain.KeyTemplate)
+}
+
+// Clone clones the source into the folder, with the spec's CPU and memory, powered on, and waits
+// for it. It returns the new VM's id.
+func (c *Client) Clone(ctx context.Context, src *Source, f Folder, spec CloneSpec) (string, error) {
+	var extra []types.BaseOptionValue
+	for _, k := range slices.Sorted(maps.Keys(spec.ExtraConfig)) {
+		extra = append(extra, &types.OptionValue{Key: k, Value: spec.ExtraConfig[k]})
+	}
+	cs := types.VirtualMachineCloneSpec{
+		Location: types.VirtualMachineRelocateSpec{Pool: &src.pool, Datastore: src.datastore},
+		PowerOn:  true,
+		Config:   &types.VirtualMachineConfigSpec{NumCPUs: spec.CPU, MemoryMB: int64(spec.MemoryMB), ExtraConfig: extra},
+	}
+	if src.nic != nil {
+		cs.Location.DeviceChange = []types.BaseVirtualDeviceConfigSpec{src.nic}
+	}
+	folder := object.NewFolder(c.vim, f.ref())
+	task, err := object.NewVirtualMachine(c.vim, src.template).Clone(ctx, folder, spec.Name, cs)
+	if err != nil {
+		return "", c.redact(err)
+	}
+	info, err := task.WaitForResult(ctx)
+	if err != nil {
+		return "", c.redact(fmt.Errorf("cloning %s: %w", spec.Name, err))
+	}
+	ref, ok := info.Result.(types.ManagedObjectReference)
+	if !ok {
+		return "", errors.New("clone task returned no VM")
+	}
+	return ref.Value, nil
+}
+
+func (c *Client) vm(id string) *object.VirtualMachine {
+	return object.NewVirtualMachine(c.vim, types.ManagedObjectReference{Type: "VirtualMachine", Value: id})
+}
+
+// wait runs a task and waits for it.
+func (c *Client) wait(ctx context.Context, start func(context.Context) (*object.Task, error)) error {
+	task, err := start(ctx)
+	if err == nil {
+		err = task.Wait(ctx)
+	}
+	return c.redact(err)
+}
+
+// PowerOn powers the VM on; one already on is not an error.
+func (c *Client) PowerOn(ctx context.Context, id string) error {
+	err := c.wait(ctx, c.vm(id).PowerOn)
+	if fault.Is(err, &types.InvalidPowerState{}) {
+		return nil
+	}
+	return err
+}
+
+// PowerOff powers the VM off (hard); one already off, or gone, is not an error.
+func (c *Client) PowerOff(ctx context.Context, id string) error {
+	err := c.wait(ctx, c.vm(id).PowerOff)
+	if fault.Is(err, &types.InvalidPowerState{}) || IsGone(err) {
+		return nil
+	}
+	return err
+}
+
+// Reconfigure sets the VM's CPU and memory (the VM is powered off by the caller).
+func (c *Client) Reconfigure(ctx context.Context, id string, cpu, memoryMB int32) error {
+	spec := types.VirtualMachineConfigSpec{NumCPUs: cpu, MemoryMB: int64(memoryMB)}
+	return c.wait(ctx, func(ctx context.Context) (*object.Task, error) { return c.vm(id).Reconfigure(ctx, spec) })
+}
+
+// Destroy deletes the VM (powered off by the caller); one already gone is not an error.
+func (c *Client) Destroy(ctx context.Context, id string) error {
+	err := c.wait(ctx, c.vm(id).Destroy)
+	if IsGone(err) {
+		return nil
+	}
+	return err
+}

@@ -1,0 +1,382 @@
+// Package vsimtest runs the govmomi vCenter simulator (vcsim) in process for tests and demos: a VPX
+// model served over HTTPS with its own credentials, templates on demand, and helpers to look at
+// and change the inventory behind the operator's back.
+package vsimtest
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/tls"
+	"encoding/hex"
+	"net/url"
+	"path"
+	"reflect"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/vmware/govmomi"
+	"github.com/vmware/govmomi/fault"
+	"github.com/vmware/govmomi/find"
+	"github.com/vmware/govmomi/object"
+	"github.com/vmware/govmomi/property"
+	"github.com/vmware/govmomi/session"
+	"github.com/vmware/govmomi/simulator"
+	"github.com/vmware/govmomi/vim25"
+	"github.com/vmware/govmomi/vim25/mo"
+	"github.com/vmware/govmomi/vim25/soap"
+	"github.com/vmware/govmomi/vim25/types"
+
+	"github.com/quartermaster-dev/quartermaster/internal/cloud/vsphere"
+)
+
+// Inventory of the model.
+const (
+	Datacenter = "DC0"
+	VMFolder   = "/DC0/vm"
+	// SourceVM is the model VM templates are cloned from.
+	SourceVM = "DC0_C0_RP0_VM0"
+)
+
+// Sim is a running simulator.
+type Sim struct {
+	Model    *simulator.Model
+	Server   *simulator.Server
+	URL      *url.URL // the SDK endpoint, without credentials
+	User     string
+	Password string
+	// Admin is a session of its own for assertions and out-of-band changes.
+	Admin *govmomi.Client
+
+	taskMu    sync.Mutex
+	doneTasks map[types.ManagedObjectReference]bool
+}
+
+// Start runs a VPX simulator until the test ends. Standalone hosts are off (Host = 0) so the
+// cluster's pool is the only default resource pool; the password is random, so tests can check
+// it never leaks.
+func Start(t testing.TB) *Sim {
+	t.Helper()
+	s, err := New(context.Background())
+	if err != nil {
+		t.Fatalf("starting vcsim: %v", err)
+	}
+	t.Cleanup(s.Stop)
+	return s
+}
+
+// New runs a simulator until Stop; for callers without a testing.TB (a demo command).
+func New(ctx context.Context) (*Sim, error) {
+	model := simulator.VPX()
+	model.Host = 0
+	if err := model.Create(); err != nil {
+		return nil, err
+	}
+	pw := make([]byte, 12)
+	_, _ = rand.Read(pw)
+	s := &Sim{Model: model, User: "qm-operator@vsphere.local", Password: "pw-" + hex.EncodeToString(pw)}
+	model.Service.Listen = &url.URL{User: url.UserPassword(s.User, s.Password)}
+	model.Service.TLS = new(tls.Config) // HTTPS with a self-signed certificate, like vCenter
+	s.Server = model.Service.NewServer()
+	u := *s.Server.URL
+	u.User = nil
+	s.URL = &u
+	sc := soap.NewClient(s.URL, true)
+	vc, err := vim25.NewClient(ctx, sc)
+	if err != nil {
+		s.Stop()
+		return nil, err
+	}
+	vc.RoundTripper = s.Wrap(sc)
+	s.Admin = &govmomi.Client{Client: vc, SessionManager: session.NewManager(vc)}
+	if err := s.Admin.Login(ctx, url.UserPassword(s.User, s.Password)); err != nil {
+		s.Stop()
+		return nil, err
+	}
+	return s, nil
+}
+
+// Wrap must wrap the transport of every client of the simulator (the operator's adapter takes it
+// as its Wrapper): it runs the simulator's tasks one at a time. vcsim v0.56.0 races on a shared
+// datastore when tasks run concurrently (a VM's DestroyTask updates the datastore while another
+// task copies it), which the race detector reports; the operator's own concurrency is not at fault.
+func (s *Sim) Wrap(rt soap.RoundTripper) soap.RoundTripper { return serialRT{s: s, next: rt} }
+
+type serialRT struct {
+	s    *Sim
+	next soap.RoundTripper
+}
+
+func (r serialRT) RoundTrip(ctx context.Context, req, res soap.HasFault) error {
+	if !strings.HasSuffix(reflect.TypeOf(req).Elem().Name(), "_TaskBody") {
+		return r.next.RoundTrip(ctx, req, res)
+	}
+	r.s.taskMu.Lock()
+	defer r.s.taskMu.Unlock()
+	err := r.next.RoundTrip(ctx, req, res)
+	r.s.waitTasks() // including tasks the task started, such as a destroy's file deletion
+	return err
+}
+
+// waitTasks waits until no task of the simulator runs. Callers hold taskMu.
+func (s *Sim) waitTasks() {
+	if s.doneTasks == nil {
+		s.doneTasks = map[types.ManagedObjectReference]bool{}
+	}
+	for _, obj := range s.Model.Map().AllReference("Task") {
+		t, ok := obj.(*simulator.Task)
+		if !ok || s.doneTasks[t.Self] {
+			continue
+		}
+		t.Wait()
+		s.doneTasks[t.Self] = true
+	}
+}
+
+// Chain applies wrappers, innermost (closest to the wire) first.
+func Chain(wrappers ...func(soap.RoundTripper) soap.RoundTripper) func(soap.RoundTripper) soap.RoundTripper {
+	return func(rt soap.RoundTripper) soap.RoundTripper {
+		for _, w := range wrappers {
+			rt = w(rt)
+		}
+		return rt
+	}
+}
+
+// Stop shuts the simulator down.
+func (s *Sim) Stop() {
+	if s.Admin != nil {
+		_ = s.Admin.Logout(context.Background())
+	}
+	s.Server.Close()
+	s.Model.Remove()
+}
+
+// Host is the VC_HOST value for the simulator (host:port).
+func (s *Sim) Host() string { return s.URL.Host }
+
+// Credentials for the operator's adapter (the certificate is self-signed: insecure).
+func (s *Sim) Credentials() vsphere.Credentials {
+	return vsphere.Credentials{Server: s.URL, User: s.User, Password: s.Password, Insecure: true}
+}
+
+func (s *Sim) finder() *find.Finder {
+	f := find.NewFinder(s.Admin.Client)
+	dc, err := f.Datacenter(context.Background(), Datacenter)
+	if err == nil {
+		f.SetDatacenter(dc)
+	}
+	return f
+}
+
+// AddTemplate makes a template called name in the datacenter's VM folder (a powered-off clone of
+// the model's first VM, marked as template) and returns its inventory path.
+func (s *Sim) AddTemplate(t testing.TB, name string) string {
+	t.Helper()
+	ctx := context.Background()
+	f := s.finder()
+	vm, err := f.VirtualMachine(ctx, SourceVM)
+	must(t, err)
+	folder, err := f.Folder(ctx, VMFolder)
+	must(t, err)
+	task, err := vm.Clone(ctx, folder, name, types.VirtualMachineCloneSpec{Template: true})
+	must(t, err)
+	must(t, task.Wait(ctx))
+	return VMFolder + "/" + name
+}
+
+// Destroy destroys the VM or template at an inventory path (out of band). An operator repairing
+// drift may power the VM on again between the power-off and the destroy, so it tries a few times.
+func (s *Sim) Destroy(t testing.TB, vmPath string) {
+	t.Helper()
+	ctx := context.Background()
+	vm, err := s.finder().VirtualMachine(ctx, vmPath)
+	must(t, err)
+	for range 10 {
+		if st, _ := vm.PowerState(ctx); st != types.VirtualMachinePowerStatePoweredOff {
+			if task, err := vm.PowerOff(ctx); err == nil {
+				_ = task.Wait(ctx)
+			}
+		}
+		task, err := vm.Destroy(ctx)
+		must(t, err)
+		if err = task.Wait(ctx); err == nil || !fault.Is(err, &types.InvalidPowerState{}) {
+			must(t, err)
+			return
+		}
+	}
+	t.Fatalf("could not destroy %s: it keeps being powered on", vmPath)
+}
+
+// PowerOff powers the VM at an inventory path off (out of band).
+func (s *Sim) PowerOff(t testing.TB, vmPath string) {
+	t.Helper()
+	ctx := context.Background()
+	vm, err := s.finder().VirtualMachine(ctx, vmPath)
+	must(t, err)
+	task, err := vm.PowerOff(ctx)
+	must(t, err)
+	must(t, task.Wait(ctx))
+}
+
+// AddVM puts a VM that the operator did not create into a folder (a clone of the model's first VM,
+// without the operator's marks).
+func (s *Sim) AddVM(t testing.TB, folderPath, name string) {
+	t.Helper()
+	ctx := context.Background()
+	f := s.finder()
+	vm, err := f.VirtualMachine(ctx, SourceVM)
+	must(t, err)
+	folder, err := f.Folder(ctx, folderPath)
+	must(t, err)
+	task, err := vm.Clone(ctx, folder, name, types.VirtualMachineCloneSpec{})
+	must(t, err)
+	must(t, task.Wait(ctx))
+}
+
+// VM is a VM as the simulator holds it.
+type VM struct {
+	Name        string
+	PowerState  types.VirtualMachinePowerState
+	CPU         int32
+	MemoryMB    int32
+	Template    bool
+	ExtraConfig map[string]string
+}
+
+// Exists reports whether an inventory path names something.
+func (s *Sim) Exists(t testing.TB, p string) bool {
+	t.Helper()
+	ref, err := object.NewSearchIndex(s.Admin.Client).FindByInventoryPath(context.Background(), p)
+	must(t, err)
+	return ref != nil
+}
+
+// VMs lists the VMs directly in a folder by name; nil when the folder does not exist.
+func (s *Sim) VMs(t testing.TB, folderPath string) map[string]VM {
+	t.Helper()
+	vms, err := s.ListVMs(context.Background(), folderPath)
+	must(t, err)
+	return vms
+}
+
+// ListVMs is VMs for goroutines other than the test's (it returns errors instead of failing).
+func (s *Sim) ListVMs(ctx context.Context, folderPath string) (map[string]VM, error) {
+	ref, err := object.NewSearchIndex(s.Admin.Client).FindByInventoryPath(ctx, folderPath)
+	if err != nil || ref == nil {
+		return nil, err
+	}
+	children, err := object.NewFolder(s.Admin.Client, ref.Reference()).Children(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var refs []types.ManagedObjectReference
+	for _, c := range children {
+		if c.Reference().Type == "VirtualMachine" {
+			refs = append(refs, c.Reference())
+		}
+	}
+	out := map[string]VM{}
+	if len(refs) == 0 {
+		return out, nil
+	}
+	var mos []mo.VirtualMachine
+	if err := property.DefaultCollector(s.Admin.Client).Retrieve(ctx, refs, []string{"name", "runtime.powerState", "config"}, &mos); err != nil {
+		return nil, err
+	}
+	for _, m := range mos {
+		vm := VM{Name: m.Name, PowerState: m.Runtime.PowerState, ExtraConfig: map[string]string{}}
+		if m.Config != nil {
+			vm.CPU, vm.MemoryMB, vm.Template = m.Config.Hardware.NumCPU, m.Config.Hardware.MemoryMB, m.Config.Template
+			for _, o := range m.Config.ExtraConfig {
+				if ov := o.GetOptionValue(); strings.HasPrefix(ov.Key, "quartermaster.") {
+					vm.ExtraConfig[ov.Key], _ = ov.Value.(string)
+				}
+			}
+		}
+		out[m.Name] = vm
+	}
+	return out, nil
+}
+
+// EndSessions ends every session but the admin's, as vCenter does when sessions expire.
+func (s *Sim) EndSessions(t testing.TB) int {
+	t.Helper()
+	ctx := context.Background()
+	var sm mo.SessionManager
+	must(t, s.Admin.RetrieveOne(ctx, *s.Admin.ServiceContent.SessionManager, []string{"sessionList", "currentSession"}, &sm))
+	var keys []string
+	for _, us := range sm.SessionList {
+		if sm.CurrentSession == nil || us.Key != sm.CurrentSession.Key {
+			keys = append(keys, us.Key)
+		}
+	}
+	if len(keys) > 0 {
+		must(t, s.Admin.SessionManager.TerminateSession(ctx, keys))
+	}
+	return len(keys)
+}
+
+// Counter counts SOAP calls by method; use Wrap as the adapter's Wrapper.
+type Counter struct {
+	mu    sync.Mutex
+	calls map[string]int
+}
+
+// Wrap counts every call that goes through rt.
+func (c *Counter) Wrap(rt soap.RoundTripper) soap.RoundTripper {
+	return countingRT{c: c, next: rt}
+}
+
+type countingRT struct {
+	c    *Counter
+	next soap.RoundTripper
+}
+
+func (r countingRT) RoundTrip(ctx context.Context, req, res soap.HasFault) error {
+	method := strings.TrimSuffix(reflect.TypeOf(req).Elem().Name(), "Body")
+	r.c.mu.Lock()
+	if r.c.calls == nil {
+		r.c.calls = map[string]int{}
+	}
+	r.c.calls[method]++
+	r.c.mu.Unlock()
+	return r.next.RoundTrip(ctx, req, res)
+}
+
+// Calls returns the counts by method.
+func (c *Counter) Calls() map[string]int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := map[string]int{}
+	for k, v := range c.calls {
+		out[k] = v
+	}
+	return out
+}
+
+// Total is the number of calls.
+func (c *Counter) Total() int {
+	n := 0
+	for _, v := range c.Calls() {
+		n += v
+	}
+	return n
+}
+
+// Reset forgets the counts.
+func (c *Counter) Reset() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.calls = nil
+}
+
+// VMPath is the inventory path of a VM in a folder.
+func VMPath(folderPath, name string) string { return path.Join(folderPath, name) }
+
+func must(t testing.TB, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}

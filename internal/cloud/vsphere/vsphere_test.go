@@ -1,0 +1,266 @@
+package vsphere_test
+
+import (
+	"context"
+	"errors"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vmware/govmomi/find"
+	"github.com/vmware/govmomi/vim25/types"
+
+	"github.com/quartermaster-dev/quartermaster/internal/cloud/vsphere"
+	"github.com/quartermaster-dev/quartermaster/internal/cloud/vsphere/vsimtest"
+	domain "github.com/quartermaster-dev/quartermaster/internal/vsphere"
+)
+
+func login(t *testing.T, sim *vsimtest.Sim, wrap vsphere.Wrapper) *vsphere.Client {
+	t.Helper()
+	if wrap == nil {
+		wrap = sim.Wrap
+	} else {
+		wrap = vsimtest.Chain(wrap, sim.Wrap)
+	}
+	c, err := vsphere.Login(context.Background(), sim.Credentials(), wrap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Logout(context.Background()) })
+	return c
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestFolderCloneListPowerReconfigureDestroy(t *testing.T) {
+	sim := vsimtest.Start(t)
+	sim.AddTemplate(t, "tmpl")
+	counter := &vsimtest.Counter{}
+	c := login(t, sim, counter.Wrap)
+	ctx := context.Background()
+
+	p, err := c.FolderPath(ctx, vsphere.Placement{}, "team-web")
+	must(t, err)
+	if p != "/DC0/vm/team-web" {
+		t.Fatalf("FolderPath = %q", p)
+	}
+	if p, _ := c.FolderPath(ctx, vsphere.Placement{Datacenter: "DC0", Folder: "teams/"}, "x"); p != "/DC0/vm/teams/x" {
+		t.Errorf("relative FolderPath = %q", p)
+	}
+	if p, _ := c.FolderPath(ctx, vsphere.Placement{Folder: "/DC0/vm/abs/"}, "x"); p != "/DC0/vm/abs/x" {
+		t.Errorf("absolute FolderPath = %q", p)
+	}
+	if _, err := c.Folder(ctx, p, false); !errors.Is(err, vsphere.ErrNotFound) {
+		t.Fatalf("Folder of a missing folder without create: %v", err)
+	}
+	f, err := c.Folder(ctx, p, true)
+	must(t, err)
+	if !f.Created || f.ID == "" {
+		t.Fatalf("Folder = %+v, want created", f)
+	}
+	again, err := c.Folder(ctx, p, true)
+	must(t, err)
+	if again.Created || again.ID != f.ID {
+		t.Fatalf("second Folder = %+v, want the same, not created", again)
+	}
+
+	src, err := c.Source(ctx, vsphere.Placement{}, "tmpl")
+	must(t, err)
+	marks := map[string]string{domain.KeyGroup: "team/web", domain.KeyTemplate: "tmpl"}
+	for _, name := range []string{"web-0", "web-1"} {
+		_, err := c.Clone(ctx, src, f, vsphere.CloneSpec{Name: name, CPU: 2, MemoryMB: 3072, ExtraConfig: marks})
+		must(t, err)
+	}
+
+	counter.Reset()
+	l, err := c.List(ctx, f)
+	must(t, err)
+	if n := counter.Total(); n != 1 {
+		t.Errorf("List made %d calls, want 1: %v", n, counter.Calls())
+	}
+	if len(l.VMs) != 2 || l.Others != 0 {
+		t.Fatalf("listing = %+v", l)
+	}
+	for _, vm := range l.VMs {
+		if vm.PowerState != domain.PoweredOn || vm.CPU != 2 || vm.MemoryMB != 3072 || vm.Group != "team/web" || vm.Template != "tmpl" || vm.ID == "" {
+			t.Errorf("cloned VM = %+v", vm)
+		}
+	}
+	id := l.VMs[0].ID
+
+	must(t, c.PowerOff(ctx, id))
+	must(t, c.PowerOff(ctx, id)) // already off
+	must(t, c.Reconfigure(ctx, id, 4, 8192))
+	must(t, c.PowerOn(ctx, id))
+	must(t, c.PowerOn(ctx, id)) // already on
+	got := sim.VMs(t, p)[l.VMs[0].Name]
+	if got.CPU != 4 || got.MemoryMB != 8192 || got.PowerState != types.VirtualMachinePowerStatePoweredOn {
+		t.Errorf("after reconfigure: %+v", got)
+	}
+
+	must(t, c.PowerOff(ctx, id))
+	must(t, c.Destroy(ctx, id))
+	must(t, c.Destroy(ctx, id)) // already gone
+	must(t, c.PowerOff(ctx, id))
+	if vms := sim.VMs(t, p); len(vms) != 1 {
+		t.Errorf("VMs after destroy = %v", vms)
+	}
+
+	must(t, c.PowerOff(ctx, l.VMs[1].ID))
+	must(t, c.Destroy(ctx, l.VMs[1].ID))
+	must(t, c.DestroyFolder(ctx, f))
+	must(t, c.DestroyFolder(ctx, f)) // already gone
+	if sim.Exists(t, p) {
+		t.Error("folder still exists")
+	}
+	if _, err := c.List(ctx, f); !errors.Is(err, vsphere.ErrNotFound) {
+		t.Errorf("List of a destroyed folder: %v", err)
+	}
+}
+
+func TestListSortsOutWhatIsNotOurs(t *testing.T) {
+	sim := vsimtest.Start(t)
+	c := login(t, sim, nil)
+	ctx := context.Background()
+	f, err := c.Folder(ctx, "/DC0/vm/ns-mixed", true)
+	must(t, err)
+	sim.AddVM(t, f.Path, "hand-made")
+	_, err = c.Folder(ctx, f.Path+"/sub", true)
+	must(t, err)
+	sim.AddTemplate(t, "tmpl")
+	l, err := c.List(ctx, f)
+	must(t, err)
+	if len(l.VMs) != 1 || l.VMs[0].Name != "hand-made" || l.VMs[0].Group != "" || l.Others != 1 {
+		t.Errorf("listing = %+v", l)
+	}
+}
+
+func TestPlacementAndTemplateNotFound(t *testing.T) {
+	sim := vsimtest.Start(t)
+	sim.AddTemplate(t, "tmpl")
+	c := login(t, sim, nil)
+	ctx := context.Background()
+
+	_, err := c.Source(ctx, vsphere.Placement{}, "missing")
+	if !vsphere.IsTemplateNotFound(err) || !strings.Contains(err.Error(), `template "missing" not found`) {
+		t.Errorf("missing template: %v", err)
+	}
+	for _, tc := range []struct {
+		p    vsphere.Placement
+		kind string
+	}{
+		{vsphere.Placement{Datacenter: "DC9"}, "datacenter"},
+		{vsphere.Placement{ResourcePool: "nope"}, "resource pool"},
+		{vsphere.Placement{Datastore: "nope"}, "datastore"},
+		{vsphere.Placement{Network: "nope"}, "network"},
+	} {
+		var nf *vsphere.NotFoundError
+		if _, err := c.Source(ctx, tc.p, "tmpl"); !errors.As(err, &nf) || nf.Kind != tc.kind {
+			t.Errorf("Source(%+v) = %v, want a missing %s", tc.p, err, tc.kind)
+		}
+	}
+	var nf *vsphere.NotFoundError
+	if _, err := c.Folder(ctx, "/DC0/vm/no-parent/group", true); !errors.As(err, &nf) || nf.Name != "/DC0/vm/no-parent" {
+		t.Errorf("folder under a missing parent: %v", err)
+	}
+
+	// Explicit placement: pool, datastore and network are applied to the clone.
+	src, err := c.Source(ctx, vsphere.Placement{Datacenter: "DC0", ResourcePool: "DC0_C0/Resources", Datastore: "LocalDS_0", Network: "DC0_DVPG0"}, "/DC0/vm/tmpl")
+	must(t, err)
+	f, err := c.Folder(ctx, "/DC0/vm/placed", true)
+	must(t, err)
+	id, err := c.Clone(ctx, src, f, vsphere.CloneSpec{Name: "placed-0", CPU: 1, MemoryMB: 1024})
+	must(t, err)
+	vm, err := find.NewFinder(sim.Admin.Client).VirtualMachine(ctx, "/DC0/vm/placed/placed-0")
+	must(t, err)
+	if vm.Reference().Value != id {
+		t.Errorf("clone id %s, found %s", id, vm.Reference().Value)
+	}
+	devices, err := vm.Device(ctx)
+	must(t, err)
+	nics := devices.SelectByType((*types.VirtualEthernetCard)(nil))
+	if len(nics) == 0 {
+		t.Fatal("clone has no network adapter")
+	}
+	if _, ok := nics[0].GetVirtualDevice().Backing.(*types.VirtualEthernetCardDistributedVirtualPortBackingInfo); !ok {
+		t.Errorf("first NIC backing = %T, want the port group's", nics[0].GetVirtualDevice().Backing)
+	}
+}
+
+func TestSessionIsLoggedInAgainWhenItEnds(t *testing.T) {
+	sim := vsimtest.Start(t)
+	counter := &vsimtest.Counter{}
+	conn := &vsphere.Connector{Wrap: vsimtest.Chain(counter.Wrap, sim.Wrap)}
+	t.Cleanup(conn.Close)
+	ctx := context.Background()
+	c, err := conn.Get(ctx, sim.Credentials())
+	must(t, err)
+	f, err := c.Folder(ctx, "/DC0/vm/relogin", true)
+	must(t, err)
+	again, err := conn.Get(ctx, sim.Credentials())
+	must(t, err)
+	if again != c || counter.Calls()["Login"] != 1 {
+		t.Fatalf("the session was not reused: %v", counter.Calls())
+	}
+
+	if n := sim.EndSessions(t); n == 0 {
+		t.Fatal("no session to end")
+	}
+	// A property collector answer without a session is not a fault: it must still log in again.
+	if _, err := c.List(ctx, f); err != nil {
+		t.Fatalf("List after the session ended: %v", err)
+	}
+	if got := counter.Calls()["Login"]; got != 2 {
+		t.Errorf("logins = %d, want 2", got)
+	}
+	sim.EndSessions(t)
+	if _, err := c.Folder(ctx, f.Path, false); err != nil {
+		t.Fatalf("Folder after the session ended: %v", err)
+	}
+	if got := counter.Calls()["Login"]; got != 3 {
+		t.Errorf("logins = %d, want 3", got)
+	}
+
+	// New credentials (a rotated Secret) open a new session.
+	creds := sim.Credentials()
+	creds.Password = "wrong-" + creds.Password
+	if _, err := conn.Get(ctx, creds); err == nil {
+		t.Error("login with a wrong password succeeded")
+	} else if strings.Contains(err.Error(), creds.Password) {
+		t.Errorf("the error shows the password: %v", err)
+	}
+}
+
+func TestLoginErrorsHideCredentials(t *testing.T) {
+	sim := vsimtest.Start(t)
+	ctx := context.Background()
+
+	creds := sim.Credentials()
+	creds.Insecure = false
+	if _, err := vsphere.Login(ctx, creds, nil); err == nil || !strings.Contains(err.Error(), "certificate") {
+		t.Errorf("self-signed certificate without insecure: %v", err)
+	}
+
+	creds = sim.Credentials()
+	creds.Password = "not-" + creds.Password
+	_, err := vsphere.Login(ctx, creds, nil)
+	if err == nil {
+		t.Fatal("wrong password accepted")
+	}
+	if strings.Contains(err.Error(), creds.Password) || strings.Contains(creds.String(), creds.Password) {
+		t.Errorf("password shown: %v / %s", err, creds)
+	}
+
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	creds.Server = &url.URL{Scheme: "https", Host: "127.0.0.1:1", Path: "/sdk"}
+	if _, err := vsphere.Login(ctx, creds, nil); err == nil {
+		t.Error("login to a closed port succeeded")
+	}
+}

@@ -1,0 +1,95 @@
+package vmgroups
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	computev1alpha1 "github.com/quartermaster-dev/quartermaster/api/compute/v1alpha1"
+	vcenter "github.com/quartermaster-dev/quartermaster/internal/cloud/vsphere"
+	"github.com/quartermaster-dev/quartermaster/internal/vsphere"
+)
+
+// reconcileDelete powers off and destroys the group's VMs, then its folder when nothing else is in
+// it, then drops the finalizer. released says the finalizer is gone.
+func (r *Reconciler) reconcileDelete(ctx context.Context, vg *computev1alpha1.VmGroup, before *computev1alpha1.VmGroupStatus) (reconcile.Result, bool, error) {
+	if !controllerutil.ContainsFinalizer(vg, Finalizer) {
+		return reconcile.Result{}, true, nil
+	}
+	keep := fmt.Sprintf("; the VmGroup stays until its VMs are deleted (remove the finalizer %s to leave them behind)", Finalizer)
+	api, f := r.connect(ctx)
+	if f != nil {
+		f.message += keep
+		res, err := r.fail(vg, before, f)
+		return res, false, err
+	}
+	folder, f := r.folder(ctx, api, vg, r.placement(vg), false)
+	if f != nil {
+		if f.reason != "PlacementNotFound" { // no folder: nothing was created, or it is gone already
+			f.message += keep
+			res, err := r.fail(vg, before, f)
+			return res, false, err
+		}
+		return r.release(ctx, vg)
+	}
+	listing, err := api.List(ctx, folder)
+	if errors.Is(err, vcenter.ErrNotFound) {
+		return r.release(ctx, vg)
+	}
+	if err != nil {
+		res, err := r.fail(vg, before, vcenterFailure(err))
+		return res, false, err
+	}
+	obs := vsphere.Observe(spec(vg), listing.VMs)
+	names, err := r.each(ctx, obs.Members, func(ctx context.Context, m vsphere.Member) error { return remove(ctx, api, m) })
+	if len(names) > 0 {
+		r.Recorder.Eventf(vg, nil, corev1.EventTypeNormal, "VMsDeleted", "Delete", "deleted %s", strings.Join(names, ", "))
+	}
+	if err != nil {
+		fl := vcenterFailure(err)
+		fl.message += keep
+		res, err := r.fail(vg, before, fl)
+		return res, false, err
+	}
+
+	// vCenter destroys a folder with everything in it: look again right before, and keep a folder
+	// that holds anything the group does not own.
+	after, err := api.List(ctx, folder)
+	if err != nil && !errors.Is(err, vcenter.ErrNotFound) {
+		res, err := r.fail(vg, before, vcenterFailure(err))
+		return res, false, err
+	}
+	if err == nil {
+		if len(after.VMs) == 0 && after.Others == 0 {
+			if err := api.DestroyFolder(ctx, folder); err != nil {
+				res, err := r.fail(vg, before, vcenterFailure(err))
+				return res, false, err
+			}
+		} else {
+			var left []string
+			for _, vm := range after.VMs {
+				left = append(left, vm.Name)
+			}
+			r.Recorder.Eventf(vg, nil, corev1.EventTypeWarning, "FolderKept", "Delete",
+				"folder %s kept: it holds %d VM(s) and %d other item(s) Quartermaster did not create: %s",
+				folder.Path, len(after.VMs), after.Others, strings.Join(left, ", "))
+		}
+	}
+	return r.release(ctx, vg)
+}
+
+// release drops the finalizer.
+func (r *Reconciler) release(ctx context.Context, vg *computev1alpha1.VmGroup) (reconcile.Result, bool, error) {
+	orig := vg.DeepCopy()
+	controllerutil.RemoveFinalizer(vg, Finalizer)
+	if err := r.Client.Patch(ctx, vg, client.MergeFromWithOptions(orig, client.MergeFromWithOptimisticLock{})); err != nil {
+		return reconcile.Result{}, false, client.IgnoreNotFound(err)
+	}
+	return reconcile.Result{}, true, nil
+}

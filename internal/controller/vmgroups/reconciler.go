@@ -1,0 +1,317 @@
+package vmgroups
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/client-go/util/workqueue"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	ctrl "sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	computev1alpha1 "github.com/quartermaster-dev/quartermaster/api/compute/v1alpha1"
+	vcenter "github.com/quartermaster-dev/quartermaster/internal/cloud/vsphere"
+	"github.com/quartermaster-dev/quartermaster/internal/vsphere"
+)
+
+// +kubebuilder:rbac:groups=compute.quartermaster.dev,resources=vmgroups,verbs=get;list;watch;patch
+// +kubebuilder:rbac:groups=compute.quartermaster.dev,resources=vmgroups/status,verbs=get;patch
+// +kubebuilder:rbac:groups=compute.quartermaster.dev,resources=vmgroups/finalizers,verbs=update
+// +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
+// The vCenter Secret is read (get only, no list/watch) in the operator's namespace; if
+// --vsphere-secret names another namespace, move the Role there.
+// +kubebuilder:rbac:groups="",namespace=quartermaster-system,resources=secrets,verbs=get
+
+// Finalizer holds a VmGroup until its VMs and folder are gone.
+const Finalizer = "compute.quartermaster.dev/vms"
+
+const (
+	reconcileTimeout = 30 * time.Minute
+	statusTimeout    = 10 * time.Second
+)
+
+// SelectorLabel is the label key of the scale subresource's selector.
+const SelectorLabel = "compute.quartermaster.dev/vmgroup"
+
+// Reconciler keeps VmGroups' VMs in vCenter as their specs say.
+type Reconciler struct {
+	Client    client.Client
+	APIReader client.Reader // reads the vCenter Secret without caching (or watching) Secrets
+	Recorder  events.EventRecorder
+	Connector *vcenter.Connector
+	Secret    types.NamespacedName
+	Insecure  bool
+	Defaults  vcenter.Placement
+	// CloneConcurrency bounds the clones running at once across all groups, and the clones of one
+	// reconcile.
+	CloneConcurrency int
+	// Resync is the drift check period (jittered).
+	Resync time.Duration
+	// SlowRetry is how often a problem only a person can fix (missing template, Secret or
+	// placement) is checked again.
+	SlowRetry time.Duration
+	// StepDelay separates the bounded steps of a change.
+	StepDelay time.Duration
+
+	clones    chan struct{}
+	slotsOnce sync.Once
+}
+
+// NewReconciler builds the reconciler from the options.
+func NewReconciler(mgr ctrl.Manager, o *Options) (*Reconciler, error) {
+	if _, _, err := mgr.GetScheme().ObjectKinds(&computev1alpha1.VmGroup{}); err != nil {
+		return nil, errors.New("the manager's scheme lacks compute.quartermaster.dev/v1alpha1 (add computev1alpha1.AddToScheme)")
+	}
+	ref, err := o.secretRef()
+	if err != nil {
+		return nil, err
+	}
+	return &Reconciler{
+		Client:           mgr.GetClient(),
+		APIReader:        mgr.GetAPIReader(),
+		Recorder:         mgr.GetEventRecorder("quartermaster-vmgroups"),
+		Connector:        &vcenter.Connector{},
+		Secret:           ref,
+		Insecure:         o.Insecure,
+		Defaults:         o.Defaults,
+		CloneConcurrency: o.CloneConcurrency,
+		Resync:           o.Resync,
+		SlowRetry:        time.Minute,
+		StepDelay:        time.Second,
+	}, nil
+}
+
+// SetupWithManager watches VmGroups. Only spec changes (and deletion) trigger a reconcile: the
+// controller's own status and finalizer writes do not.
+func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
+	r.cloneSlots()
+	deleting := predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
+		return e.ObjectOld.GetDeletionTimestamp() == nil && e.ObjectNew.GetDeletionTimestamp() != nil
+	}}
+	err := mgr.Add(ctrl.RunnableFunc(func(ctx context.Context) error {
+		<-ctx.Done()
+		r.Connector.Close() // log out of vCenter on shutdown
+		return nil
+	}))
+	if err != nil {
+		return err
+	}
+	return builder.ControllerManagedBy(mgr).
+		Named(Name).
+		For(&computev1alpha1.VmGroup{}, builder.WithPredicates(predicate.Or[client.Object](predicate.GenerationChangedPredicate{}, deleting))).
+		WithOptions(controller.Options{
+			MaxConcurrentReconciles: concurrency,
+			// A batch of clones can take long on a real vCenter, but not forever.
+			ReconciliationTimeout: reconcileTimeout,
+			// vCenter errors back off from 1s to 5m (not the default 16m: the group should recover soon after vCenter does).
+			RateLimiter: workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](time.Second, 5*time.Minute),
+		}).
+		Complete(r)
+}
+
+// Reconcile brings one VmGroup a step closer to its spec.
+func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (res reconcile.Result, retErr error) {
+	vg := &computev1alpha1.VmGroup{}
+	if err := r.Client.Get(ctx, req.NamespacedName, vg); err != nil {
+		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
+	before := vg.Status.DeepCopy()
+	released := false
+	defer func() {
+		if released {
+			return // the finalizer is gone, and likely the object with it
+		}
+		// The status is written even when the reconcile ran out of time.
+		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), statusTimeout)
+		defer cancel()
+		if err := r.patchStatus(pctx, vg, before); err != nil {
+			res, retErr = reconcile.Result{}, errors.Join(retErr, err)
+		}
+	}()
+
+	if !vg.DeletionTimestamp.IsZero() {
+		result, done, err := r.reconcileDelete(ctx, vg, before)
+		released = done
+		return result, err
+	}
+	if !controllerutil.ContainsFinalizer(vg, Finalizer) {
+		orig := vg.DeepCopy()
+		controllerutil.AddFinalizer(vg, Finalizer)
+		if err := r.Client.Patch(ctx, vg, client.MergeFromWithOptions(orig, client.MergeFromWithOptimisticLock{})); err != nil {
+			return reconcile.Result{}, err
+		}
+		vg.Status = *before.DeepCopy()
+	}
+	return r.reconcileNormal(ctx, vg, before)
+}
+
+// spec is the VmGroup's spec in vCenter's units.
+func spec(vg *computev1alpha1.VmGroup) vsphere.Spec {
+	replicas := 1
+	if vg.Spec.Replicas != nil {
+		replicas = int(*vg.Spec.Replicas)
+	}
+	return vsphere.Spec{
+		Name:     vg.Name,
+		Key:      vsphere.GroupKey(vg.Namespace, vg.Name),
+		Replicas: replicas,
+		CPU:      vg.Spec.CPU,
+		MemoryMB: vg.Spec.Memory * 1024,
+		Template: vg.Spec.Template,
+	}
+}
+
+// placement is the spec's placement with the operator's defaults for what it leaves empty.
+func (r *Reconciler) placement(vg *computev1alpha1.VmGroup) vcenter.Placement {
+	p := r.Defaults
+	if sp := vg.Spec.Placement; sp != nil {
+		p.Datacenter = or(sp.Datacenter, p.Datacenter)
+		p.Folder = or(sp.Folder, p.Folder)
+		p.ResourcePool = or(sp.ResourcePool, p.ResourcePool)
+		p.Datastore = or(sp.Datastore, p.Datastore)
+		p.Network = or(sp.Network, p.Network)
+	}
+	return p
+}
+
+func or(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
+
+func (r *Reconciler) reconcileNormal(ctx context.Context, vg *computev1alpha1.VmGroup, before *computev1alpha1.VmGroupStatus) (reconcile.Result, error) {
+	s := spec(vg)
+	vg.Status.DesiredReplicas = int32(s.Replicas)
+	vg.Status.Selector = SelectorLabel + "=" + vg.Name
+
+	api, f := r.connect(ctx)
+	if f != nil {
+		return r.fail(vg, before, f)
+	}
+	placement := r.placement(vg)
+	folder, f := r.folder(ctx, api, vg, placement, true)
+	if f != nil {
+		return r.fail(vg, before, f)
+	}
+	vg.Status.Folder = folder.Path
+
+	var listing vcenter.Listing
+	if !folder.Created {
+		var err error
+		if listing, err = api.List(ctx, folder); err != nil {
+			return r.fail(vg, before, vcenterFailure(err))
+		}
+	}
+	obs := vsphere.Observe(s, listing.VMs)
+	plan := vsphere.NewPlan(s, obs, r.CloneConcurrency)
+	if plan.Empty() {
+		r.observe(vg, before, obs)
+		r.setState(vg, before, state{phase: computev1alpha1.PhaseRunning, ready: true, reason: "Running",
+			message: fmt.Sprintf("%d/%d VMs running", len(obs.Members), s.Replicas) + unmanagedNote(obs)})
+		return reconcile.Result{RequeueAfter: wait.Jitter(r.Resync, 0.1)}, nil
+	}
+
+	done, reason, actErr := r.act(ctx, api, vg, s, placement, folder, plan)
+	// Observe again so the status shows what is, not what was planned.
+	if l, err := api.List(ctx, folder); err == nil {
+		obs = vsphere.Observe(s, l.VMs)
+	}
+	r.observe(vg, before, obs)
+	if actErr != nil {
+		var nf *vcenter.NotFoundError
+		if errors.As(actErr, &nf) {
+			return r.fail(vg, before, notFoundFailure(nf))
+		}
+		fl := vcenterFailure(actErr)
+		if len(done) > 0 {
+			fl.message = strings.Join(done, "; ") + "; then: " + fl.message
+		}
+		return r.fail(vg, before, fl)
+	}
+	r.setState(vg, before, state{phase: computev1alpha1.PhasePending, reason: reason, progressing: true,
+		message: strings.Join(done, "; ") + unmanagedNote(obs)})
+	return reconcile.Result{RequeueAfter: r.StepDelay}, nil
+}
+
+// folder finds (or with create, makes) the group's folder: the path recorded in the status when
+// there is one, so later changes of the operator's defaults never lose a group's VMs.
+func (r *Reconciler) folder(ctx context.Context, api vcenter.API, vg *computev1alpha1.VmGroup, p vcenter.Placement, create bool) (vcenter.Folder, *failure) {
+	path := vg.Status.Folder
+	if path == "" {
+		var err error
+		if path, err = api.FolderPath(ctx, p, vsphere.FolderName(vg.Namespace, vg.Name)); err != nil {
+			return vcenter.Folder{}, vcenterFailure(err)
+		}
+	}
+	folder, err := api.Folder(ctx, path, create)
+	if err != nil {
+		var nf *vcenter.NotFoundError
+		if errors.As(err, &nf) {
+			return vcenter.Folder{}, notFoundFailure(nf)
+		}
+		return vcenter.Folder{}, vcenterFailure(err)
+	}
+	if folder.Created {
+		r.Recorder.Eventf(vg, nil, corev1.EventTypeNormal, "FolderCreated", "Create", "created folder %s", folder.Path)
+	}
+	return folder, nil
+}
+
+// observe records the group's VMs in the status and reports VMs that are not the group's.
+func (r *Reconciler) observe(vg *computev1alpha1.VmGroup, before *computev1alpha1.VmGroupStatus, obs vsphere.Observation) {
+	st := &vg.Status
+	st.VMs = nil
+	st.CurrentReplicas, st.ReadyReplicas = 0, 0
+	for _, m := range obs.Members {
+		st.VMs = append(st.VMs, computev1alpha1.VMStatus{Name: m.Name, PowerState: string(m.PowerState), IP: m.IP, Ready: m.Available()})
+		st.CurrentReplicas++
+		if m.Available() {
+			st.ReadyReplicas++
+		}
+	}
+	st.UnmanagedVMs = nil
+	for _, vm := range obs.Unmanaged {
+		st.UnmanagedVMs = append(st.UnmanagedVMs, vm.Name)
+	}
+	if len(st.UnmanagedVMs) > 0 && !equality.Semantic.DeepEqual(st.UnmanagedVMs, before.UnmanagedVMs) {
+		r.Recorder.Eventf(vg, nil, corev1.EventTypeWarning, "UnmanagedVMs", "Observe",
+			"folder %s holds VMs Quartermaster did not create; they are left alone: %s", st.Folder, strings.Join(st.UnmanagedVMs, ", "))
+	}
+}
+
+func unmanagedNote(obs vsphere.Observation) string {
+	if len(obs.Unmanaged) == 0 {
+		return ""
+	}
+	names := make([]string, 0, len(obs.Unmanaged))
+	for _, vm := range obs.Unmanaged {
+		names = append(names, vm.Name)
+	}
+	return fmt.Sprintf("; %d VM(s) in the folder not created by Quartermaster, left alone: %s", len(names), strings.Join(names, ", "))
+}
+
+// patchStatus writes the status once, and only when it changed.
+func (r *Reconciler) patchStatus(ctx context.Context, vg *computev1alpha1.VmGroup, before *computev1alpha1.VmGroupStatus) error {
+	if equality.Semantic.DeepEqual(*before, vg.Status) {
+		return nil
+	}
+	base := vg.DeepCopy()
+	base.Status = *before
+	return client.IgnoreNotFound(r.Client.Status().Patch(ctx, vg, client.MergeFrom(base)))
+}

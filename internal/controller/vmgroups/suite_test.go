@@ -1,0 +1,273 @@
+package vmgroups
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	ctrl "sigs.k8s.io/controller-runtime/pkg/manager"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	computev1alpha1 "github.com/quartermaster-dev/quartermaster/api/compute/v1alpha1"
+	vcenter "github.com/quartermaster-dev/quartermaster/internal/cloud/vsphere"
+	"github.com/quartermaster-dev/quartermaster/internal/cloud/vsphere/vsimtest"
+	"github.com/quartermaster-dev/quartermaster/internal/manager"
+	"github.com/quartermaster-dev/quartermaster/internal/testing/testenv"
+)
+
+const (
+	operatorNS = "quartermaster-system"
+	secretName = "vsphere"
+)
+
+// fixture is one envtest API server and one vcsim shared by every test of the package; the
+// manager starts when a test first needs it, so API validation runs with no controller around.
+type fixture struct {
+	env    *testenv.Env
+	scheme *runtime.Scheme
+	c      client.Client
+	sim    *vsimtest.Sim
+	logs   *syncBuffer
+	calls  *vsimtest.Counter // vSphere calls of the manager's reconciler
+	opts   *Options
+
+	mgr     ctrl.Manager
+	r       *Reconciler
+	started bool
+	cancel  context.CancelFunc
+	done    chan error
+}
+
+func start(t *testing.T) *fixture {
+	t.Helper()
+	f := &fixture{logs: &syncBuffer{}, calls: &vsimtest.Counter{}}
+	logf.SetLogger(zap.New(zap.UseDevMode(true), zap.WriteTo(f.logs)))
+	f.env = testenv.Start(t)
+	f.scheme = manager.Scheme(computev1alpha1.AddToScheme)
+	c, err := client.New(f.env.Config, client.Options{Scheme: f.scheme})
+	must(t, err)
+	f.c = c
+	f.sim = vsimtest.Start(t)
+	f.sim.AddTemplate(t, "tmpl-a")
+	f.sim.AddTemplate(t, "tmpl-b")
+
+	ctx := context.Background()
+	must(t, c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: operatorNS}}))
+	f.secret(t, secretName, f.sim.Host(), f.sim.Password)
+
+	f.opts = &Options{Secret: operatorNS + "/" + secretName, Insecure: true, CloneConcurrency: 4, Resync: 2 * time.Second, Concurrency: 4}
+	f.mgr, err = ctrl.New(f.env.Config, ctrl.Options{
+		Scheme:  f.scheme,
+		Cache:   cache.Options{DefaultTransform: cache.TransformStripManagedFields()},
+		Metrics: metricsserver.Options{BindAddress: "0"},
+		// envtest runs several managers in one process: controller names must not collide.
+		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
+	})
+	must(t, err)
+	f.r, err = NewReconciler(f.mgr, f.opts)
+	must(t, err)
+	f.r.Connector.Wrap = vsimtest.Chain(f.calls.Wrap, f.sim.Wrap)
+	f.r.SlowRetry = time.Second
+	f.r.StepDelay = 100 * time.Millisecond
+	must(t, f.r.SetupWithManager(f.mgr, f.opts.Concurrency))
+	t.Cleanup(func() {
+		if f.started {
+			f.cancel()
+			if err := <-f.done; err != nil {
+				t.Errorf("manager: %v", err)
+			}
+		}
+		if t.Failed() {
+			t.Logf("controller logs (last 20 kB):\n%s", f.logs.Tail(20000))
+		}
+	})
+	return f
+}
+
+// run starts the manager (once).
+func (f *fixture) run() {
+	if f.started {
+		return
+	}
+	f.started = true
+	ctx, cancel := context.WithCancel(context.Background())
+	f.cancel, f.done = cancel, make(chan error, 1)
+	go func() { f.done <- f.mgr.Start(ctx) }()
+}
+
+// secret writes a vCenter Secret in the operator's namespace.
+func (f *fixture) secret(t *testing.T, name, host, pass string) {
+	t.Helper()
+	s := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Namespace: operatorNS, Name: name},
+		Data:       map[string][]byte{keyHost: []byte(host), keyUser: []byte(f.sim.User), keyPass: []byte(pass + "\n")},
+	}
+	must(t, f.c.Create(context.Background(), s))
+}
+
+// standalone is a reconciler outside the manager, for calling Reconcile directly with its own
+// clients and counters.
+func (f *fixture) standalone(t *testing.T, c client.Client, secret string, wrap vcenter.Wrapper) *Reconciler {
+	t.Helper()
+	if wrap == nil {
+		wrap = f.sim.Wrap
+	} else {
+		wrap = vsimtest.Chain(wrap, f.sim.Wrap)
+	}
+	r := &Reconciler{
+		Client: c, APIReader: c, Recorder: f.mgr.GetEventRecorder("quartermaster-vmgroups-test"),
+		Connector: &vcenter.Connector{Wrap: wrap}, Secret: client.ObjectKey{Namespace: operatorNS, Name: secret},
+		Insecure: true, CloneConcurrency: 4, Resync: f.opts.Resync, SlowRetry: time.Second, StepDelay: 100 * time.Millisecond,
+	}
+	t.Cleanup(r.Connector.Close)
+	return r
+}
+
+func (f *fixture) namespace(t *testing.T, name string) {
+	t.Helper()
+	must(t, f.c.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}))
+}
+
+// group creates a VmGroup.
+func (f *fixture) group(t *testing.T, ns, name string, replicas, cpu, memory int32, template string) *computev1alpha1.VmGroup {
+	t.Helper()
+	vg := &computev1alpha1.VmGroup{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec:       computev1alpha1.VmGroupSpec{CPU: cpu, Memory: memory, Template: template, Replicas: ptr.To(replicas)},
+	}
+	must(t, f.c.Create(context.Background(), vg))
+	return vg
+}
+
+func (f *fixture) get(t *testing.T, ns, name string) *computev1alpha1.VmGroup {
+	t.Helper()
+	vg := &computev1alpha1.VmGroup{}
+	must(t, f.c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, vg))
+	return vg
+}
+
+// update changes a VmGroup's spec, retrying on conflicts.
+func (f *fixture) update(t *testing.T, ns, name string, change func(*computev1alpha1.VmGroupSpec)) {
+	t.Helper()
+	eventually(t, "updating "+name, func() (bool, string) {
+		vg := f.get(t, ns, name)
+		change(&vg.Spec)
+		err := f.c.Update(context.Background(), vg)
+		return err == nil, errString(err)
+	})
+}
+
+// waitRunning waits until the group is Running with n VMs for its current generation.
+func (f *fixture) waitRunning(t *testing.T, ns, name string, n int32) *computev1alpha1.VmGroup {
+	t.Helper()
+	var vg *computev1alpha1.VmGroup
+	eventually(t, fmt.Sprintf("%s to run %d VMs", name, n), func() (bool, string) {
+		vg = f.get(t, ns, name)
+		st := vg.Status
+		return st.Phase == computev1alpha1.PhaseRunning && st.CurrentReplicas == n && st.ReadyReplicas == n &&
+				st.ObservedGeneration == vg.Generation && meta.IsStatusConditionTrue(st.Conditions, computev1alpha1.ConditionReady),
+			string(st.Phase) + ": " + st.LastMessage
+	})
+	return vg
+}
+
+// events lists the reasons of the Events about an object.
+func (f *fixture) events(t *testing.T, obj client.Object) []eventsv1.Event {
+	t.Helper()
+	list := &eventsv1.EventList{}
+	must(t, f.c.List(context.Background(), list, client.InNamespace(obj.GetNamespace())))
+	var out []eventsv1.Event
+	for _, e := range list.Items {
+		if e.Regarding.UID == obj.GetUID() {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+func (f *fixture) waitEvent(t *testing.T, obj client.Object, reason string) eventsv1.Event {
+	t.Helper()
+	var found eventsv1.Event
+	eventually(t, "an Event "+reason, func() (bool, string) {
+		var reasons []string
+		for _, e := range f.events(t, obj) {
+			if e.Reason == reason {
+				found = e
+				return true, ""
+			}
+			reasons = append(reasons, e.Reason)
+		}
+		return false, "events: " + strings.Join(reasons, ",")
+	})
+	return found
+}
+
+func eventually(t *testing.T, what string, cond func() (bool, string)) {
+	t.Helper()
+	last := ""
+	err := wait.PollUntilContextTimeout(context.Background(), 50*time.Millisecond, 60*time.Second, true,
+		func(context.Context) (bool, error) {
+			ok, detail := cond()
+			last = detail
+			return ok, nil
+		})
+	if err != nil {
+		t.Fatalf("timed out waiting for %s (%s)", what, last)
+	}
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// syncBuffer collects logs from many goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func (s *syncBuffer) Tail(n int) string {
+	str := s.String()
+	if len(str) > n {
+		return str[len(str)-n:]
+	}
+	return str
+}
