@@ -18,6 +18,18 @@ metrics_addr=127.0.0.1:18443
 
 log() { echo "demo: $*" >&2; }
 
+stop_pid() { # stop_pid NAME
+	if [[ -f "${state}/$1.pid" ]]; then
+		pid="$(cat "${state}/$1.pid")"
+		if kill -0 "${pid}" 2>/dev/null; then
+			log "stopping the $1 (pid ${pid})"
+			kill "${pid}"
+			for _ in $(seq 50); do kill -0 "${pid}" 2>/dev/null || break; sleep 0.2; done
+		fi
+		rm -f "${state}/$1.pid"
+	fi
+}
+
 stop_manager() {
 	if [[ -f "${state}/manager.pid" ]]; then
 		pid="$(cat "${state}/manager.pid")"
@@ -33,6 +45,7 @@ stop_manager() {
 case "${1:-up}" in
 down)
 	stop_manager
+	stop_pid vcenter-sim
 	"${here}/cluster.sh" down "${cluster}"
 	rm -rf "${state}"
 	exit 0
@@ -51,8 +64,20 @@ log "installing CRDs, RBAC and the namespace (config/local)"
 kubectl apply --server-side --force-conflicts -k config/local >/dev/null
 kubectl wait --for=condition=Established crd -l app.kubernetes.io/part-of=quartermaster --timeout=60s >/dev/null 2>&1 || true
 
-log "building the manager"
+log "building the manager and the development vCenter"
 go build -o bin/quartermaster ./cmd/quartermaster
+go build -o bin/vcenter-sim ./cmd/vcenter-sim
+
+# A development vCenter (govmomi's simulator with a template) for the vmgroups controller; its
+# connection goes into the Secret the manager is pointed at with --vsphere-secret.
+stop_pid vcenter-sim
+rm -f "${state}/vcenter.env"
+nohup "${root}/bin/vcenter-sim" --env-file "${state}/vcenter.env" >"${state}/vcenter-sim.log" 2>&1 &
+echo $! >"${state}/vcenter-sim.pid"
+for _ in $(seq 100); do [[ -s "${state}/vcenter.env" ]] && break; sleep 0.1; done
+[[ -s "${state}/vcenter.env" ]] || { log "the development vCenter did not start:"; cat "${state}/vcenter-sim.log" >&2; exit 1; }
+kubectl -n quartermaster-system create secret generic vcenter --from-env-file="${state}/vcenter.env" \
+	--dry-run=client -o yaml | kubectl apply --server-side --force-conflicts -f - >/dev/null
 
 # The manager authenticates with a token of its own ServiceAccount, so it runs with exactly the
 # permissions the generated ClusterRole gives it in a real cluster.
@@ -73,6 +98,7 @@ nohup "${root}/bin/quartermaster" --kubeconfig="${manager_kubeconfig}" \
 	--leader-elect --leader-election-namespace=quartermaster-system \
 	--health-probe-bind-address="${probe_addr}" --metrics-bind-address="${metrics_addr}" \
 	--namespace-defaults="${root}/config/manager/namespace-defaults.yaml" \
+	--vsphere-secret=quartermaster-system/vcenter --vsphere-insecure \
 	${QM_DEMO_ARGS:-} >"${state}/manager.log" 2>&1 &
 echo $! >"${state}/manager.pid"
 for i in $(seq 100); do
@@ -99,7 +125,7 @@ for cm in $(kubectl kustomize config/samples | awk '/^kind: ConfigMap/{c=1} c&&/
 done
 kinds="$(kubectl api-resources -o name 2>/dev/null | grep -E '\.quartermaster\.dev$' | sort || true)"
 for kind in ${kinds}; do
-	kubectl wait --for=condition=Ready "${kind}" --all -A --timeout=120s >/dev/null 2>&1 ||
+	kubectl wait --for=condition=Ready "${kind}" --all -A --timeout=180s >/dev/null 2>&1 ||
 		log "not every ${kind} is Ready yet"
 done
 

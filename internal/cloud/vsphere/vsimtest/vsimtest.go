@@ -173,16 +173,30 @@ func (s *Sim) finder() *find.Finder {
 // the model's first VM, marked as template) and returns its inventory path.
 func (s *Sim) AddTemplate(t testing.TB, name string) string {
 	t.Helper()
-	ctx := context.Background()
+	p, err := s.CreateTemplate(context.Background(), name)
+	must(t, err)
+	return p
+}
+
+// CreateTemplate is AddTemplate for callers without a testing.TB (the development vCenter command).
+func (s *Sim) CreateTemplate(ctx context.Context, name string) (string, error) {
 	f := s.finder()
 	vm, err := f.VirtualMachine(ctx, SourceVM)
-	must(t, err)
+	if err != nil {
+		return "", err
+	}
 	folder, err := f.Folder(ctx, VMFolder)
-	must(t, err)
+	if err != nil {
+		return "", err
+	}
 	task, err := vm.Clone(ctx, folder, name, types.VirtualMachineCloneSpec{Template: true})
-	must(t, err)
-	must(t, task.Wait(ctx))
-	return VMFolder + "/" + name
+	if err != nil {
+		return "", err
+	}
+	if err := task.Wait(ctx); err != nil {
+		return "", err
+	}
+	return VMFolder + "/" + name, nil
 }
 
 // Destroy destroys the VM or template at an inventory path (out of band). An operator repairing
