@@ -1,13 +1,11 @@
 package manager_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -27,24 +25,6 @@ import (
 )
 
 var widgetGVK = schema.GroupVersionKind{Group: "test.quartermaster.dev", Version: "v1", Kind: "Widget"}
-
-// syncBuffer is a log sink the manager writes to from many goroutines.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 // widgetController reconciles test Widgets and reports each reconciled name.
 func widgetController(reconciled chan<- string) registry.Controller {
@@ -73,7 +53,7 @@ func unconfiguredController() registry.Controller {
 
 func TestUnknownControllerIsAnErrorNamingTheValidOnes(t *testing.T) {
 	all := []registry.Controller{widgetController(nil), unconfiguredController()}
-	err := manager.Run(context.Background(), []string{"--controllers=nonsense"}, all, manager.Scheme(), &syncBuffer{})
+	err := manager.Run(context.Background(), []string{"--controllers=nonsense"}, all, manager.Scheme(), &testenv.LogBuffer{})
 	if err == nil {
 		t.Fatal("Run accepted an unknown controller")
 	}
@@ -86,7 +66,7 @@ func TestUnknownControllerIsAnErrorNamingTheValidOnes(t *testing.T) {
 
 func TestNamedControllerWithoutConfigurationIsAnError(t *testing.T) {
 	all := []registry.Controller{widgetController(nil), unconfiguredController()}
-	err := manager.Run(context.Background(), []string{"--controllers=widgets,needs-config"}, all, manager.Scheme(), &syncBuffer{})
+	err := manager.Run(context.Background(), []string{"--controllers=widgets,needs-config"}, all, manager.Scheme(), &testenv.LogBuffer{})
 	if err == nil || !strings.Contains(err.Error(), "--needs-config-endpoint") {
 		t.Fatalf("want an error naming the missing flag, got %v", err)
 	}
@@ -100,7 +80,7 @@ func TestControllerWaitsForItsCRDAndStartsWhenInstalled(t *testing.T) {
 
 	reconciled := make(chan string, 10)
 	all := []registry.Controller{widgetController(reconciled), unconfiguredController()}
-	logs := &syncBuffer{}
+	logs := &testenv.LogBuffer{}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
@@ -165,7 +145,7 @@ func installCRD(t *testing.T, c client.Client, path string) {
 	}
 }
 
-func waitFor(t *testing.T, what string, logs *syncBuffer, cond func() bool) {
+func waitFor(t *testing.T, what string, logs *testenv.LogBuffer, cond func() bool) {
 	t.Helper()
 	err := wait.PollUntilContextTimeout(context.Background(), 50*time.Millisecond, 60*time.Second, true,
 		func(context.Context) (bool, error) { return cond(), nil })

@@ -3,7 +3,6 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -14,7 +13,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -24,6 +22,8 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/quartermaster-dev/quartermaster/internal/testing/testenv"
 )
 
 const managerNamespace = "quartermaster-system"
@@ -31,25 +31,8 @@ const managerNamespace = "quartermaster-system"
 // managerProcess is the quartermaster binary running against the local cluster.
 type managerProcess struct {
 	cmd  *exec.Cmd
-	logs *lockedBuffer
+	logs *testenv.LogBuffer
 	done chan error
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // startManager runs the manager authenticated as its own ServiceAccount (bound to the generated
@@ -61,7 +44,7 @@ func startManager(t *testing.T, args ...string) *managerProcess {
 	path := filepath.Join(t.TempDir(), "manager.kubeconfig")
 	must(t, os.WriteFile(path, kubeconfig, 0o600))
 
-	p := &managerProcess{logs: &lockedBuffer{}, done: make(chan error, 1)}
+	p := &managerProcess{logs: &testenv.LogBuffer{}, done: make(chan error, 1)}
 	p.cmd = exec.Command(managerBin, append([]string{"--kubeconfig=" + path}, args...)...)
 	p.cmd.Stdout, p.cmd.Stderr = p.logs, p.logs
 	must(t, p.cmd.Start())

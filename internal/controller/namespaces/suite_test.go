@@ -124,17 +124,7 @@ func (f *fixture) waitStatus(t *testing.T, name string, status nsrequest.Status)
 // events lists the Events about an object.
 func (f *fixture) events(t *testing.T, obj client.Object) []eventsv1.Event {
 	t.Helper()
-	list := &eventsv1.EventList{}
-	if err := f.c.List(context.Background(), list, client.InNamespace(obj.GetNamespace())); err != nil {
-		t.Fatal(err)
-	}
-	var out []eventsv1.Event
-	for _, e := range list.Items {
-		if e.Regarding.UID == obj.GetUID() {
-			out = append(out, e)
-		}
-	}
-	return out
+	return testenv.EventsAbout(t, f.c, obj)
 }
 
 func (f *fixture) waitEvent(t *testing.T, obj client.Object, reason string) eventsv1.Event {

@@ -1,11 +1,9 @@
 package vmgroups
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -43,7 +41,7 @@ type fixture struct {
 	scheme *runtime.Scheme
 	c      client.Client
 	sim    *vsimtest.Sim
-	logs   *syncBuffer
+	logs   *testenv.LogBuffer
 	calls  *vsimtest.Counter // vSphere calls of the manager's reconciler
 	opts   *Options
 
@@ -56,7 +54,7 @@ type fixture struct {
 
 func start(t *testing.T) *fixture {
 	t.Helper()
-	f := &fixture{logs: &syncBuffer{}, calls: &vsimtest.Counter{}}
+	f := &fixture{logs: &testenv.LogBuffer{}, calls: &vsimtest.Counter{}}
 	logf.SetLogger(zap.New(zap.UseDevMode(true), zap.WriteTo(f.logs)))
 	f.env = testenv.Start(t)
 	f.scheme = manager.Scheme(computev1alpha1.AddToScheme)
@@ -187,18 +185,10 @@ func (f *fixture) waitRunning(t *testing.T, ns, name string, n int32) *computev1
 	return vg
 }
 
-// events lists the reasons of the Events about an object.
+// events lists the Events about an object.
 func (f *fixture) events(t *testing.T, obj client.Object) []eventsv1.Event {
 	t.Helper()
-	list := &eventsv1.EventList{}
-	must(t, f.c.List(context.Background(), list, client.InNamespace(obj.GetNamespace())))
-	var out []eventsv1.Event
-	for _, e := range list.Items {
-		if e.Regarding.UID == obj.GetUID() {
-			out = append(out, e)
-		}
-	}
-	return out
+	return testenv.EventsAbout(t, f.c, obj)
 }
 
 func (f *fixture) waitEvent(t *testing.T, obj client.Object, reason string) eventsv1.Event {
@@ -244,30 +234,4 @@ func must(t *testing.T, err error) {
 	if err != nil {
 		t.Fatal(err)
 	}
-}
-
-// syncBuffer collects logs from many goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-func (s *syncBuffer) Tail(n int) string {
-	str := s.String()
-	if len(str) > n {
-		return str[len(str)-n:]
-	}
-	return str
 }
