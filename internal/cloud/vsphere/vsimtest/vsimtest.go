@@ -123,13 +123,19 @@ func (s *Sim) waitTasks() {
 	if s.doneTasks == nil {
 		s.doneTasks = map[types.ManagedObjectReference]bool{}
 	}
-	for _, obj := range s.Model.Map().AllReference("Task") {
-		t, ok := obj.(*simulator.Task)
-		if !ok || s.doneTasks[t.Self] {
-			continue
+	// A task may start others while it runs (a destroy starts a file deletion), so look again
+	// until a pass finds nothing new.
+	for waited := true; waited; {
+		waited = false
+		for _, obj := range s.Model.Map().AllReference("Task") {
+			t, ok := obj.(*simulator.Task)
+			if !ok || s.doneTasks[t.Self] {
+				continue
+			}
+			t.Wait()
+			s.doneTasks[t.Self] = true
+			waited = true
 		}
-		t.Wait()
-		s.doneTasks[t.Self] = true
 	}
 }
 
