@@ -56,12 +56,12 @@ func (r *Reconciler) credentials(ctx context.Context) (vcenter.Credentials, erro
 func (r *Reconciler) connect(ctx context.Context) (vcenter.API, *failure) {
 	creds, err := r.credentials(ctx)
 	if err != nil {
-		return nil, &failure{reason: "CredentialsUnavailable", message: err.Error(), retry: r.SlowRetry}
+		return nil, &failure{reason: "CredentialsUnavailable", message: err.Error(), retry: r.SlowRetry, stalled: true}
 	}
 	api, err := r.Connector.Get(ctx, creds)
 	if err != nil {
 		if vcenter.IsLoginRefused(err) {
-			return nil, &failure{reason: "LoginFailed", retry: r.SlowRetry,
+			return nil, &failure{reason: "LoginFailed", retry: r.SlowRetry, stalled: true,
 				message: fmt.Sprintf("vCenter refused the user name or password of Secret %s (%v)", r.Secret, err)}
 		}
 		return nil, vcenterFailure(err)

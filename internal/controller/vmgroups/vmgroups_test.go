@@ -121,6 +121,10 @@ func testConnectionProblems(t *testing.T, f *fixture) {
 				!strings.Contains(got.Status.LastMessage, c.message) {
 				t.Errorf("status = %s %+v, want Pending/%s with %q", got.Status.Phase, ready, c.reason, c.message)
 			}
+			// A Secret a person must fix stalls the group; an unreachable vCenter is transient.
+			if stalled := meta.IsStatusConditionTrue(got.Status.Conditions, computev1alpha1.ConditionStalled); stalled == c.wantErr {
+				t.Errorf("Stalled = %v, want %v", stalled, !c.wantErr)
+			}
 			if !controllerutil.ContainsFinalizer(got, Finalizer) {
 				t.Error("no finalizer before the first vCenter call")
 			}
