@@ -30,21 +30,9 @@ stop_pid() { # stop_pid NAME
 	fi
 }
 
-stop_manager() {
-	if [[ -f "${state}/manager.pid" ]]; then
-		pid="$(cat "${state}/manager.pid")"
-		if kill -0 "${pid}" 2>/dev/null; then
-			log "stopping the manager (pid ${pid})"
-			kill "${pid}"
-			for _ in $(seq 50); do kill -0 "${pid}" 2>/dev/null || break; sleep 0.2; done
-		fi
-		rm -f "${state}/manager.pid"
-	fi
-}
-
 case "${1:-up}" in
 down)
-	stop_manager
+	stop_pid manager
 	stop_pid vcenter-sim
 	"${here}/cluster.sh" down "${cluster}"
 	rm -rf "${state}"
@@ -92,7 +80,7 @@ mk config set-credentials quartermaster-manager --token="${token}"
 mk config set-context manager --cluster=local --user=quartermaster-manager --namespace=quartermaster-system
 mk config use-context manager
 
-stop_manager
+stop_pid manager
 log "starting the manager (logs: ${state}/manager.log)"
 nohup "${root}/bin/quartermaster" --kubeconfig="${manager_kubeconfig}" \
 	--leader-elect --leader-election-namespace=quartermaster-system \

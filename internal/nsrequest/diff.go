@@ -1,6 +1,8 @@
 package nsrequest
 
 import (
+	"maps"
+
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -107,8 +109,6 @@ func merge(dst, src map[string]string) map[string]string {
 	if dst == nil && len(src) > 0 {
 		dst = map[string]string{}
 	}
-	for k, v := range src {
-		dst[k] = v
-	}
+	maps.Copy(dst, src)
 	return dst
 }

@@ -3,8 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -38,35 +36,16 @@ func writeConfigMaps(ctx context.Context, e *env, writers, n int) (float64, erro
 	}
 	defer func() { _ = e.client.Delete(ctx, ns) }()
 
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	errs := make(chan error, writers)
 	start := time.Now()
-	for range writers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				i := next.Add(1)
-				if i > int64(n) {
-					return
-				}
-				cm := &corev1.ConfigMap{
-					ObjectMeta: metav1.ObjectMeta{Namespace: ns.Name, Name: fmt.Sprintf("cm-%05d", i)},
-					Data:       map[string]string{"k": "v"},
-				}
-				if err := e.client.Create(ctx, cm); err != nil {
-					errs <- err
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	elapsed := time.Since(start)
-	close(errs)
-	if err := <-errs; err != nil {
+	err := parallel(writers, n, func(i int) error {
+		return e.client.Create(ctx, &corev1.ConfigMap{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns.Name, Name: fmt.Sprintf("cm-%05d", i)},
+			Data:       map[string]string{"k": "v"},
+		})
+	})
+	if err != nil {
 		return 0, err
 	}
+	elapsed := time.Since(start)
 	return float64(n) / elapsed.Seconds(), nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"time"
 
@@ -139,23 +140,11 @@ func requestPredicate(requestsNamespace string) predicate.Predicate {
 				return false
 			}
 			o, n := e.ObjectOld.(*corev1.ConfigMap), e.ObjectNew.(*corev1.ConfigMap)
-			return !equalStrings(o.Data, n.Data) || !equalStrings(o.Labels, n.Labels) ||
+			return !maps.Equal(o.Data, n.Data) || !maps.Equal(o.Labels, n.Labels) ||
 				len(o.BinaryData) != len(n.BinaryData) ||
 				o.Annotations[nsrequest.AnnotationStatus] != n.Annotations[nsrequest.AnnotationStatus] && n.Annotations[nsrequest.AnnotationStatus] == ""
 		},
 	}
-}
-
-func equalStrings(a, b map[string]string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if w, ok := b[k]; !ok || w != v {
-			return false
-		}
-	}
-	return true
 }
 
 // conflictRetry is how often a request refused for a conflict is looked at again: the object in

@@ -4,7 +4,6 @@ import (
 	"context"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -129,23 +128,7 @@ func (f *fixture) events(t *testing.T, obj client.Object) []eventsv1.Event {
 
 func (f *fixture) waitEvent(t *testing.T, obj client.Object, reason string) eventsv1.Event {
 	t.Helper()
-	var found eventsv1.Event
-	eventually(t, "an Event "+reason, func() bool {
-		for _, e := range f.events(t, obj) {
-			if e.Reason == reason {
-				found = e
-				return true
-			}
-		}
-		return false
-	}, func() string {
-		var rs []string
-		for _, e := range f.events(t, obj) {
-			rs = append(rs, e.Reason)
-		}
-		return "events: " + strings.Join(rs, ",")
-	})
-	return found
+	return testenv.WaitForEvent(t, f.c, obj, reason)
 }
 
 func eventually(t *testing.T, what string, cond func() bool, detail func() string) {

@@ -1,6 +1,7 @@
 package vmgroups
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -179,20 +180,13 @@ func spec(vg *computev1alpha1.VmGroup) vsphere.Spec {
 func (r *Reconciler) placement(vg *computev1alpha1.VmGroup) vcenter.Placement {
 	p := r.Defaults
 	if sp := vg.Spec.Placement; sp != nil {
-		p.Datacenter = or(sp.Datacenter, p.Datacenter)
-		p.Folder = or(sp.Folder, p.Folder)
-		p.ResourcePool = or(sp.ResourcePool, p.ResourcePool)
-		p.Datastore = or(sp.Datastore, p.Datastore)
-		p.Network = or(sp.Network, p.Network)
+		p.Datacenter = cmp.Or(sp.Datacenter, p.Datacenter)
+		p.Folder = cmp.Or(sp.Folder, p.Folder)
+		p.ResourcePool = cmp.Or(sp.ResourcePool, p.ResourcePool)
+		p.Datastore = cmp.Or(sp.Datastore, p.Datastore)
+		p.Network = cmp.Or(sp.Network, p.Network)
 	}
 	return p
-}
-
-func or(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
 }
 
 func (r *Reconciler) reconcileNormal(ctx context.Context, vg *computev1alpha1.VmGroup, before *computev1alpha1.VmGroupStatus) (reconcile.Result, error) {

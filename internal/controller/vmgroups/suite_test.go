@@ -3,7 +3,6 @@ package vmgroups
 import (
 	"context"
 	"fmt"
-	"strings"
 	"testing"
 	"time"
 
@@ -193,19 +192,7 @@ func (f *fixture) events(t *testing.T, obj client.Object) []eventsv1.Event {
 
 func (f *fixture) waitEvent(t *testing.T, obj client.Object, reason string) eventsv1.Event {
 	t.Helper()
-	var found eventsv1.Event
-	eventually(t, "an Event "+reason, func() (bool, string) {
-		var reasons []string
-		for _, e := range f.events(t, obj) {
-			if e.Reason == reason {
-				found = e
-				return true, ""
-			}
-			reasons = append(reasons, e.Reason)
-		}
-		return false, "events: " + strings.Join(reasons, ",")
-	})
-	return found
+	return testenv.WaitForEvent(t, f.c, obj, reason)
 }
 
 func eventually(t *testing.T, what string, cond func() (bool, string)) {

@@ -42,7 +42,7 @@ func Up(name string, nodes int) (*Cluster, error) {
 		return nil, err
 	}
 	cfg.QPS = -1 // as the manager's client: no client-side rate limit (the server's APF applies)
-	bin, err := binDir()
+	bin, err := testenv.AssetsDir()
 	if err != nil {
 		return nil, err
 	}
@@ -100,21 +100,5 @@ func script(args ...string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("hack/cluster.sh %s: %w\n%s", strings.Join(args, " "), err, stderr.String())
 	}
-	return lastLine(out), nil
-}
-
-func binDir() (string, error) {
-	if dir := os.Getenv("KUBEBUILDER_ASSETS"); dir != "" {
-		return dir, nil
-	}
-	out, err := exec.Command(filepath.Join(testenv.RepoRoot(), "hack", "k8s-bin.sh")).Output()
-	if err != nil {
-		return "", fmt.Errorf("hack/k8s-bin.sh: %w", err)
-	}
-	return lastLine(out), nil
-}
-
-func lastLine(b []byte) string {
-	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
-	return lines[len(lines)-1]
+	return testenv.LastLine(out), nil
 }

@@ -3,10 +3,13 @@ package testenv
 import (
 	"bytes"
 	"context"
+	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	eventsv1 "k8s.io/api/events/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
@@ -51,4 +54,27 @@ func EventsAbout(t testing.TB, c client.Client, obj client.Object) []eventsv1.Ev
 		}
 	}
 	return out
+}
+
+// WaitForEvent waits up to a minute for an Event with the given reason about obj and returns it.
+func WaitForEvent(t testing.TB, c client.Client, obj client.Object, reason string) eventsv1.Event {
+	t.Helper()
+	var found eventsv1.Event
+	var seen []string
+	err := wait.PollUntilContextTimeout(context.Background(), 50*time.Millisecond, time.Minute, true,
+		func(context.Context) (bool, error) {
+			seen = seen[:0]
+			for _, e := range EventsAbout(t, c, obj) {
+				if e.Reason == reason {
+					found = e
+					return true, nil
+				}
+				seen = append(seen, e.Reason)
+			}
+			return false, nil
+		})
+	if err != nil {
+		t.Fatalf("timed out waiting for an Event %s about %s (events: %s)", reason, obj.GetName(), strings.Join(seen, ","))
+	}
+	return found
 }

@@ -4,6 +4,7 @@ package testenv
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -32,10 +33,10 @@ var (
 	assetsErr  error
 )
 
-// Assets returns the folder holding kube-apiserver, etcd and kubectl: KUBEBUILDER_ASSETS when set,
-// otherwise the cache hack/k8s-bin.sh fills (building the binaries on first use).
-func Assets(t testing.TB) string {
-	t.Helper()
+// AssetsDir returns the folder holding kube-apiserver, etcd, kubectl and the other locally built
+// binaries: KUBEBUILDER_ASSETS when set, otherwise the cache hack/k8s-bin.sh fills (building the
+// binaries on first use).
+func AssetsDir() (string, error) {
 	assetsOnce.Do(func() {
 		if dir := os.Getenv("KUBEBUILDER_ASSETS"); dir != "" {
 			assetsDir = dir
@@ -46,17 +47,28 @@ func Assets(t testing.TB) string {
 		cmd.Stderr = &stderr
 		out, err := cmd.Output()
 		if err != nil {
-			assetsErr = err
-			assetsDir = stderr.String()
+			assetsErr = fmt.Errorf("building the Kubernetes binaries (hack/k8s-bin.sh): %w\n%s", err, stderr.String())
 			return
 		}
-		lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-		assetsDir = lines[len(lines)-1]
+		assetsDir = LastLine(out)
 	})
-	if assetsErr != nil {
-		t.Fatalf("building the Kubernetes binaries (hack/k8s-bin.sh): %v\n%s", assetsErr, assetsDir)
+	return assetsDir, assetsErr
+}
+
+// Assets is AssetsDir for tests.
+func Assets(t testing.TB) string {
+	t.Helper()
+	dir, err := AssetsDir()
+	if err != nil {
+		t.Fatal(err)
 	}
-	return assetsDir
+	return dir
+}
+
+// LastLine returns the last non-empty line of a script's output (the scripts print their result there).
+func LastLine(b []byte) string {
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	return lines[len(lines)-1]
 }
 
 // Env is a running envtest API server.
