@@ -166,7 +166,7 @@ func (s *Server) createPolicy(p params) (any, *apiError) {
 	if err != nil {
 		return nil, err
 	}
-	if err := checkName("PolicyName", name, policyNameRE); err != nil {
+	if err := checkName("PolicyName", name, maxPolicyNameLen); err != nil {
 		return nil, err
 	}
 	path, err := p.path("Path")

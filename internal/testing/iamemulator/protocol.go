@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 	"unicode"
+	"unicode/utf8"
 )
 
 const timeLayout = "2006-01-02T15:04:05Z"
@@ -138,16 +139,29 @@ func lowerFirst(s string) string {
 	return strings.ToLower(s[:1]) + s[1:]
 }
 
-var (
-	roleNameRE   = regexp.MustCompile(`^[\w+=,.@-]{1,64}$`)
-	policyNameRE = regexp.MustCompile(`^[\w+=,.@-]{1,128}$`)
-	pathRE       = regexp.MustCompile(`^/([\x21-\x7E]*/)?$`)
+const (
+	maxRoleNameLen   = 64
+	maxPolicyNameLen = 128
+	maxTagKeyLen     = 128
+	maxTagValueLen   = 256
 )
 
-func checkName(field, value string, re *regexp.Regexp) *apiError {
-	if !re.MatchString(value) {
-		return validationError("1 validation error detected: Value '%s' at '%s' failed to satisfy constraint: Member must satisfy regular expression pattern: %s",
-			value, lowerFirst(field), re.String())
+var (
+	nameRE   = regexp.MustCompile(`^[\w+=,.@-]+$`)
+	pathRE   = regexp.MustCompile(`^/([\x21-\x7E]*/)?$`)
+	tagKeyRE = regexp.MustCompile(`^[\p{L}\p{Z}\p{N}_.:/=+\-@]+$`)
+)
+
+// checkName validates a role or policy name like IAM: a length constraint, then the
+// pattern [\w+=,.@-]+, each failing with its own ValidationError message.
+func checkName(field, value string, maxLen int) *apiError {
+	if len(value) > maxLen {
+		return validationError("1 validation error detected: Value '%s' at '%s' failed to satisfy constraint: Member must have length less than or equal to %d",
+			value, lowerFirst(field), maxLen)
+	}
+	if !nameRE.MatchString(value) {
+		return validationError("1 validation error detected: Value '%s' at '%s' failed to satisfy constraint: Member must satisfy regular expression pattern: [\\w+=,.@-]+",
+			value, lowerFirst(field))
 	}
 	return nil
 }
@@ -192,7 +206,9 @@ type Tag struct {
 
 const maxTags = 50
 
-// tags parses Tags.member.N.Key/Value.
+// tags parses Tags.member.N.Key/Value and validates them like IAM: key and value lengths
+// and the key pattern (ValidationError), reserved aws: keys and duplicate keys (InvalidInput).
+// Tag values are not matched against IAM's pattern, so tests can exercise XML escaping.
 func (p params) tags() ([]Tag, *apiError) {
 	var out []Tag
 	for i := 1; ; i++ {
@@ -201,8 +217,16 @@ func (p params) tags() ([]Tag, *apiError) {
 			break
 		}
 		t := Tag{Key: p.get(prefix + ".Key"), Value: p.get(prefix + ".Value")}
-		if t.Key == "" || len(t.Key) > 128 || len(t.Value) > 256 || strings.HasPrefix(strings.ToLower(t.Key), "aws:") {
-			return nil, invalidInput("Tag key %q or value is invalid: keys must be 1-128 characters, values at most 256, and keys may not start with aws:", t.Key)
+		field := "tags." + strconv.Itoa(i) + ".member"
+		switch {
+		case utf8.RuneCountInString(t.Key) > maxTagKeyLen:
+			return nil, validationError("1 validation error detected: Value '%s' at '%s.key' failed to satisfy constraint: Member must have length less than or equal to %d", t.Key, field, maxTagKeyLen)
+		case !tagKeyRE.MatchString(t.Key):
+			return nil, validationError("1 validation error detected: Value '%s' at '%s.key' failed to satisfy constraint: Member must satisfy regular expression pattern: [\\p{L}\\p{Z}\\p{N}_.:/=+\\-@]+", t.Key, field)
+		case utf8.RuneCountInString(t.Value) > maxTagValueLen:
+			return nil, validationError("1 validation error detected: Value '%s' at '%s.value' failed to satisfy constraint: Member must have length less than or equal to %d", t.Value, field, maxTagValueLen)
+		case strings.HasPrefix(strings.ToLower(t.Key), "aws:"):
+			return nil, invalidInput("Tag key %s is invalid: keys starting with aws: are reserved for AWS use.", t.Key)
 		}
 		if slices.ContainsFunc(out, func(o Tag) bool { return strings.EqualFold(o.Key, t.Key) }) {
 			return nil, invalidInput("Duplicate tag keys found. Please note that Tag keys are case insensitive.")
@@ -210,7 +234,9 @@ func (p params) tags() ([]Tag, *apiError) {
 		out = append(out, t)
 	}
 	if len(out) > maxTags {
-		return nil, limitExceeded("The number of tags has reached the maximum limit.")
+		// A request with more than 50 tags breaks the API's length constraint; a TagRole or
+		// TagPolicy that would leave more than 50 on the resource is LimitExceeded (mergeTags).
+		return nil, validationError("1 validation error detected: Value at 'tags' failed to satisfy constraint: Member must have length less than or equal to %d", maxTags)
 	}
 	return out, nil
 }

@@ -93,7 +93,7 @@ func (s *Server) createRole(p params) (any, *apiError) {
 	if err != nil {
 		return nil, err
 	}
-	if err := checkName("RoleName", name, roleNameRE); err != nil {
+	if err := checkName("RoleName", name, maxRoleNameLen); err != nil {
 		return nil, err
 	}
 	path, err := p.path("Path")

@@ -6,7 +6,8 @@
 // SigV4-signed requests (signatures are accepted, never verified), XML responses, XML error
 // bodies (<ErrorResponse><Error><Code>…), percent-encoded policy documents in responses, and
 // Marker/MaxItems pagination. It covers managed policies and their versions, roles, role
-// attachments, permissions boundaries and tags, with IAM's conflict and limit errors.
+// attachments (also listed per policy by ListEntitiesForPolicy), permissions boundaries and
+// tags, with IAM's validation, conflict and limit errors.
 //
 // For assertions it counts calls per action, can inject Throttling and ServiceUnavailable
 // faults at a configured rate before touching state, and serves a JSON dump of its state at
@@ -278,6 +279,7 @@ var handlers = map[string]handler{
 	"TagPolicy":                     (*Server).tagPolicy,
 	"UntagPolicy":                   (*Server).untagPolicy,
 	"ListPolicyTags":                (*Server).listPolicyTags,
+	"ListEntitiesForPolicy":         (*Server).listEntitiesForPolicy,
 	"CreateRole":                    (*Server).createRole,
 	"GetRole":                       (*Server).getRole,
 	"UpdateRole":                    (*Server).updateRole,
