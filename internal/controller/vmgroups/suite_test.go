@@ -41,7 +41,9 @@ type fixture struct {
 	c      client.Client
 	sim    *vsimtest.Sim
 	logs   *testenv.LogBuffer
-	calls  *vsimtest.Counter // vSphere calls of the manager's reconciler
+	calls  *vsimtest.Counter       // vSphere calls of the manager's reconciler
+	faults *vsimtest.Faults        // vSphere faults injected into the manager's calls
+	api    *testenv.RequestCounter // API requests of the manager
 	opts   *Options
 
 	mgr     ctrl.Manager
@@ -53,7 +55,7 @@ type fixture struct {
 
 func start(t *testing.T) *fixture {
 	t.Helper()
-	f := &fixture{logs: &testenv.LogBuffer{}, calls: &vsimtest.Counter{}}
+	f := &fixture{logs: &testenv.LogBuffer{}, calls: &vsimtest.Counter{}, faults: &vsimtest.Faults{}}
 	logf.SetLogger(zap.New(zap.UseDevMode(true), zap.WriteTo(f.logs)))
 	f.env = testenv.Start(t)
 	f.scheme = manager.Scheme(computev1alpha1.AddToScheme)
@@ -69,7 +71,26 @@ func start(t *testing.T) *fixture {
 	f.secret(t, secretName, f.sim.Host(), f.sim.Password)
 
 	f.opts = &Options{Secret: operatorNS + "/" + secretName, Insecure: true, CloneConcurrency: 4, Resync: 2 * time.Second, Concurrency: 4}
-	f.mgr, err = ctrl.New(f.env.Config, ctrl.Options{
+	f.setup(t, nil)
+	t.Cleanup(func() {
+		f.stop(t)
+		if t.Failed() {
+			t.Logf("controller logs (last 20 kB):\n%s", f.logs.Tail(20000))
+		}
+	})
+	return f
+}
+
+// setup makes a new manager with the vmgroups controller (not started); tune, if given, changes
+// the reconciler's settings. Its vSphere calls are counted (f.calls) and faults can be injected
+// into them (f.faults) outside the simulator's task serialization, so a held answer holds nothing
+// else.
+func (f *fixture) setup(t *testing.T, tune func(*Reconciler)) {
+	t.Helper()
+	cfg, api := testenv.Counting(f.env.Config)
+	f.api = api
+	var err error
+	f.mgr, err = ctrl.New(cfg, ctrl.Options{
 		Scheme:  f.scheme,
 		Cache:   cache.Options{DefaultTransform: cache.TransformStripManagedFields()},
 		Metrics: metricsserver.Options{BindAddress: "0"},
@@ -79,22 +100,14 @@ func start(t *testing.T) *fixture {
 	must(t, err)
 	f.r, err = NewReconciler(f.mgr, f.opts)
 	must(t, err)
-	f.r.Connector.Wrap = vsimtest.Chain(f.calls.Wrap, f.sim.Wrap)
+	f.r.Connector.Wrap = vsimtest.Chain(f.calls.Wrap, f.sim.Wrap, f.faults.Wrap)
 	f.r.SlowRetry = time.Second
 	f.r.StepDelay = 100 * time.Millisecond
+	if tune != nil {
+		tune(f.r)
+	}
 	must(t, f.r.SetupWithManager(f.mgr, f.opts.Concurrency))
-	t.Cleanup(func() {
-		if f.started {
-			f.cancel()
-			if err := <-f.done; err != nil {
-				t.Errorf("manager: %v", err)
-			}
-		}
-		if t.Failed() {
-			t.Logf("controller logs (last 20 kB):\n%s", f.logs.Tail(20000))
-		}
-	})
-	return f
+	f.started = false
 }
 
 // run starts the manager (once).
@@ -106,6 +119,27 @@ func (f *fixture) run() {
 	ctx, cancel := context.WithCancel(context.Background())
 	f.cancel, f.done = cancel, make(chan error, 1)
 	go func() { f.done <- f.mgr.Start(ctx) }()
+}
+
+// stop stops the manager, as a process ending: its reconciles are cancelled mid-call.
+func (f *fixture) stop(t *testing.T) {
+	t.Helper()
+	if !f.started {
+		return
+	}
+	f.cancel()
+	if err := <-f.done; err != nil {
+		t.Errorf("manager: %v", err)
+	}
+	f.started = false
+}
+
+// restart stops the manager and starts a new one on the same API server and vCenter.
+func (f *fixture) restart(t *testing.T, tune func(*Reconciler)) {
+	t.Helper()
+	f.stop(t)
+	f.setup(t, tune)
+	f.run()
 }
 
 // secret writes a vCenter Secret in the operator's namespace.

@@ -75,6 +75,8 @@ func TestVmGroups(t *testing.T) {
 		{"deletion", testDeletion, true},
 		{"template missing, then appearing", testTemplateAppears, true},
 		{"a newer spec is read between clone batches", testNewerSpecWins, true},
+		{"manager restart mid scale-up and mid scale-down", testRestartMidScale, true},
+		{"injected vSphere faults", testInjectedFaults, true},
 		{"credentials never shown", testNoCredentialsShown, true},
 	}
 	for _, s := range steps {

@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"path"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -317,6 +318,28 @@ func (s *Sim) ListVMs(ctx context.Context, folderPath string) (map[string]VM, er
 		out[m.Name] = vm
 	}
 	return out, nil
+}
+
+// Contents lists the names of everything directly in a folder (VMs, templates, folders), sorted;
+// unlike VMs, a name held twice shows twice. Nil when the folder does not exist.
+func (s *Sim) Contents(t testing.TB, folderPath string) []string {
+	t.Helper()
+	ctx := context.Background()
+	ref, err := object.NewSearchIndex(s.Admin.Client).FindByInventoryPath(ctx, folderPath)
+	must(t, err)
+	if ref == nil {
+		return nil
+	}
+	children, err := object.NewFolder(s.Admin.Client, ref.Reference()).Children(ctx)
+	must(t, err)
+	names := []string{}
+	for _, c := range children {
+		name, err := object.NewCommon(s.Admin.Client, c.Reference()).ObjectName(ctx)
+		must(t, err)
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	return names
 }
 
 // EndSessions ends every session but the admin's, as vCenter does when sessions expire.
