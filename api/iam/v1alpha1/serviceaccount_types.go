@@ -1,0 +1,108 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// AnnotationRoleARN is the annotation EKS's pod identity webhook reads from a ServiceAccount.
+const AnnotationRoleARN = "eks.amazonaws.com/role-arn"
+
+// IAMServiceAccountSpec is the IAM role a user asks for, for one ServiceAccount of the namespace.
+// +kubebuilder:validation:XValidation:rule="self.serviceAccountName == oldSelf.serviceAccountName",message="serviceAccountName is immutable: the role's trust policy names it; create a new IAMServiceAccount for another ServiceAccount"
+// +kubebuilder:validation:XValidation:rule="self.createServiceAccount == oldSelf.createServiceAccount",message="createServiceAccount is immutable"
+// +kubebuilder:validation:XValidation:rule="(has(self.policies) ? size(self.policies) : 0) + (has(self.managedPolicyArns) ? size(self.managedPolicyArns) : 0) <= 20",message="a role can have at most 20 managed policies (policies and managedPolicyArns together)"
+type IAMServiceAccountSpec struct {
+	// ServiceAccountName is the ServiceAccount in this namespace whose pods assume the role.
+	// Immutable.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
+	// +required
+	ServiceAccountName string `json:"serviceAccountName"`
+
+	// Policies names IAMPolicy objects of this namespace to attach to the role.
+	// +kubebuilder:validation:MaxItems=20
+	// +kubebuilder:validation:items:MaxLength=253
+	// +kubebuilder:validation:items:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
+	// +listType=set
+	// +optional
+	Policies []string `json:"policies,omitempty"`
+
+	// ManagedPolicyArns are existing policies (e.g. AWS-managed) to attach to the role; each must
+	// match one of the operator's --allowed-policy-arns patterns.
+	// +kubebuilder:validation:MaxItems=20
+	// +kubebuilder:validation:items:MaxLength=2048
+	// +kubebuilder:validation:items:Pattern=`^arn:aws[a-z-]*:iam::(aws|[0-9]{12}):policy/.+$`
+	// +listType=set
+	// +optional
+	ManagedPolicyArns []string `json:"managedPolicyArns,omitempty"`
+
+	// CreateServiceAccount false (the default) annotates an existing ServiceAccount; true creates
+	// it, owned by this object. Immutable.
+	// +kubebuilder:default=false
+	// +optional
+	CreateServiceAccount bool `json:"createServiceAccount"`
+
+	// MaxSessionDuration of the role in seconds (AWS default 3600).
+	// +kubebuilder:validation:Minimum=3600
+	// +kubebuilder:validation:Maximum=43200
+	// +optional
+	MaxSessionDuration *int32 `json:"maxSessionDuration,omitempty"`
+
+	// PermissionsBoundaryArn is a managed policy that bounds the role's permissions. A boundary
+	// set by the operator's --permissions-boundary always wins.
+	// +kubebuilder:validation:MaxLength=2048
+	// +kubebuilder:validation:Pattern=`^arn:aws[a-z-]*:iam::(aws|[0-9]{12}):policy/.+$`
+	// +optional
+	PermissionsBoundaryArn string `json:"permissionsBoundaryArn,omitempty"`
+}
+
+// IAMServiceAccountStatus is what the operator last observed and did.
+type IAMServiceAccountStatus struct {
+	// RoleARN is the role's ARN, also set on the ServiceAccount as eks.amazonaws.com/role-arn.
+	// +optional
+	RoleARN string `json:"roleArn,omitempty"`
+	// RoleName is the role's name: eks-sa-<namespace>-<serviceAccountName>, shortened with a hash
+	// if too long.
+	// +optional
+	RoleName string `json:"roleName,omitempty"`
+	// AttachedPolicyArns are the policies attached to the role, as last observed.
+	// +optional
+	// +listType=set
+	AttachedPolicyArns []string `json:"attachedPolicyArns,omitempty"`
+	// Conditions: Ready, Reconciling, Stalled.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+	// ObservedGeneration is the generation of the spec last reconciled.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+}
+
+// IAMServiceAccount is an IAM role for one ServiceAccount (IRSA), owned by this object.
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:shortName=iamsa,categories=quartermaster
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
+// +kubebuilder:printcolumn:name="Role",type=string,JSONPath=`.status.roleArn`
+// +kubebuilder:printcolumn:name="ServiceAccount",type=string,JSONPath=`.spec.serviceAccountName`,priority=1
+// +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`,priority=1
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type IAMServiceAccount struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// +required
+	Spec IAMServiceAccountSpec `json:"spec"`
+	// +optional
+	Status IAMServiceAccountStatus `json:"status,omitempty"`
+}
+
+// IAMServiceAccountList is a list of IAMServiceAccounts.
+// +kubebuilder:object:root=true
+type IAMServiceAccountList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []IAMServiceAccount `json:"items"`
+}

@@ -1,0 +1,338 @@
+package iam
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	ctrl "sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
+	"sigs.k8s.io/yaml"
+
+	iamv1alpha1 "github.com/quartermaster-dev/quartermaster/api/iam/v1alpha1"
+)
+
+// +kubebuilder:rbac:groups="",resources=configmaps,verbs=get;list;watch;patch
+// +kubebuilder:rbac:groups=iam.quartermaster.dev,resources=iampolicies;iamserviceaccounts,verbs=create;update;delete
+
+// The legacy ConfigMap: its name, keys, and the annotations its status is written to.
+const (
+	CompatConfigMap       = "iam-config"
+	KeyPolicies           = "policies.yaml"
+	KeyAttachments        = "serviceaccount_attachments.yaml"
+	AnnotationCompatState = "iam.quartermaster.dev/status"
+	AnnotationCompatMsg   = "iam.quartermaster.dev/message"
+	// LabelCompat marks the objects translated from a ConfigMap (they are also owned by it).
+	LabelCompat = "iam.quartermaster.dev/configmap"
+)
+
+// CompatReconciler translates each iam-config ConfigMap into IAMPolicy and IAMServiceAccount
+// objects of its namespace, owned by the ConfigMap, and writes their summary back into the
+// ConfigMap's annotations.
+type CompatReconciler struct {
+	*base
+	configMaps cache.Cache
+}
+
+func (r *CompatReconciler) setupWithManager(mgr ctrl.Manager) error {
+	// A cache of its own holding only ConfigMaps named iam-config: the shared cache's ConfigMaps
+	// may be narrowed to another controller's namespace.
+	c, err := cache.New(mgr.GetConfig(), cache.Options{
+		Scheme: mgr.GetScheme(), Mapper: mgr.GetRESTMapper(),
+		DefaultTransform: cache.TransformStripManagedFields(),
+		ByObject: map[client.Object]cache.ByObject{
+			&corev1.ConfigMap{}: {Field: fields.OneTermEqualSelector("metadata.name", CompatConfigMap)},
+		},
+	})
+	if err != nil {
+		return err
+	}
+	if err := mgr.Add(c); err != nil {
+		return err
+	}
+	r.configMaps = c
+	owned := handler.EnqueueRequestForOwner(mgr.GetScheme(), mgr.GetRESTMapper(), &corev1.ConfigMap{}, handler.OnlyControllerOwner())
+	return builder.ControllerManagedBy(mgr).
+		Named("iam-configmap").
+		WatchesRawSource(source.Kind(c, &corev1.ConfigMap{}, &handler.TypedEnqueueRequestForObject[*corev1.ConfigMap]{}, dataChanged())).
+		Watches(&iamv1alpha1.IAMPolicy{}, owned, builder.WithPredicates(readyChanged())).
+		Watches(&iamv1alpha1.IAMServiceAccount{}, owned, builder.WithPredicates(readyChanged())).
+		WithOptions(r.controllerOptions()).
+		Complete(r)
+}
+
+// dataChanged ignores the controller's own annotation writes.
+func dataChanged() predicate.TypedPredicate[*corev1.ConfigMap] {
+	return predicate.TypedFuncs[*corev1.ConfigMap]{UpdateFunc: func(e event.TypedUpdateEvent[*corev1.ConfigMap]) bool {
+		return !maps.Equal(e.ObjectOld.Data, e.ObjectNew.Data)
+	}}
+}
+
+// readyChanged passes changes of an object's Ready condition (and its deletion).
+func readyChanged() predicate.Predicate {
+	return predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
+		return !equality.Semantic.DeepEqual(readyOf(e.ObjectOld), readyOf(e.ObjectNew))
+	}}
+}
+
+func readyOf(obj client.Object) *metav1.Condition {
+	return meta.FindStatusCondition(conditionsOf(obj), iamv1alpha1.ConditionReady)
+}
+
+// Reconcile translates one ConfigMap.
+func (r *CompatReconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	cm := &corev1.ConfigMap{}
+	if err := r.configMaps.Get(ctx, req.NamespacedName, cm); err != nil {
+		// Gone: the objects it owns go with it (garbage collection), and with them the AWS objects.
+		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
+	policies, accounts, problems := translate(cm)
+	if len(problems) == 0 {
+		var err error
+		if problems, err = r.apply(ctx, cm, policies, accounts); err != nil {
+			return reconcile.Result{}, err
+		}
+	}
+	return reconcile.Result{}, r.report(ctx, cm, problems)
+}
+
+// translate parses the ConfigMap into the objects it stands for; problems make the whole
+// ConfigMap invalid, so a half-written file never deletes anything.
+func translate(cm *corev1.ConfigMap) (policies []*iamv1alpha1.IAMPolicy, accounts []*iamv1alpha1.IAMServiceAccount, problems []string) {
+	var docs map[string]any
+	if err := yaml.Unmarshal([]byte(cm.Data[KeyPolicies]), &docs); err != nil {
+		problems = append(problems, KeyPolicies+": "+err.Error())
+	}
+	var attachments map[string][]string
+	if err := yaml.UnmarshalStrict([]byte(cm.Data[KeyAttachments]), &attachments); err != nil {
+		problems = append(problems, KeyAttachments+": "+err.Error()+" (want: ServiceAccount name: [policy names])")
+	}
+	for _, name := range slices.Sorted(maps.Keys(docs)) {
+		if errs := validation.IsDNS1123Subdomain(name); len(errs) > 0 {
+			problems = append(problems, fmt.Sprintf("%s: policy name %q: %s", KeyPolicies, name, strings.Join(errs, "; ")))
+			continue
+		}
+		doc, err := legacyDocument(docs[name])
+		if err != nil {
+			problems = append(problems, fmt.Sprintf("%s: policy %q: %v", KeyPolicies, name, err))
+			continue
+		}
+		p := &iamv1alpha1.IAMPolicy{Spec: iamv1alpha1.IAMPolicySpec{Document: doc, Description: "from ConfigMap " + cm.Namespace + "/" + CompatConfigMap}}
+		p.Namespace, p.Name = cm.Namespace, name
+		policies = append(policies, p)
+	}
+	for _, sa := range slices.Sorted(maps.Keys(attachments)) {
+		if errs := validation.IsDNS1123Subdomain(sa); len(errs) > 0 {
+			problems = append(problems, fmt.Sprintf("%s: ServiceAccount name %q: %s", KeyAttachments, sa, strings.Join(errs, "; ")))
+			continue
+		}
+		names := slices.Sorted(slices.Values(attachments[sa]))
+		for _, n := range names {
+			if _, ok := docs[n]; !ok {
+				problems = append(problems, fmt.Sprintf("%s: %s names policy %q, which %s does not define", KeyAttachments, sa, n, KeyPolicies))
+			}
+		}
+		a := &iamv1alpha1.IAMServiceAccount{Spec: iamv1alpha1.IAMServiceAccountSpec{ServiceAccountName: sa, Policies: slices.Compact(names)}}
+		a.Namespace, a.Name = cm.Namespace, sa
+		accounts = append(accounts, a)
+	}
+	return policies, accounts, problems
+}
+
+// apply creates, updates and deletes the ConfigMap's objects. Objects of the same name that the
+// ConfigMap does not own are left alone and reported.
+func (r *CompatReconciler) apply(ctx context.Context, cm *corev1.ConfigMap, policies []*iamv1alpha1.IAMPolicy, accounts []*iamv1alpha1.IAMServiceAccount) ([]string, error) {
+	var problems []string
+	want := map[string]bool{}
+	for _, p := range policies {
+		want["IAMPolicy/"+p.Name] = true
+		problem, err := r.upsert(ctx, cm, p, &iamv1alpha1.IAMPolicy{}, func(cur client.Object) bool {
+			c := cur.(*iamv1alpha1.IAMPolicy)
+			if equality.Semantic.DeepEqual(c.Spec, p.Spec) {
+				return false
+			}
+			c.Spec = p.Spec
+			return true
+		})
+		if err != nil {
+			return nil, err
+		}
+		problems = append(problems, problem...)
+	}
+	for _, a := range accounts {
+		want["IAMServiceAccount/"+a.Name] = true
+		problem, err := r.upsert(ctx, cm, a, &iamv1alpha1.IAMServiceAccount{}, func(cur client.Object) bool {
+			c := cur.(*iamv1alpha1.IAMServiceAccount)
+			if slices.Equal(c.Spec.Policies, a.Spec.Policies) {
+				return false
+			}
+			c.Spec.Policies = a.Spec.Policies
+			return true
+		})
+		if err != nil {
+			return nil, err
+		}
+		problems = append(problems, problem...)
+	}
+	// Objects the ConfigMap no longer lists go (their finalizers clean up AWS).
+	owned, err := r.owned(ctx, cm)
+	if err != nil {
+		return nil, err
+	}
+	for _, obj := range owned {
+		if want[kindOf(obj)+"/"+obj.GetName()] || !obj.GetDeletionTimestamp().IsZero() {
+			continue
+		}
+		if err := r.client.Delete(ctx, obj); client.IgnoreNotFound(err) != nil {
+			return nil, err
+		}
+	}
+	return problems, nil
+}
+
+// upsert creates obj, or updates the existing object (into cur) when change says so.
+func (r *CompatReconciler) upsert(ctx context.Context, cm *corev1.ConfigMap, obj, cur client.Object, change func(client.Object) bool) ([]string, error) {
+	kind := kindOf(obj)
+	err := r.client.Get(ctx, client.ObjectKeyFromObject(obj), cur)
+	if apierrors.IsNotFound(err) {
+		obj.SetLabels(map[string]string{LabelCompat: CompatConfigMap})
+		if err := controllerutil.SetControllerReference(cm, obj, r.client.Scheme()); err != nil {
+			return nil, err
+		}
+		if err := r.client.Create(ctx, obj); err != nil {
+			if apierrors.IsInvalid(err) || apierrors.IsAlreadyExists(err) {
+				return []string{fmt.Sprintf("%s %s: %v", kind, obj.GetName(), err)}, nil
+			}
+			return nil, err
+		}
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	if !metav1.IsControlledBy(cur, cm) {
+		return []string{fmt.Sprintf("%s %s exists and was not created from this ConfigMap; it is left alone", kind, obj.GetName())}, nil
+	}
+	if !change(cur) {
+		return nil, nil
+	}
+	if err := r.client.Update(ctx, cur); err != nil {
+		if apierrors.IsInvalid(err) {
+			return []string{fmt.Sprintf("%s %s: %v", kind, obj.GetName(), err)}, nil
+		}
+		return nil, err
+	}
+	return nil, nil
+}
+
+// owned lists the objects of the namespace that this ConfigMap controls.
+func (r *CompatReconciler) owned(ctx context.Context, cm *corev1.ConfigMap) ([]client.Object, error) {
+	sel := client.MatchingLabels{LabelCompat: CompatConfigMap}
+	var out []client.Object
+	pols := &iamv1alpha1.IAMPolicyList{}
+	if err := r.client.List(ctx, pols, client.InNamespace(cm.Namespace), sel); err != nil {
+		return nil, err
+	}
+	for i := range pols.Items {
+		if metav1.IsControlledBy(&pols.Items[i], cm) {
+			out = append(out, &pols.Items[i])
+		}
+	}
+	sas := &iamv1alpha1.IAMServiceAccountList{}
+	if err := r.client.List(ctx, sas, client.InNamespace(cm.Namespace), sel); err != nil {
+		return nil, err
+	}
+	for i := range sas.Items {
+		if metav1.IsControlledBy(&sas.Items[i], cm) {
+			out = append(out, &sas.Items[i])
+		}
+	}
+	return out, nil
+}
+
+func kindOf(obj client.Object) string {
+	if _, ok := obj.(*iamv1alpha1.IAMPolicy); ok {
+		return "IAMPolicy"
+	}
+	return "IAMServiceAccount"
+}
+
+// report summarizes the ConfigMap's objects into its annotations, with an Event when the state
+// changes. States: Ready (every object Ready), Pending, Error (a problem a person must fix).
+func (r *CompatReconciler) report(ctx context.Context, cm *corev1.ConfigMap, problems []string) error {
+	owned, err := r.owned(ctx, cm)
+	if err != nil {
+		return err
+	}
+	ready := 0
+	var waiting []string
+	for _, obj := range owned {
+		c := readyOf(obj)
+		switch {
+		case c != nil && c.Status == metav1.ConditionTrue:
+			ready++
+		case c != nil && (meta.IsStatusConditionTrue(conditionsOf(obj), iamv1alpha1.ConditionStalled)):
+			problems = append(problems, fmt.Sprintf("%s %s: %s: %s", kindOf(obj), obj.GetName(), c.Reason, c.Message))
+		case c != nil:
+			waiting = append(waiting, fmt.Sprintf("%s %s: %s", kindOf(obj), obj.GetName(), c.Reason))
+		default:
+			waiting = append(waiting, kindOf(obj)+" "+obj.GetName())
+		}
+	}
+	state, msg := "Pending", fmt.Sprintf("%d/%d objects Ready", ready, len(owned))
+	switch {
+	case len(problems) > 0:
+		state, msg = "Error", msg+"; "+strings.Join(problems, "; ")
+	case ready == len(owned):
+		state = "Ready"
+	default:
+		msg += "; waiting for " + strings.Join(waiting, ", ")
+	}
+	if cm.Annotations[AnnotationCompatState] == state && cm.Annotations[AnnotationCompatMsg] == msg {
+		return nil
+	}
+	previous := cm.Annotations[AnnotationCompatState]
+	orig := cm.DeepCopy()
+	if cm.Annotations == nil {
+		cm.Annotations = map[string]string{}
+	}
+	cm.Annotations[AnnotationCompatState], cm.Annotations[AnnotationCompatMsg] = state, msg
+	if err := r.client.Patch(ctx, cm, client.MergeFrom(orig)); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	if previous != state {
+		typ := corev1.EventTypeNormal
+		if state == "Error" {
+			typ = corev1.EventTypeWarning
+		}
+		r.recorder.Eventf(cm, nil, typ, "IAMConfig"+state, "Translate", "%s", msg)
+	}
+	return nil
+}
+
+func conditionsOf(obj client.Object) []metav1.Condition {
+	switch o := obj.(type) {
+	case *iamv1alpha1.IAMPolicy:
+		return o.Status.Conditions
+	case *iamv1alpha1.IAMServiceAccount:
+		return o.Status.Conditions
+	}
+	return nil
+}

@@ -1,0 +1,148 @@
+// Package iam is the "iam" controller: IAMPolicy objects become AWS IAM customer-managed policies,
+// IAMServiceAccount objects become IAM roles that one ServiceAccount assumes through the cluster's
+// OIDC provider (IRSA), and with --iam-configmap-compat the legacy iam-config ConfigMaps are
+// translated into those two kinds.
+package iam
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"regexp"
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	ctrl "sigs.k8s.io/controller-runtime/pkg/manager"
+
+	iamv1alpha1 "github.com/quartermaster-dev/quartermaster/api/iam/v1alpha1"
+	"github.com/quartermaster-dev/quartermaster/internal/irsa"
+	"github.com/quartermaster-dev/quartermaster/internal/registry"
+)
+
+// Name is the controller's name in --controllers.
+const Name = "iam"
+
+// Options are the controller's flags.
+type Options struct {
+	ClusterName         string
+	OIDCIssuer          string
+	AccountID           string
+	Partition           string
+	AllowedPolicyARNs   string
+	PermissionsBoundary string
+	Resync              time.Duration
+	ConfigMapCompat     bool
+	Concurrency         int
+}
+
+// AddFlags registers the controller's flags on fs.
+func (o *Options) AddFlags(fs *flag.FlagSet) {
+	fs.StringVar(&o.ClusterName, "cluster-name", "",
+		"Name of this cluster in AWS: the IAM path /quartermaster/<name>/ and the quartermaster.dev/cluster tag of every IAM object the iam controller creates. The iam controller is off without it.")
+	fs.StringVar(&o.OIDCIssuer, "oidc-issuer", "",
+		"The cluster's OIDC issuer URL (e.g. https://oidc.eks.eu-west-1.amazonaws.com/id/ABC), federated in the roles' trust policies. The iam controller is off without it.")
+	fs.StringVar(&o.AccountID, "aws-account-id", "", "AWS account of the OIDC provider (default: the caller's, from STS GetCallerIdentity).")
+	fs.StringVar(&o.Partition, "aws-partition", "aws", "AWS partition of ARNs: aws, aws-cn or aws-us-gov.")
+	fs.StringVar(&o.AllowedPolicyARNs, "allowed-policy-arns", "",
+		"Comma list of ARN patterns (* matches anything) that spec.managedPolicyArns may name, e.g. arn:aws:iam::aws:policy/ReadOnlyAccess. Empty: none.")
+	fs.StringVar(&o.PermissionsBoundary, "permissions-boundary", "",
+		"ARN of a managed policy set as permissions boundary of every role, overriding spec.permissionsBoundaryArn.")
+	fs.DurationVar(&o.Resync, "iam-resync", time.Hour, "How often each IAM object is re-read from AWS and repaired (jittered by 10%). No IAM calls happen in between.")
+	fs.BoolVar(&o.ConfigMapCompat, "iam-configmap-compat", false,
+		"Also translate ConfigMaps named iam-config (keys policies.yaml, serviceaccount_attachments.yaml) into IAMPolicy and IAMServiceAccount objects.")
+	fs.IntVar(&o.Concurrency, "iam-concurrency", 8, "IAMPolicies and IAMServiceAccounts reconciled in parallel (each).")
+}
+
+var (
+	accountIDPattern = regexp.MustCompile(`^[0-9]{12}$`)
+	policyARNPattern = regexp.MustCompile(`^arn:aws[a-z-]*:iam::(aws|[0-9]{12}):policy/.+$`)
+)
+
+// config is the validated form of the flags.
+type config struct {
+	cluster     string
+	issuer      string // without scheme
+	accountID   string // "" until learnt from STS
+	partition   string
+	allowed     irsa.Patterns
+	boundary    string
+	resync      time.Duration
+	compat      bool
+	concurrency int
+}
+
+// validate reports, naming the flag, why the controller cannot run.
+func (o *Options) validate() (config, error) {
+	if o.ClusterName == "" {
+		return config{}, errors.New("--cluster-name is not set: name this cluster for the IAM path and tags")
+	}
+	if err := irsa.ValidClusterName(o.ClusterName); err != nil {
+		return config{}, err
+	}
+	if o.OIDCIssuer == "" {
+		return config{}, errors.New("--oidc-issuer is not set: give the cluster's OIDC issuer URL for the roles' trust policies")
+	}
+	issuer, err := irsa.NormalizeIssuer(o.OIDCIssuer)
+	if err != nil {
+		return config{}, fmt.Errorf("--oidc-issuer: %w", err)
+	}
+	if o.AccountID != "" && !accountIDPattern.MatchString(o.AccountID) {
+		return config{}, fmt.Errorf("--aws-account-id %q must be 12 digits", o.AccountID)
+	}
+	switch o.Partition {
+	case "aws", "aws-cn", "aws-us-gov":
+	default:
+		return config{}, fmt.Errorf("--aws-partition %q must be aws, aws-cn or aws-us-gov", o.Partition)
+	}
+	var patterns []string
+	for p := range strings.SplitSeq(o.AllowedPolicyARNs, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			patterns = append(patterns, p)
+		}
+	}
+	allowed, err := irsa.ParsePatterns(patterns)
+	if err != nil {
+		return config{}, fmt.Errorf("--allowed-policy-arns: %w", err)
+	}
+	if o.PermissionsBoundary != "" && !policyARNPattern.MatchString(o.PermissionsBoundary) {
+		return config{}, fmt.Errorf("--permissions-boundary %q is not a policy ARN", o.PermissionsBoundary)
+	}
+	switch {
+	case o.Resync <= 0:
+		return config{}, errors.New("--iam-resync must be positive")
+	case o.Concurrency < 1:
+		return config{}, errors.New("--iam-concurrency must be at least 1")
+	}
+	return config{
+		cluster: o.ClusterName, issuer: issuer, accountID: o.AccountID, partition: o.Partition,
+		allowed: allowed, boundary: o.PermissionsBoundary, resync: o.Resync, compat: o.ConfigMapCompat,
+		concurrency: o.Concurrency,
+	}, nil
+}
+
+// Controller returns the registry entry of the iam controller. It restricts no shared cache: it
+// caches only its own kinds, reads ServiceAccounts from the API server, and keeps the legacy
+// ConfigMaps in a cache of its own.
+func Controller() registry.Controller {
+	o := &Options{}
+	return registry.Controller{
+		Name: Name,
+		Requires: []schema.GroupVersionKind{
+			iamv1alpha1.GroupVersion.WithKind("IAMPolicy"),
+			iamv1alpha1.GroupVersion.WithKind("IAMServiceAccount"),
+		},
+		AddFlags: o.AddFlags,
+		Configured: func() error {
+			_, err := o.validate()
+			return err
+		},
+		Setup: func(mgr ctrl.Manager) error {
+			cfg, err := o.validate()
+			if err != nil {
+				return err
+			}
+			return Setup(mgr, cfg)
+		},
+	}
+}

@@ -1,0 +1,85 @@
+package iam
+
+import (
+	"context"
+
+	"k8s.io/apimachinery/pkg/api/equality"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	ctrl "sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+
+	iamv1alpha1 "github.com/quartermaster-dev/quartermaster/api/iam/v1alpha1"
+)
+
+// indexPolicies indexes IAMServiceAccounts by the IAMPolicy names in spec.policies.
+const indexPolicies = "spec.policies"
+
+func indexPolicyReferences(mgr ctrl.Manager) error {
+	return mgr.GetFieldIndexer().IndexField(context.Background(), &iamv1alpha1.IAMServiceAccount{}, indexPolicies,
+		func(o client.Object) []string { return o.(*iamv1alpha1.IAMServiceAccount).Spec.Policies })
+}
+
+// specOrDeletion passes creations, spec changes and the start of deletion.
+func specOrDeletion() predicate.Predicate {
+	return predicate.Or[client.Object](predicate.GenerationChangedPredicate{}, deletionStarted())
+}
+
+func deletionStarted() predicate.Predicate {
+	return predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
+		return e.ObjectOld.GetDeletionTimestamp() == nil && e.ObjectNew.GetDeletionTimestamp() != nil
+	}}
+}
+
+// patchFinalizer adds or removes the finalizer (with an optimistic lock), leaving the in-memory
+// status as it was so the status patch that follows still sees the change.
+func (b *base) patchFinalizer(ctx context.Context, obj client.Object, add bool) error {
+	if controllerutil.ContainsFinalizer(obj, Finalizer) == add {
+		return nil
+	}
+	orig := obj.DeepCopyObject().(client.Object)
+	if add {
+		controllerutil.AddFinalizer(obj, Finalizer)
+	} else {
+		controllerutil.RemoveFinalizer(obj, Finalizer)
+	}
+	err := b.client.Patch(ctx, obj, client.MergeFromWithOptions(orig, client.MergeFromWithOptimisticLock{}))
+	if !add {
+		return client.IgnoreNotFound(err)
+	}
+	return err
+}
+
+// patchStatus writes obj's status once, and only when it changed from before's.
+func (b *base) patchStatus(ctx context.Context, obj, before client.Object) error {
+	if equality.Semantic.DeepEqual(statusOf(obj), statusOf(before)) {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), statusTimeout)
+	defer cancel()
+	// The base is obj with before's status, so the patch carries only the status difference and
+	// the resourceVersion from the finalizer patch does not matter.
+	base := obj.DeepCopyObject().(client.Object)
+	setStatusOf(base, statusOf(before))
+	return client.IgnoreNotFound(b.client.Status().Patch(ctx, obj, client.MergeFrom(base)))
+}
+
+func statusOf(obj client.Object) any {
+	switch o := obj.(type) {
+	case *iamv1alpha1.IAMPolicy:
+		return o.Status
+	case *iamv1alpha1.IAMServiceAccount:
+		return o.Status
+	}
+	return nil
+}
+
+func setStatusOf(obj client.Object, status any) {
+	switch o := obj.(type) {
+	case *iamv1alpha1.IAMPolicy:
+		o.Status = status.(iamv1alpha1.IAMPolicyStatus)
+	case *iamv1alpha1.IAMServiceAccount:
+		o.Status = status.(iamv1alpha1.IAMServiceAccountStatus)
+	}
+}

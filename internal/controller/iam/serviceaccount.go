@@ -1,0 +1,383 @@
+package iam
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	ctrl "sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	iamv1alpha1 "github.com/quartermaster-dev/quartermaster/api/iam/v1alpha1"
+	"github.com/quartermaster-dev/quartermaster/internal/cloud/aws/awsiam"
+	"github.com/quartermaster-dev/quartermaster/internal/irsa"
+)
+
+// +kubebuilder:rbac:groups=iam.quartermaster.dev,resources=iamserviceaccounts,verbs=get;list;watch;patch
+// +kubebuilder:rbac:groups=iam.quartermaster.dev,resources=iamserviceaccounts/status,verbs=get;patch
+// +kubebuilder:rbac:groups=iam.quartermaster.dev,resources=iamserviceaccounts/finalizers,verbs=update
+// +kubebuilder:rbac:groups="",resources=serviceaccounts,verbs=get;create;patch
+
+// defaultMaxSessionDuration is AWS's default for a role, in seconds.
+const defaultMaxSessionDuration = 3600
+
+// ServiceAccountReconciler keeps each IAMServiceAccount's role in AWS, its attachments and its
+// ServiceAccount's annotation as the spec says.
+type ServiceAccountReconciler struct {
+	*base
+}
+
+func (r *ServiceAccountReconciler) setupWithManager(mgr ctrl.Manager) error {
+	return builder.ControllerManagedBy(mgr).
+		Named("iamserviceaccount").
+		For(&iamv1alpha1.IAMServiceAccount{}, builder.WithPredicates(specOrDeletion())).
+		// A policy that gets (or changes) its ARN must be attached by the roles that name it.
+		Watches(&iamv1alpha1.IAMPolicy{}, handler.EnqueueRequestsFromMapFunc(r.usersOfPolicy),
+			builder.WithPredicates(arnChanged())).
+		WithOptions(r.controllerOptions()).
+		Complete(r)
+}
+
+func arnChanged() predicate.Predicate {
+	return predicate.Funcs{
+		CreateFunc:  func(event.CreateEvent) bool { return false },
+		DeleteFunc:  func(event.DeleteEvent) bool { return false },
+		GenericFunc: func(event.GenericEvent) bool { return false },
+		UpdateFunc: func(e event.UpdateEvent) bool {
+			o, okO := e.ObjectOld.(*iamv1alpha1.IAMPolicy)
+			n, okN := e.ObjectNew.(*iamv1alpha1.IAMPolicy)
+			return okO && okN && o.Status.ARN != n.Status.ARN
+		},
+	}
+}
+
+func (r *ServiceAccountReconciler) usersOfPolicy(ctx context.Context, obj client.Object) []reconcile.Request {
+	list := &iamv1alpha1.IAMServiceAccountList{}
+	if err := r.client.List(ctx, list, client.InNamespace(obj.GetNamespace()), client.MatchingFields{indexPolicies: obj.GetName()}); err != nil {
+		return nil
+	}
+	reqs := make([]reconcile.Request, 0, len(list.Items))
+	for _, sa := range list.Items {
+		reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&sa)})
+	}
+	return reqs
+}
+
+// Reconcile brings one IAMServiceAccount's role to its spec, or deletes it.
+func (r *ServiceAccountReconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	sa := &iamv1alpha1.IAMServiceAccount{}
+	if err := r.client.Get(ctx, req.NamespacedName, sa); err != nil {
+		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
+	before := sa.DeepCopy()
+	var o outcome
+	if !sa.DeletionTimestamp.IsZero() {
+		var released bool
+		if o, released = r.delete(ctx, sa); released {
+			return o.result()
+		}
+	} else if err := r.patchFinalizer(ctx, sa, true); err != nil {
+		return reconcile.Result{}, err
+	} else {
+		o = r.sync(ctx, sa)
+	}
+	sa.Status.ObservedGeneration = sa.Generation
+	setConditions(r.recorder, sa, &sa.Status.Conditions, sa.Generation, o)
+	if err := r.patchStatus(ctx, sa, before); err != nil {
+		return reconcile.Result{}, err
+	}
+	return o.result()
+}
+
+// desiredPolicies resolves spec.policies to ARNs; the names whose IAMPolicy has no ARN yet are
+// returned as pending.
+func (r *ServiceAccountReconciler) desiredPolicies(ctx context.Context, sa *iamv1alpha1.IAMServiceAccount) (arns, pending []string, err error) {
+	arns = slices.Clone(sa.Spec.ManagedPolicyArns)
+	for _, name := range sa.Spec.Policies {
+		p := &iamv1alpha1.IAMPolicy{}
+		err := r.client.Get(ctx, client.ObjectKey{Namespace: sa.Namespace, Name: name}, p)
+		if client.IgnoreNotFound(err) != nil {
+			return nil, nil, err
+		}
+		if err != nil || p.Status.ARN == "" {
+			pending = append(pending, name)
+			continue
+		}
+		arns = append(arns, p.Status.ARN)
+	}
+	slices.Sort(arns)
+	return slices.Compact(arns), pending, nil
+}
+
+// sync creates or repairs the role, its attachments and the ServiceAccount's annotation.
+func (r *ServiceAccountReconciler) sync(ctx context.Context, sa *iamv1alpha1.IAMServiceAccount) outcome {
+	var notAllowed []string
+	for _, arn := range sa.Spec.ManagedPolicyArns {
+		if !r.cfg.allowed.Allows(arn) {
+			notAllowed = append(notAllowed, arn)
+		}
+	}
+	if len(notAllowed) > 0 {
+		allowed := r.cfg.allowed.String()
+		if allowed == "" {
+			allowed = "none"
+		}
+		return outcome{reason: ReasonPolicyNotAllowed, stalled: true, message: fmt.Sprintf(
+			"managedPolicyArns not allowed by the operator (--allowed-policy-arns: %s): %s", allowed, strings.Join(notAllowed, ", "))}
+	}
+	desired, pending, err := r.desiredPolicies(ctx, sa)
+	if err != nil {
+		return outcome{reason: ReasonAWSError, message: err.Error(), err: err}
+	}
+	role, o := r.ensureRole(ctx, sa)
+	if role == nil {
+		return o
+	}
+	sa.Status.RoleName, sa.Status.RoleARN = role.Name, role.ARN
+	if o := r.ensureAttachments(ctx, sa, role.Name, desired); o != nil {
+		return *o
+	}
+	if o := r.ensureServiceAccount(ctx, sa, role.ARN); o != nil {
+		return *o
+	}
+	if len(pending) > 0 {
+		return outcome{reason: ReasonPolicyNotReady, message: fmt.Sprintf(
+			"role %s is ready; waiting for IAMPolicy %s to exist in AWS", role.ARN, strings.Join(pending, ", "))}
+	}
+	return synced(fmt.Sprintf("role %s with %d policies", role.ARN, len(desired)), r.cfg.resync)
+}
+
+// ensureRole gets or creates the role and repairs its trust policy, session duration and
+// boundary. A nil role comes with the outcome that stopped it.
+func (r *ServiceAccountReconciler) ensureRole(ctx context.Context, sa *iamv1alpha1.IAMServiceAccount) (*awsiam.Role, outcome) {
+	account, err := r.accountID(ctx)
+	if err != nil {
+		return nil, awsFailure(err, r.SlowRetry)
+	}
+	name := irsa.RoleName(sa.Namespace, sa.Spec.ServiceAccountName)
+	sa.Status.RoleName = name
+	trust := irsa.TrustPolicy(r.cfg.partition, account, r.cfg.issuer, sa.Namespace, sa.Spec.ServiceAccountName)
+	maxSession := int32(defaultMaxSessionDuration)
+	if sa.Spec.MaxSessionDuration != nil {
+		maxSession = *sa.Spec.MaxSessionDuration
+	}
+	boundary := sa.Spec.PermissionsBoundaryArn
+	if r.cfg.boundary != "" {
+		boundary = r.cfg.boundary
+	}
+	description := fmt.Sprintf("IRSA role of ServiceAccount %s/%s (Quartermaster)", sa.Namespace, sa.Spec.ServiceAccountName)
+
+	role, err := r.aws.GetRole(ctx, name)
+	if awsiam.IsNotFound(err) {
+		role, err = r.aws.CreateRole(ctx, awsiam.NewRole{
+			Name: name, Path: irsa.Path(r.cfg.cluster), Description: description, TrustPolicy: trust,
+			MaxSessionDuration: maxSession, PermissionsBoundaryARN: boundary,
+			Tags: irsa.Tags(r.cfg.cluster, sa.Namespace, sa.Name),
+		})
+		if awsiam.IsAlreadyExists(err) {
+			// IAM is eventually consistent: look again before calling it someone else's.
+			role, err = r.aws.GetRole(ctx, name)
+		} else if err == nil {
+			r.recorder.Eventf(sa, nil, corev1.EventTypeNormal, "RoleCreated", "Create", "created IAM role %s", role.ARN)
+			return role, outcome{}
+		}
+	}
+	if err != nil {
+		return nil, awsFailure(err, r.SlowRetry)
+	}
+	if !irsa.OwnedBy(role.Tags, r.cfg.cluster, sa.Namespace, sa.Name) {
+		return nil, outcome{reason: ReasonConflict, stalled: true, retry: r.SlowRetry, message: fmt.Sprintf(
+			"IAM role %s exists but is not tagged as this object's (%s=%s, %s=%s, %s=%s); it is left alone",
+			name, irsa.TagCluster, r.cfg.cluster, irsa.TagNamespace, sa.Namespace, irsa.TagName, sa.Name)}
+	}
+	var repaired []string
+	if same, err := irsa.Equivalent(role.TrustPolicy, trust); err != nil || !same {
+		if err := r.aws.UpdateTrustPolicy(ctx, name, trust); err != nil {
+			return nil, awsFailure(err, r.SlowRetry)
+		}
+		repaired = append(repaired, "trust policy")
+	}
+	if role.MaxSessionDuration != maxSession {
+		if err := r.aws.UpdateRole(ctx, name, description, maxSession); err != nil {
+			return nil, awsFailure(err, r.SlowRetry)
+		}
+		repaired = append(repaired, "max session duration")
+	}
+	if role.PermissionsBoundaryARN != boundary {
+		if boundary == "" {
+			err = r.aws.DeletePermissionsBoundary(ctx, name)
+		} else {
+			err = r.aws.PutPermissionsBoundary(ctx, name, boundary)
+		}
+		if err != nil {
+			return nil, awsFailure(err, r.SlowRetry)
+		}
+		repaired = append(repaired, "permissions boundary")
+	}
+	if len(repaired) > 0 {
+		r.recorder.Eventf(sa, nil, corev1.EventTypeNormal, "RoleUpdated", "Update", "IAM role %s: set %s", role.ARN, strings.Join(repaired, ", "))
+	}
+	return role, outcome{}
+}
+
+// ensureAttachments attaches and detaches only the difference between the role's policies and
+// the desired ones.
+func (r *ServiceAccountReconciler) ensureAttachments(ctx context.Context, sa *iamv1alpha1.IAMServiceAccount, role string, desired []string) *outcome {
+	current, err := r.aws.ListAttachedPolicies(ctx, role)
+	if err != nil {
+		o := awsFailure(err, r.SlowRetry)
+		return &o
+	}
+	attach, detach := irsa.AttachmentDiff(current, desired)
+	for _, arn := range detach {
+		if err := r.aws.DetachPolicy(ctx, role, arn); err != nil && !awsiam.IsNotFound(err) {
+			o := awsFailure(err, r.SlowRetry)
+			return &o
+		}
+	}
+	for _, arn := range attach {
+		if err := r.aws.AttachPolicy(ctx, role, arn); err != nil {
+			o := awsFailure(err, r.SlowRetry)
+			return &o
+		}
+	}
+	if len(attach)+len(detach) > 0 {
+		r.recorder.Eventf(sa, nil, corev1.EventTypeNormal, "PoliciesAttached", "Attach",
+			"IAM role %s: attached %d, detached %d policies", role, len(attach), len(detach))
+	}
+	sa.Status.AttachedPolicyArns = desired
+	return nil
+}
+
+// AnnotationOwner on a ServiceAccount names the IAMServiceAccount that set its role annotation,
+// so the annotation is only ever changed or removed by its owner.
+const AnnotationOwner = "iam.quartermaster.dev/iamserviceaccount"
+
+// ensureServiceAccount creates (createServiceAccount) or annotates the ServiceAccount with the
+// role's ARN. ServiceAccounts are read from the API server: they are few reads, and the shared
+// cache may be narrowed to another controller's ServiceAccounts.
+func (r *ServiceAccountReconciler) ensureServiceAccount(ctx context.Context, iamsa *iamv1alpha1.IAMServiceAccount, roleARN string) *outcome {
+	key := client.ObjectKey{Namespace: iamsa.Namespace, Name: iamsa.Spec.ServiceAccountName}
+	sa := &corev1.ServiceAccount{}
+	err := r.apiReader.Get(ctx, key, sa)
+	switch {
+	case client.IgnoreNotFound(err) != nil:
+		return &outcome{reason: ReasonAWSError, message: err.Error(), err: err}
+	case err != nil && iamsa.Spec.CreateServiceAccount:
+		sa = &corev1.ServiceAccount{}
+		sa.Namespace, sa.Name = key.Namespace, key.Name
+		sa.Annotations = map[string]string{iamv1alpha1.AnnotationRoleARN: roleARN, AnnotationOwner: iamsa.Name}
+		if err := controllerutil.SetControllerReference(iamsa, sa, r.client.Scheme()); err != nil {
+			return &outcome{reason: ReasonAWSError, message: err.Error(), err: err}
+		}
+		if err := r.client.Create(ctx, sa); err != nil {
+			return &outcome{reason: ReasonServiceAccountConflict, message: "creating ServiceAccount " + key.Name + ": " + err.Error(), err: err}
+		}
+		r.recorder.Eventf(iamsa, nil, corev1.EventTypeNormal, "ServiceAccountCreated", "Create", "created ServiceAccount %s for role %s", key.Name, roleARN)
+		return nil
+	case err != nil:
+		return &outcome{reason: ReasonServiceAccountNotFound, retry: r.WaitRetry, message: fmt.Sprintf(
+			"role %s is ready; ServiceAccount %s does not exist (create it, or set spec.createServiceAccount)", roleARN, key.Name)}
+	}
+	if iamsa.Spec.CreateServiceAccount && !metav1.IsControlledBy(sa, iamsa) {
+		return &outcome{reason: ReasonServiceAccountConflict, stalled: true, retry: r.SlowRetry, message: fmt.Sprintf(
+			"ServiceAccount %s exists and was not created by this IAMServiceAccount; set createServiceAccount: false to annotate it", key.Name)}
+	}
+	current, owner := sa.Annotations[iamv1alpha1.AnnotationRoleARN], sa.Annotations[AnnotationOwner]
+	if current == roleARN && owner == iamsa.Name {
+		return nil
+	}
+	if current != "" && current != roleARN && owner != iamsa.Name {
+		return &outcome{reason: ReasonServiceAccountConflict, stalled: true, retry: r.SlowRetry, message: fmt.Sprintf(
+			"ServiceAccount %s is already annotated %s=%s by someone else; remove the annotation to let this IAMServiceAccount set it",
+			key.Name, iamv1alpha1.AnnotationRoleARN, current)}
+	}
+	orig := sa.DeepCopy()
+	if sa.Annotations == nil {
+		sa.Annotations = map[string]string{}
+	}
+	sa.Annotations[iamv1alpha1.AnnotationRoleARN], sa.Annotations[AnnotationOwner] = roleARN, iamsa.Name
+	if err := r.client.Patch(ctx, sa, client.MergeFrom(orig)); err != nil {
+		return &outcome{reason: ReasonAWSError, message: "annotating ServiceAccount " + key.Name + ": " + err.Error(), err: err}
+	}
+	r.recorder.Eventf(iamsa, nil, corev1.EventTypeNormal, "ServiceAccountAnnotated", "Annotate", "ServiceAccount %s annotated with role %s", key.Name, roleARN)
+	return nil
+}
+
+// delete removes the role (detached first) unless retained, and the ServiceAccount's
+// annotation, then releases the object.
+func (r *ServiceAccountReconciler) delete(ctx context.Context, sa *iamv1alpha1.IAMServiceAccount) (outcome, bool) {
+	if !controllerutil.ContainsFinalizer(sa, Finalizer) {
+		return outcome{}, true
+	}
+	if sa.Annotations[iamv1alpha1.AnnotationDeletionPolicy] == iamv1alpha1.DeletionPolicyRetain {
+		// The role stays, so the ServiceAccount keeps pointing at it.
+		r.recorder.Eventf(sa, nil, corev1.EventTypeNormal, "Retained", "Delete", "IAM role %s kept in AWS (deletion-policy: retain)", sa.Status.RoleARN)
+		return r.release(ctx, sa)
+	}
+	name := irsa.RoleName(sa.Namespace, sa.Spec.ServiceAccountName)
+	role, err := r.aws.GetRole(ctx, name)
+	switch {
+	case awsiam.IsNotFound(err):
+	case err != nil:
+		return awsFailure(err, r.SlowRetry), false
+	case !irsa.OwnedBy(role.Tags, r.cfg.cluster, sa.Namespace, sa.Name):
+		r.recorder.Eventf(sa, nil, corev1.EventTypeWarning, ReasonConflict, "Delete", "IAM role %s is not tagged as this object's; left in AWS", name)
+	default:
+		if err := r.deleteRole(ctx, name); err != nil {
+			return awsFailure(err, r.SlowRetry), false
+		}
+		r.recorder.Eventf(sa, nil, corev1.EventTypeNormal, "RoleDeleted", "Delete", "deleted IAM role %s", role.ARN)
+	}
+	if err := r.removeAnnotation(ctx, sa); err != nil {
+		return outcome{reason: ReasonDeleting, message: err.Error(), err: err}, false
+	}
+	return r.release(ctx, sa)
+}
+
+// deleteRole detaches every policy (IAM refuses to delete a role with attachments), then deletes
+// the role; what is already gone is fine, so an interrupted deletion resumes.
+func (r *ServiceAccountReconciler) deleteRole(ctx context.Context, name string) error {
+	attached, err := r.aws.ListAttachedPolicies(ctx, name)
+	if err != nil {
+		return err
+	}
+	for _, arn := range attached {
+		if err := r.aws.DetachPolicy(ctx, name, arn); err != nil && !awsiam.IsNotFound(err) {
+			return err
+		}
+	}
+	if err := r.aws.DeleteRole(ctx, name); err != nil && !awsiam.IsNotFound(err) {
+		return err
+	}
+	return nil
+}
+
+// removeAnnotation takes the role annotation off the ServiceAccount when this object set it.
+func (r *ServiceAccountReconciler) removeAnnotation(ctx context.Context, iamsa *iamv1alpha1.IAMServiceAccount) error {
+	sa := &corev1.ServiceAccount{}
+	err := r.apiReader.Get(ctx, client.ObjectKey{Namespace: iamsa.Namespace, Name: iamsa.Spec.ServiceAccountName}, sa)
+	if err != nil || sa.Annotations[AnnotationOwner] != iamsa.Name {
+		return client.IgnoreNotFound(err)
+	}
+	orig := sa.DeepCopy()
+	delete(sa.Annotations, iamv1alpha1.AnnotationRoleARN)
+	delete(sa.Annotations, AnnotationOwner)
+	return client.IgnoreNotFound(r.client.Patch(ctx, sa, client.MergeFrom(orig)))
+}
+
+func (r *ServiceAccountReconciler) release(ctx context.Context, sa *iamv1alpha1.IAMServiceAccount) (outcome, bool) {
+	if err := r.patchFinalizer(ctx, sa, false); err != nil {
+		return outcome{reason: ReasonDeleting, message: err.Error(), err: err}, false
+	}
+	return outcome{}, true
+}

@@ -1,0 +1,162 @@
+package iam
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"k8s.io/client-go/tools/events"
+	"k8s.io/client-go/util/workqueue"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	ctrl "sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	iamv1alpha1 "github.com/quartermaster-dev/quartermaster/api/iam/v1alpha1"
+	"github.com/quartermaster-dev/quartermaster/internal/cloud/aws/awsiam"
+)
+
+// +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
+
+// Finalizer holds an IAMPolicy or IAMServiceAccount until its AWS objects are gone (or retained).
+const Finalizer = "iam.quartermaster.dev/aws-objects"
+
+const (
+	// slowRetry is how often an error only a person can fix is checked again.
+	slowRetry = 5 * time.Minute
+	// waitRetry is how often a missing ServiceAccount is looked for again.
+	waitRetry = 30 * time.Second
+	// reconcileTimeout bounds one reconcile's AWS calls (the SDK retries within it).
+	reconcileTimeout = 2 * time.Minute
+	statusTimeout    = 10 * time.Second
+)
+
+// AWS is the part of the IAM API the controller uses; *awsiam.Client implements it.
+type AWS interface {
+	AccountID(ctx context.Context) (string, error)
+	GetPolicy(ctx context.Context, arn string) (*awsiam.Policy, error)
+	GetPolicyDocument(ctx context.Context, arn, versionID string) (string, error)
+	CreatePolicy(ctx context.Context, p awsiam.NewPolicy) (*awsiam.Policy, error)
+	ListPolicyVersions(ctx context.Context, arn string) ([]awsiam.PolicyVersion, error)
+	CreatePolicyVersion(ctx context.Context, arn, document string) (string, error)
+	DeletePolicyVersion(ctx context.Context, arn, versionID string) error
+	DeletePolicy(ctx context.Context, arn string) error
+	ListRolesForPolicy(ctx context.Context, arn string) ([]string, error)
+	GetRole(ctx context.Context, name string) (*awsiam.Role, error)
+	CreateRole(ctx context.Context, r awsiam.NewRole) (*awsiam.Role, error)
+	UpdateTrustPolicy(ctx context.Context, role, document string) error
+	UpdateRole(ctx context.Context, role, description string, maxSessionDuration int32) error
+	PutPermissionsBoundary(ctx context.Context, role, arn string) error
+	DeletePermissionsBoundary(ctx context.Context, role string) error
+	ListAttachedPolicies(ctx context.Context, role string) ([]string, error)
+	AttachPolicy(ctx context.Context, role, arn string) error
+	DetachPolicy(ctx context.Context, role, arn string) error
+	DeleteRole(ctx context.Context, role string) error
+}
+
+// base is what both reconcilers share.
+type base struct {
+	client    client.Client
+	apiReader client.Reader // ServiceAccounts are read uncached (the shared cache may be narrowed to other controllers' labels)
+	recorder  events.EventRecorder
+	aws       AWS
+	cfg       config
+
+	// SlowRetry and WaitRetry are fields so tests can shorten them.
+	SlowRetry time.Duration
+	WaitRetry time.Duration
+
+	accountMu sync.Mutex
+	account   string
+}
+
+// accountID is --aws-account-id, or the caller's account learnt once from STS.
+func (b *base) accountID(ctx context.Context) (string, error) {
+	b.accountMu.Lock()
+	defer b.accountMu.Unlock()
+	if b.account != "" {
+		return b.account, nil
+	}
+	if b.cfg.accountID != "" {
+		b.account = b.cfg.accountID
+		return b.account, nil
+	}
+	id, err := b.aws.AccountID(ctx)
+	if err != nil {
+		return "", fmt.Errorf("learning the AWS account from STS GetCallerIdentity (or set --aws-account-id): %w", err)
+	}
+	b.account = id
+	return id, nil
+}
+
+// Setup registers the iam controllers with the manager, with AWS calls made through the SDK's
+// standard configuration (region, credentials chain, AWS_ENDPOINT_URL_IAM and friends).
+func Setup(mgr ctrl.Manager, cfg config) error {
+	awsCfg, err := awsiam.LoadConfig(context.Background())
+	if err != nil {
+		return fmt.Errorf("loading the AWS configuration: %w", err)
+	}
+	return setup(mgr, cfg, awsiam.New(awsCfg))
+}
+
+// SetupWithAWS validates the options and registers the controllers with AWS calls going through
+// api (tests and the benchmark point it at the IAM emulator).
+func SetupWithAWS(mgr ctrl.Manager, o *Options, api AWS) error {
+	cfg, err := o.validate()
+	if err != nil {
+		return err
+	}
+	return setup(mgr, cfg, api)
+}
+
+func setup(mgr ctrl.Manager, cfg config, api AWS) error {
+	b, err := newBase(mgr, cfg, api)
+	if err != nil {
+		return err
+	}
+	return register(mgr, b)
+}
+
+func newBase(mgr ctrl.Manager, cfg config, api AWS) (*base, error) {
+	if _, _, err := mgr.GetScheme().ObjectKinds(&iamv1alpha1.IAMPolicy{}); err != nil {
+		return nil, errors.New("the manager's scheme lacks iam.quartermaster.dev/v1alpha1 (add iamv1alpha1.AddToScheme)")
+	}
+	return &base{
+		client:    mgr.GetClient(),
+		apiReader: mgr.GetAPIReader(),
+		recorder:  mgr.GetEventRecorder("quartermaster-iam"),
+		aws:       api,
+		cfg:       cfg,
+		SlowRetry: slowRetry,
+		WaitRetry: waitRetry,
+	}, nil
+}
+
+// register adds the controllers sharing b to the manager.
+func register(mgr ctrl.Manager, b *base) error {
+	if err := indexPolicyReferences(mgr); err != nil {
+		return err
+	}
+	if err := (&PolicyReconciler{base: b}).setupWithManager(mgr); err != nil {
+		return err
+	}
+	if err := (&ServiceAccountReconciler{base: b}).setupWithManager(mgr); err != nil {
+		return err
+	}
+	if b.cfg.compat {
+		return (&CompatReconciler{base: b}).setupWithManager(mgr)
+	}
+	return nil
+}
+
+// controllerOptions: AWS errors back off from 1 s to 5 min (not the default 16 min, so objects
+// recover soon after AWS does).
+func (b *base) controllerOptions() controller.Options {
+	return controller.Options{
+		MaxConcurrentReconciles: b.cfg.concurrency,
+		ReconciliationTimeout:   reconcileTimeout,
+		RateLimiter:             workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](time.Second, 5*time.Minute),
+	}
+}

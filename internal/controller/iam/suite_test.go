@@ -1,0 +1,294 @@
+package iam
+
+import (
+	"context"
+	"fmt"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/aws/retry"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	crconfig "sigs.k8s.io/controller-runtime/pkg/config"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	ctrl "sigs.k8s.io/controller-runtime/pkg/manager"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	iamv1alpha1 "github.com/quartermaster-dev/quartermaster/api/iam/v1alpha1"
+	"github.com/quartermaster-dev/quartermaster/internal/cloud/aws/awsiam"
+	"github.com/quartermaster-dev/quartermaster/internal/manager"
+	"github.com/quartermaster-dev/quartermaster/internal/testing/iamemulator"
+	"github.com/quartermaster-dev/quartermaster/internal/testing/testenv"
+)
+
+const (
+	testCluster = "test"
+	testIssuer  = "https://oidc.example.com/id/ABC"
+	allowedARNs = "arn:aws:iam::aws:policy/ReadOnly*,arn:aws:iam::000000000000:policy/shared/*"
+)
+
+// fixture is one envtest API server and one IAM emulator shared by the package's tests; managers
+// start when a test needs one, so API validation runs with no controller around.
+type fixture struct {
+	env    *testenv.Env
+	scheme *runtime.Scheme
+	c      client.Client
+	emu    *iamemulator.Server
+	aws    *awsiam.Client // the controller's client of the emulator; tests use it to make drift
+	logs   *testenv.LogBuffer
+	opts   Options
+
+	cancel context.CancelFunc
+	done   chan error
+}
+
+func start(t *testing.T) *fixture {
+	t.Helper()
+	f := &fixture{logs: &testenv.LogBuffer{}}
+	logf.SetLogger(zap.New(zap.UseDevMode(true), zap.WriteTo(f.logs)))
+	f.env = testenv.Start(t)
+	f.scheme = manager.Scheme(iamv1alpha1.AddToScheme)
+	c, err := client.New(f.env.Config, client.Options{Scheme: f.scheme})
+	must(t, err)
+	f.c = c
+	f.emu = iamemulator.New(iamemulator.Options{Seed: 1})
+	ts := httptest.NewServer(f.emu)
+	t.Cleanup(ts.Close)
+	f.aws = awsiam.New(aws.Config{
+		Region:       "us-east-1",
+		Credentials:  credentials.NewStaticCredentialsProvider("AKIDEXAMPLE", "not-a-secret", ""),
+		BaseEndpoint: aws.String(ts.URL),
+		HTTPClient:   awsiam.HTTPClient(),
+		// The SDK's retry decisions with short waits, so fault tests stay quick.
+		Retryer: func() aws.Retryer {
+			return awsiam.NewRetryer(func(o *retry.StandardOptions) {
+				o.Backoff = retry.BackoffDelayerFunc(func(int, error) (time.Duration, error) { return 5 * time.Millisecond, nil })
+			})
+		},
+	})
+	f.opts = Options{
+		ClusterName: testCluster, OIDCIssuer: testIssuer, Partition: "aws", AllowedPolicyARNs: allowedARNs,
+		Resync: time.Hour, ConfigMapCompat: true, Concurrency: 4,
+	}
+	t.Cleanup(func() {
+		f.stop(t)
+		if t.Failed() {
+			t.Logf("controller logs (last 20 kB):\n%s", f.logs.Tail(20000))
+		}
+	})
+	return f
+}
+
+// run starts a manager with the iam controllers; tune adjusts the shared base (shorter retries).
+func (f *fixture) run(t *testing.T, opts Options, tune func(*base)) {
+	t.Helper()
+	f.stop(t)
+	mgr, err := ctrl.New(f.env.Config, ctrl.Options{
+		Scheme:  f.scheme,
+		Cache:   cache.Options{DefaultTransform: cache.TransformStripManagedFields()},
+		Metrics: metricsserver.Options{BindAddress: "0"},
+		// Several managers run in one process: controller names must not collide.
+		Controller: crconfig.Controller{SkipNameValidation: ptr.To(true)},
+	})
+	must(t, err)
+	cfg, err := opts.validate()
+	must(t, err)
+	b, err := newBase(mgr, cfg, f.aws)
+	must(t, err)
+	b.SlowRetry, b.WaitRetry = time.Second, 500*time.Millisecond
+	if tune != nil {
+		tune(b)
+	}
+	must(t, register(mgr, b))
+	ctx, cancel := context.WithCancel(context.Background())
+	f.cancel, f.done = cancel, make(chan error, 1)
+	go func() { f.done <- mgr.Start(ctx) }()
+}
+
+// stop stops the running manager, if any.
+func (f *fixture) stop(t *testing.T) {
+	t.Helper()
+	if f.cancel == nil {
+		return
+	}
+	f.cancel()
+	if err := <-f.done; err != nil {
+		t.Errorf("manager: %v", err)
+	}
+	f.cancel = nil
+}
+
+func (f *fixture) namespace(t *testing.T, name string) {
+	t.Helper()
+	must(t, f.c.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}))
+}
+
+func (f *fixture) serviceAccount(t *testing.T, ns, name string) {
+	t.Helper()
+	must(t, f.c.Create(context.Background(), &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}))
+}
+
+// document is a small valid policy document allowing actions on everything.
+func document(actions ...string) iamv1alpha1.PolicyDocument {
+	return iamv1alpha1.PolicyDocument{Version: "2012-10-17", Statement: []iamv1alpha1.Statement{
+		{Effect: "Allow", Action: actions, Resource: iamv1alpha1.Resources{"*"}},
+	}}
+}
+
+func (f *fixture) policy(t *testing.T, ns, name string, actions ...string) *iamv1alpha1.IAMPolicy {
+	t.Helper()
+	p := &iamv1alpha1.IAMPolicy{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec:       iamv1alpha1.IAMPolicySpec{Document: document(actions...)},
+	}
+	must(t, f.c.Create(context.Background(), p))
+	return p
+}
+
+func (f *fixture) iamsa(t *testing.T, ns, name string, spec iamv1alpha1.IAMServiceAccountSpec) *iamv1alpha1.IAMServiceAccount {
+	t.Helper()
+	sa := &iamv1alpha1.IAMServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}, Spec: spec}
+	must(t, f.c.Create(context.Background(), sa))
+	return sa
+}
+
+// waitReady waits until obj (an IAMPolicy or IAMServiceAccount) is Ready for its generation and
+// returns it as read.
+func waitReady[T client.Object](t *testing.T, f *fixture, obj T) T {
+	t.Helper()
+	return waitCondition(t, f, obj, ReasonSynced)
+}
+
+// waitCondition waits until obj's Ready condition has reason for its current generation.
+func waitCondition[T client.Object](t *testing.T, f *fixture, obj T, reason string) T {
+	t.Helper()
+	key := client.ObjectKeyFromObject(obj)
+	eventually(t, fmt.Sprintf("%T %s Ready reason %s", obj, key, reason), func() (bool, string) {
+		if err := f.c.Get(context.Background(), key, obj); err != nil {
+			return false, err.Error()
+		}
+		c := meta.FindStatusCondition(conditionsOf(obj), iamv1alpha1.ConditionReady)
+		if c == nil {
+			return false, "no Ready condition"
+		}
+		return c.Reason == reason && c.ObservedGeneration == obj.GetGeneration(), c.Reason + ": " + c.Message
+	})
+	return obj
+}
+
+// waitGone waits until the object is deleted.
+func (f *fixture) waitGone(t *testing.T, obj client.Object) {
+	t.Helper()
+	eventually(t, fmt.Sprintf("%T %s to be gone", obj, obj.GetName()), func() (bool, string) {
+		err := f.c.Get(context.Background(), client.ObjectKeyFromObject(obj), obj)
+		return client.IgnoreNotFound(err) == nil && err != nil, errString(err)
+	})
+}
+
+func (f *fixture) role(name string) *iamemulator.RoleState {
+	for _, r := range f.emu.State().Roles {
+		if r.Name == name {
+			return &r
+		}
+	}
+	return nil
+}
+
+func (f *fixture) awsPolicy(arn string) *iamemulator.PolicyState {
+	for _, p := range f.emu.State().Policies {
+		if p.Arn == arn {
+			return &p
+		}
+	}
+	return nil
+}
+
+func eventually(t *testing.T, what string, cond func() (bool, string)) {
+	t.Helper()
+	last := ""
+	err := wait.PollUntilContextTimeout(context.Background(), 50*time.Millisecond, 60*time.Second, true,
+		func(context.Context) (bool, error) {
+			ok, detail := cond()
+			last = detail
+			return ok, nil
+		})
+	if err != nil {
+		t.Fatalf("timed out waiting for %s (%s)", what, last)
+	}
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// update changes an object, retrying on conflicts.
+func update[T client.Object](t *testing.T, f *fixture, obj T, change func(T)) {
+	t.Helper()
+	eventually(t, "updating "+obj.GetName(), func() (bool, string) {
+		if err := f.c.Get(context.Background(), client.ObjectKeyFromObject(obj), obj); err != nil {
+			return false, err.Error()
+		}
+		change(obj)
+		err := f.c.Update(context.Background(), obj)
+		return err == nil, errString(err)
+	})
+}
+
+func request(obj client.Object) reconcile.Request {
+	return reconcile.Request{NamespacedName: client.ObjectKeyFromObject(obj)}
+}
+
+// standalonePolicy and standaloneServiceAccount are reconcilers outside the manager, for calling
+// Reconcile directly; they read through the test's uncached client.
+func (f *fixture) standaloneBase(t *testing.T) *base {
+	t.Helper()
+	cfg, err := f.opts.validate()
+	must(t, err)
+	return &base{client: f.c, apiReader: f.c, recorder: events.NewFakeRecorder(100), aws: f.aws, cfg: cfg, account: f.emu.AccountID(),
+		SlowRetry: time.Second, WaitRetry: time.Second}
+}
+
+func (f *fixture) standalonePolicy(t *testing.T) *PolicyReconciler {
+	return &PolicyReconciler{base: f.standaloneBase(t)}
+}
+
+func (f *fixture) standaloneServiceAccount(t *testing.T) *ServiceAccountReconciler {
+	return &ServiceAccountReconciler{base: f.standaloneBase(t)}
+}
+
+// diffCalls is after minus before, per IAM action, without zeros.
+func diffCalls(before, after map[string]int) map[string]int {
+	d := map[string]int{}
+	for k, v := range after {
+		if n := v - before[k]; n != 0 {
+			d[k] = n
+		}
+	}
+	return d
+}
+
+func awsNewRole(name string) awsiam.NewRole {
+	return awsiam.NewRole{Name: name, Path: "/", TrustPolicy: `{"Version":"2012-10-17","Statement":[{"Effect":"Allow","Principal":{"Service":"ec2.amazonaws.com"},"Action":"sts:AssumeRole"}]}`}
+}
