@@ -61,6 +61,7 @@ type Statement struct {
 	// Condition maps a condition operator (StringEquals, …) to condition keys and their values,
 	// e.g. {"StringEquals": {"aws:RequestedRegion": ["eu-west-1"]}}.
 	// +kubebuilder:validation:MaxProperties=20
+	// +kubebuilder:validation:XValidation:rule="self.all(op, op.matches('^(ForAllValues:|ForAnyValue:)?((String(Not)?Equals(IgnoreCase)?|String(Not)?Like|Numeric(Not)?Equals|NumericLessThan(Equals)?|NumericGreaterThan(Equals)?|Date(Not)?Equals|DateLessThan(Equals)?|DateGreaterThan(Equals)?|Bool|BinaryEquals|(Not)?IpAddress|Arn(Not)?Equals|Arn(Not)?Like)(IfExists)?|Null)$'))",message="a Condition operator must be one of IAM's (StringEquals, StringLike, NumericLessThan, DateGreaterThan, Bool, IpAddress, ArnLike, Null, …), optionally prefixed ForAllValues: or ForAnyValue: and suffixed IfExists"
 	// +optional
 	Condition map[string]ConditionValues `json:"Condition,omitempty"`
 }
@@ -77,7 +78,7 @@ type Actions []string
 // +kubebuilder:validation:MinItems=1
 // +kubebuilder:validation:MaxItems=200
 // +kubebuilder:validation:items:MaxLength=2048
-// +kubebuilder:validation:items:Pattern=`^(\*|arn:.+)$`
+// +kubebuilder:validation:items:Pattern=`^(\*|arn:[^:]+:[^:]*:[^:]*:[^:]*:.+)$`
 // +listType=atomic
 type Resources []string
 

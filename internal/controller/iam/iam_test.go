@@ -302,6 +302,36 @@ func testErrors(t *testing.T, f *fixture) {
 		f.waitGone(t, p)
 	})
 
+	t.Run("a document IAM refuses is MalformedPolicyDocument, and recovers when fixed", func(t *testing.T) {
+		doc := document("s3:GetObject")
+		// The API server checks the operators; IAM checks that condition keys carry a vendor prefix.
+		doc.Statement[0].Condition = map[string]iamv1alpha1.ConditionValues{"StringEquals": {"SourceIp": {"10.0.0.1"}}}
+		p := &iamv1alpha1.IAMPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "malformed"}, Spec: iamv1alpha1.IAMPolicySpec{Document: doc}}
+		must(t, f.c.Create(ctx, p))
+		p = waitCondition(t, f, p, "MalformedPolicyDocument")
+		assertStalled(t, p.Status.Conditions, "must be prefaced by a vendor")
+		testenv.WaitForEvent(t, f.c, p, "MalformedPolicyDocument")
+		update(t, f, p, func(p *iamv1alpha1.IAMPolicy) {
+			p.Spec.Document.Statement[0].Condition = map[string]iamv1alpha1.ConditionValues{"StringEquals": {"aws:SourceIp": {"10.0.0.1"}}}
+		})
+		p = waitReady(t, f, p)
+		must(t, f.c.Delete(ctx, p))
+		f.waitGone(t, p)
+	})
+
+	t.Run("throttling and 5xx are AWSUnavailable, backed off, and recover", func(t *testing.T) {
+		f.emu.SetFaults(1, nil)
+		p := f.policy(t, ns, "unlucky", "s3:GetObject")
+		p = waitCondition(t, f, p, ReasonAWSUnavailable)
+		if !meta.IsStatusConditionTrue(p.Status.Conditions, iamv1alpha1.ConditionReconciling) {
+			t.Errorf("conditions %+v, want Reconciling", p.Status.Conditions)
+		}
+		f.emu.SetFaults(0, nil)
+		p = waitReady(t, f, p)
+		must(t, f.c.Delete(ctx, p))
+		f.waitGone(t, p)
+	})
+
 	t.Run("a role name taken by an untagged role is a Conflict and left alone", func(t *testing.T) {
 		f.serviceAccount(t, ns, "taken")
 		_, err := f.aws.CreateRole(ctx, awsNewRole("eks-sa-t-errors-taken"))

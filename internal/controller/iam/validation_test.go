@@ -93,6 +93,13 @@ func testValidation(t *testing.T, f *fixture) {
 		{name: "Action list empty", obj: stmt(func(s map[string]any) { s["Action"] = []any{} }), reject: "Action in body should have at least 1 items"},
 		{name: "Resource not an ARN", obj: stmt(func(s map[string]any) { s["Resource"] = []any{"my-bucket"} }), reject: "Resource[0] in body should match"},
 		{name: "Sid with a space", obj: stmt(func(s map[string]any) { s["Sid"] = "read all" }), reject: "Sid in body should match"},
+		{name: "Resource with too few ARN parts", obj: stmt(func(s map[string]any) { s["Resource"] = []any{"arn:aws:s3"} }), reject: "Resource[0] in body should match"},
+		{name: "condition operator unknown", obj: stmt(func(s map[string]any) {
+			s["Condition"] = map[string]any{"StringEqualz": map[string]any{"aws:SourceIp": []any{"10.0.0.0/8"}}}
+		}), reject: "a Condition operator must be one of IAM's"},
+		{name: "condition operators with prefixes and IfExists", obj: stmt(func(s map[string]any) {
+			s["Condition"] = map[string]any{"ForAnyValue:StringLikeIfExists": map[string]any{"aws:TagKeys": []any{"a*"}}, "Null": map[string]any{"aws:TokenIssueTime": []any{"true"}}}
+		})},
 		{name: "condition without keys", obj: stmt(func(s map[string]any) { s["Condition"] = map[string]any{"Bool": map[string]any{}} }), reject: "should have at least 1 properties"},
 		{name: "description too long", obj: unstructuredObject("IAMPolicy", "read", func() map[string]any {
 			s := policySpec(nil)

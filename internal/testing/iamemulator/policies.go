@@ -177,7 +177,7 @@ func (s *Server) createPolicy(p params) (any, *apiError) {
 	if err != nil {
 		return nil, err
 	}
-	if err := validateDocument(doc, "PolicySize", policySizeQuota); err != nil {
+	if err := validateDocument(doc, identityPolicy, "PolicySize", policySizeQuota); err != nil {
 		return nil, err
 	}
 	desc, err := p.description()
@@ -330,7 +330,7 @@ func (s *Server) createPolicyVersion(p params) (any, *apiError) {
 	if err != nil {
 		return nil, err
 	}
-	if err := validateDocument(doc, "PolicySize", policySizeQuota); err != nil {
+	if err := validateDocument(doc, identityPolicy, "PolicySize", policySizeQuota); err != nil {
 		return nil, err
 	}
 	if len(pol.versions) >= maxPolicyVersions {

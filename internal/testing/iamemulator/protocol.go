@@ -279,7 +279,7 @@ func removeTags(existing []Tag, keys []string) []Tag {
 // validateDocument checks a policy document the way IAM's parser rejects the obvious:
 // it must be a JSON object with Version and Statement, and within the size quota
 // (counted without whitespace).
-func validateDocument(doc string, quotaName string, quota int) *apiError {
+func validateDocument(doc string, kind docKind, quotaName string, quota int) *apiError {
 	var obj map[string]json.RawMessage
 	if err := json.Unmarshal([]byte(doc), &obj); err != nil || obj == nil {
 		return malformed("Syntax errors in policy.")
@@ -303,7 +303,7 @@ func validateDocument(doc string, quotaName string, quota int) *apiError {
 	if size > quota {
 		return limitExceeded("Cannot exceed quota for %s: %d", quotaName, quota)
 	}
-	return nil
+	return validateStatements(stmt, kind)
 }
 
 // page is one page of a list answer.

@@ -104,7 +104,7 @@ func (s *Server) createRole(p params) (any, *apiError) {
 	if err != nil {
 		return nil, err
 	}
-	if err := validateDocument(trust, "ACLSizePerRole", trustPolicySizeQuota); err != nil {
+	if err := validateDocument(trust, trustPolicy, "ACLSizePerRole", trustPolicySizeQuota); err != nil {
 		return nil, err
 	}
 	desc, err := p.description()
@@ -172,7 +172,7 @@ func (s *Server) updateAssumeRolePolicy(p params) (any, *apiError) {
 	if err != nil {
 		return nil, err
 	}
-	if err := validateDocument(doc, "ACLSizePerRole", trustPolicySizeQuota); err != nil {
+	if err := validateDocument(doc, trustPolicy, "ACLSizePerRole", trustPolicySizeQuota); err != nil {
 		return nil, err
 	}
 	r.trust = doc
