@@ -77,8 +77,8 @@ func (o *Options) secretRef() (types.NamespacedName, error) {
 	return types.NamespacedName{Namespace: ns, Name: name}, nil
 }
 
-// Controller returns the registry entry of the vmgroups controller. It needs no cache
-// restrictions: it watches VmGroups only and reads its Secret from the API server.
+// Controller returns the registry entry of the vmgroups controller. It needs no restrictions of
+// the manager's cache: it watches VmGroups there, and its Secret in a cache of its own.
 func Controller() registry.Controller {
 	o := &Options{}
 	return registry.Controller{

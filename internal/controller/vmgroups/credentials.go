@@ -19,12 +19,11 @@ const (
 	keyPass = "VC_PASS"
 )
 
-// credentials reads the vCenter Secret from the API server (the cache holds no Secrets for this
-// controller, and a rotated Secret is picked up at the next reconcile). Errors name keys, never
-// values.
+// credentials reads the vCenter Secret (from its own cache: a rotated Secret is picked up at once,
+// as its change triggers a reconcile). Errors name keys, never values.
 func (r *Reconciler) credentials(ctx context.Context) (vcenter.Credentials, error) {
 	s := &corev1.Secret{}
-	if err := r.APIReader.Get(ctx, r.Secret, s); err != nil {
+	if err := r.Secrets.Get(ctx, r.Secret, s); err != nil {
 		if apierrors.IsNotFound(err) {
 			return vcenter.Credentials{}, fmt.Errorf("vCenter Secret %s (--vsphere-secret) not found", r.Secret)
 		}

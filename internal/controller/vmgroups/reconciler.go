@@ -16,6 +16,7 @@ import (
 	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/workqueue"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -33,9 +34,9 @@ import (
 // +kubebuilder:rbac:groups=compute.quartermaster.dev,resources=vmgroups/status,verbs=get;patch
 // +kubebuilder:rbac:groups=compute.quartermaster.dev,resources=vmgroups/finalizers,verbs=update
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
-// The vCenter Secret is read (get only, no list/watch) in the operator's namespace; if
+// The vCenter Secret is cached and watched (by name) in the operator's namespace only; if
 // --vsphere-secret names another namespace, move the Role there.
-// +kubebuilder:rbac:groups="",namespace=quartermaster-system,resources=secrets,verbs=get
+// +kubebuilder:rbac:groups="",namespace=quartermaster-system,resources=secrets,verbs=get;list;watch
 
 // Finalizer holds a VmGroup until its VMs and folder are gone.
 const Finalizer = "compute.quartermaster.dev/vms"
@@ -51,7 +52,7 @@ const SelectorLabel = "compute.quartermaster.dev/vmgroup"
 // Reconciler keeps VmGroups' VMs in vCenter as their specs say.
 type Reconciler struct {
 	Client    client.Client
-	APIReader client.Reader // reads the vCenter Secret without caching (or watching) Secrets
+	Secrets   client.Reader // reads the vCenter Secret: a cache holding that Secret alone
 	Recorder  events.EventRecorder
 	Connector *vcenter.Connector
 	Secret    types.NamespacedName
@@ -68,6 +69,7 @@ type Reconciler struct {
 	// StepDelay separates the bounded steps of a change.
 	StepDelay time.Duration
 
+	secrets   cache.Cache // Secrets' cache, watched; nil when Secrets is another reader
 	clones    chan struct{}
 	slotsOnce sync.Once
 }
@@ -81,9 +83,14 @@ func NewReconciler(mgr ctrl.Manager, o *Options) (*Reconciler, error) {
 	if err != nil {
 		return nil, err
 	}
+	secrets, err := newSecretCache(mgr, ref)
+	if err != nil {
+		return nil, err
+	}
 	return &Reconciler{
 		Client:           mgr.GetClient(),
-		APIReader:        mgr.GetAPIReader(),
+		Secrets:          secrets,
+		secrets:          secrets,
 		Recorder:         mgr.GetEventRecorder("quartermaster-vmgroups"),
 		Connector:        &vcenter.Connector{},
 		Secret:           ref,
@@ -96,8 +103,9 @@ func NewReconciler(mgr ctrl.Manager, o *Options) (*Reconciler, error) {
 	}, nil
 }
 
-// SetupWithManager watches VmGroups. Only spec changes (and deletion) trigger a reconcile: the
-// controller's own status and finalizer writes do not.
+// SetupWithManager watches VmGroups and the vCenter Secret. Only spec changes (and deletion) of a
+// VmGroup trigger its reconcile: the controller's own status and finalizer writes do not. A
+// change of the Secret's data triggers a reconcile of every VmGroup.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
 	r.cloneSlots()
 	deleting := predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
@@ -111,9 +119,16 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
 	if err != nil {
 		return err
 	}
-	return builder.ControllerManagedBy(mgr).
+	b := builder.ControllerManagedBy(mgr).
 		Named(Name).
-		For(&computev1alpha1.VmGroup{}, builder.WithPredicates(predicate.Or[client.Object](predicate.GenerationChangedPredicate{}, deleting))).
+		For(&computev1alpha1.VmGroup{}, builder.WithPredicates(predicate.Or[client.Object](predicate.GenerationChangedPredicate{}, deleting)))
+	if r.secrets != nil {
+		if err := mgr.Add(r.secrets); err != nil {
+			return err
+		}
+		b = b.WatchesRawSource(r.secretSource())
+	}
+	return b.
 		WithOptions(controller.Options{
 			MaxConcurrentReconciles: concurrency,
 			// A batch of clones can take long on a real vCenter, but not forever.

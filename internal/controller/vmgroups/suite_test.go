@@ -162,7 +162,7 @@ func (f *fixture) standalone(t *testing.T, c client.Client, secret string, wrap 
 		wrap = vsimtest.Chain(wrap, f.sim.Wrap)
 	}
 	r := &Reconciler{
-		Client: c, APIReader: c, Recorder: f.mgr.GetEventRecorder("quartermaster-vmgroups-test"),
+		Client: c, Secrets: c, Recorder: f.mgr.GetEventRecorder("quartermaster-vmgroups-test"),
 		Connector: &vcenter.Connector{Wrap: wrap}, Secret: client.ObjectKey{Namespace: operatorNS, Name: secret},
 		Insecure: true, CloneConcurrency: 4, Resync: f.opts.Resync, SlowRetry: time.Second, StepDelay: 100 * time.Millisecond,
 	}

@@ -77,6 +77,7 @@ func TestVmGroups(t *testing.T) {
 		{"a newer spec is read between clone batches", testNewerSpecWins, true},
 		{"manager restart mid scale-up and mid scale-down", testRestartMidScale, true},
 		{"injected vSphere faults", testInjectedFaults, true},
+		{"the vCenter Secret is cached and watched", testSecretWatched, true},
 		{"credentials never shown", testNoCredentialsShown, true},
 	}
 	for _, s := range steps {
