@@ -103,14 +103,20 @@ func (r *CompatReconciler) Reconcile(ctx context.Context, req reconcile.Request)
 		// Gone: the objects it owns go with it (garbage collection), and with them the AWS objects.
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
+	if !cm.DeletionTimestamp.IsZero() {
+		// Being deleted (foreground deletion, a finalizer): the garbage collector is deleting its
+		// objects, which must not be created again.
+		return reconcile.Result{}, nil
+	}
 	policies, accounts, problems := translate(cm)
+	var expected map[string]bool
 	if len(problems) == 0 {
 		var err error
-		if problems, err = r.apply(ctx, cm, policies, accounts); err != nil {
+		if expected, problems, err = r.apply(ctx, cm, policies, accounts); err != nil {
 			return reconcile.Result{}, err
 		}
 	}
-	return reconcile.Result{}, r.report(ctx, cm, problems)
+	return reconcile.Result{}, r.report(ctx, cm, expected, problems)
 }
 
 // translate parses the ConfigMap into the objects it stands for; problems make the whole
@@ -157,10 +163,11 @@ func translate(cm *corev1.ConfigMap) (policies []*iamv1alpha1.IAMPolicy, account
 }
 
 // apply creates, updates and deletes the ConfigMap's objects. Objects of the same name that the
-// ConfigMap does not own are left alone and reported.
-func (r *CompatReconciler) apply(ctx context.Context, cm *corev1.ConfigMap, policies []*iamv1alpha1.IAMPolicy, accounts []*iamv1alpha1.IAMServiceAccount) ([]string, error) {
-	var problems []string
+// ConfigMap does not own are left alone and reported. expected holds the objects ("Kind/name")
+// the ConfigMap now lists, true for those that exist or were created (false: reported).
+func (r *CompatReconciler) apply(ctx context.Context, cm *corev1.ConfigMap, policies []*iamv1alpha1.IAMPolicy, accounts []*iamv1alpha1.IAMServiceAccount) (expected map[string]bool, problems []string, err error) {
 	want := map[string]bool{}
+	expected = map[string]bool{}
 	for _, p := range policies {
 		want["IAMPolicy/"+p.Name] = true
 		problem, err := r.upsert(ctx, cm, p, &iamv1alpha1.IAMPolicy{}, func(cur client.Object) bool {
@@ -172,8 +179,9 @@ func (r *CompatReconciler) apply(ctx context.Context, cm *corev1.ConfigMap, poli
 			return true
 		})
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
+		expected["IAMPolicy/"+p.Name] = len(problem) == 0
 		problems = append(problems, problem...)
 	}
 	for _, a := range accounts {
@@ -187,24 +195,25 @@ func (r *CompatReconciler) apply(ctx context.Context, cm *corev1.ConfigMap, poli
 			return true
 		})
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
+		expected["IAMServiceAccount/"+a.Name] = len(problem) == 0
 		problems = append(problems, problem...)
 	}
 	// Objects the ConfigMap no longer lists go (their finalizers clean up AWS).
 	owned, err := r.owned(ctx, cm)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	for _, obj := range owned {
 		if want[kindOf(obj)+"/"+obj.GetName()] || !obj.GetDeletionTimestamp().IsZero() {
 			continue
 		}
 		if err := r.client.Delete(ctx, obj); client.IgnoreNotFound(err) != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
-	return problems, nil
+	return expected, problems, nil
 }
 
 // upsert creates obj, or updates the existing object (into cur) when change says so.
@@ -216,13 +225,17 @@ func (r *CompatReconciler) upsert(ctx context.Context, cm *corev1.ConfigMap, obj
 		if err := controllerutil.SetControllerReference(cm, obj, r.client.Scheme()); err != nil {
 			return nil, err
 		}
-		if err := r.client.Create(ctx, obj); err != nil {
-			if apierrors.IsInvalid(err) || apierrors.IsAlreadyExists(err) {
-				return []string{fmt.Sprintf("%s %s: %v", kind, obj.GetName(), err)}, nil
-			}
-			return nil, err
+		err = r.client.Create(ctx, obj)
+		switch {
+		case err == nil:
+			return nil, nil
+		case apierrors.IsInvalid(err):
+			return []string{fmt.Sprintf("%s %s: %v", kind, obj.GetName(), err)}, nil
+		case apierrors.IsAlreadyExists(err):
+			// The cache has not seen it yet (often: created by the previous reconcile); the API
+			// server tells whose it is.
+			err = r.apiReader.Get(ctx, client.ObjectKeyFromObject(obj), cur)
 		}
-		return nil, nil
 	}
 	if err != nil {
 		return nil, err
@@ -276,16 +289,23 @@ func kindOf(obj client.Object) string {
 
 // report summarizes the ConfigMap's objects into its annotations, with an Event when the state
 // changes. States: Ready (every object Ready), Pending, Error (a problem a person must fix).
-func (r *CompatReconciler) report(ctx context.Context, cm *corev1.ConfigMap, problems []string) error {
+// expected (nil when the ConfigMap does not translate) are the objects it stands for: the cache
+// may not show those just created yet, or still show those just deleted, and neither is Ready.
+func (r *CompatReconciler) report(ctx context.Context, cm *corev1.ConfigMap, expected map[string]bool, problems []string) error {
 	owned, err := r.owned(ctx, cm)
 	if err != nil {
 		return err
 	}
-	ready := 0
+	ready, total := 0, len(owned)
 	var waiting []string
+	seen := map[string]bool{}
 	for _, obj := range owned {
 		c := readyOf(obj)
+		key := kindOf(obj) + "/" + obj.GetName()
+		seen[key] = true
 		switch {
+		case expected != nil && !listed(expected, key) && (c == nil || c.Status == metav1.ConditionTrue):
+			waiting = append(waiting, kindOf(obj)+" "+obj.GetName()+": being deleted")
 		case c != nil && c.Status == metav1.ConditionTrue:
 			ready++
 		case c != nil && (meta.IsStatusConditionTrue(conditionsOf(obj), iamv1alpha1.ConditionStalled)):
@@ -296,14 +316,28 @@ func (r *CompatReconciler) report(ctx context.Context, cm *corev1.ConfigMap, pro
 			waiting = append(waiting, kindOf(obj)+" "+obj.GetName())
 		}
 	}
-	state, msg := "Pending", fmt.Sprintf("%d/%d objects Ready", ready, len(owned))
+	for _, key := range slices.Sorted(maps.Keys(expected)) {
+		if expected[key] && !seen[key] {
+			total++
+			waiting = append(waiting, strings.Replace(key, "/", " ", 1))
+		}
+	}
+	state, msg := "Pending", fmt.Sprintf("%d/%d objects Ready", ready, total)
 	switch {
 	case len(problems) > 0:
 		state, msg = "Error", msg+"; "+strings.Join(problems, "; ")
-	case ready == len(owned):
+	case ready == total:
 		state = "Ready"
 	default:
 		msg += "; waiting for " + strings.Join(waiting, ", ")
+	}
+	if cm.Annotations[AnnotationCompatState] == state && cm.Annotations[AnnotationCompatMsg] == msg {
+		return nil
+	}
+	// The cache may not show the previous reconcile's write yet: decide on the API server's copy,
+	// so a state is written, and announced, once.
+	if err := r.apiReader.Get(ctx, client.ObjectKeyFromObject(cm), cm); err != nil {
+		return client.IgnoreNotFound(err)
 	}
 	if cm.Annotations[AnnotationCompatState] == state && cm.Annotations[AnnotationCompatMsg] == msg {
 		return nil
@@ -325,6 +359,11 @@ func (r *CompatReconciler) report(ctx context.Context, cm *corev1.ConfigMap, pro
 		r.recorder.Eventf(cm, nil, typ, "IAMConfig"+state, "Translate", "%s", msg)
 	}
 	return nil
+}
+
+func listed(expected map[string]bool, key string) bool {
+	_, ok := expected[key]
+	return ok
 }
 
 func conditionsOf(obj client.Object) []metav1.Condition {
