@@ -206,6 +206,18 @@ func quote(s string) string {
 	return `"` + s + `"`
 }
 
+// InvalidError is a template or placement item that cannot be used as given: a name matching
+// several items, no default among several, something other than a folder at a folder's path, a
+// template without network adapter when a network is set. Like a NotFoundError, only a person can
+// fix it, so it is not retried in a hurry.
+type InvalidError struct {
+	Kind    string // as NotFoundError's
+	Name    string
+	Problem string
+}
+
+func (e *InvalidError) Error() string { return e.Kind + " " + quote(e.Name) + ": " + e.Problem }
+
 // IsTemplateNotFound reports whether err says the template is missing.
 func IsTemplateNotFound(err error) bool {
 	var nf *NotFoundError

@@ -79,7 +79,7 @@ func (c *Client) datacenterName(ctx context.Context, name string) (string, error
 	}
 	dc, err := find.NewFinder(c.vim).DefaultDatacenter(ctx)
 	if err != nil {
-		return "", fmt.Errorf("no datacenter given and none is the default (%w); set --vsphere-datacenter or spec.placement.datacenter", c.redact(err))
+		return "", c.redact(lookupError(err, "datacenter", ""))
 	}
 	c.defaultDC = dc.Name()
 	return c.defaultDC, nil
@@ -95,7 +95,7 @@ func (c *Client) Folder(ctx context.Context, p string, create bool) (Folder, err
 	}
 	if ref != nil {
 		if ref.Reference().Type != "Folder" {
-			return Folder{}, fmt.Errorf("%s is a %s, not a folder", p, ref.Reference().Type)
+			return Folder{}, &InvalidError{Kind: "folder", Name: p, Problem: "a " + ref.Reference().Type + " has this path, not a folder"}
 		}
 		return Folder{ID: ref.Reference().Value, Path: p}, nil
 	}
@@ -223,12 +223,21 @@ func (c *Client) DestroyFolder(ctx context.Context, f Folder) error {
 	return c.redact(err)
 }
 
-// notFound turns the finder's not-found errors into a NotFoundError of kind.
-func notFound(err error, kind, name string) error {
+// lookupError turns the finder's errors about item kind into a NotFoundError or an InvalidError;
+// name "" is the default item.
+func lookupError(err error, kind, name string) error {
 	var nf *find.NotFoundError
 	var dnf *find.DefaultNotFoundError
-	if errors.As(err, &nf) || errors.As(err, &dnf) {
+	var mf *find.MultipleFoundError
+	var dmf *find.DefaultMultipleFoundError
+	switch {
+	case errors.As(err, &nf) || errors.As(err, &dnf):
 		return &NotFoundError{Kind: kind, Name: name}
+	case errors.As(err, &dmf):
+		return &InvalidError{Kind: kind, Name: name, Problem: fmt.Sprintf(
+			"several exist; name one in spec.placement or with the operator's --vsphere-%s flag", strings.ReplaceAll(kind, " ", "-"))}
+	case errors.As(err, &mf):
+		return &InvalidError{Kind: kind, Name: name, Problem: "the name matches several; give an inventory path"}
 	}
 	return err
 }

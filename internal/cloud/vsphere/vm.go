@@ -47,13 +47,13 @@ func (c *Client) Source(ctx context.Context, p Placement, template string) (*Sou
 	}
 	dc, err := finder.Datacenter(ctx, dcName)
 	if err != nil {
-		return nil, c.redact(notFound(err, "datacenter", dcName))
+		return nil, c.redact(lookupError(err, "datacenter", dcName))
 	}
 	finder.SetDatacenter(dc)
 
 	tmpl, err := finder.VirtualMachine(ctx, template)
 	if err != nil {
-		return nil, c.redact(notFound(err, "template", template))
+		return nil, c.redact(lookupError(err, "template", template))
 	}
 	src := &Source{Template: template, template: tmpl.Reference()}
 
@@ -64,14 +64,14 @@ func (c *Client) Source(ctx context.Context, p Placement, template string) (*Sou
 		pool, err = finder.DefaultResourcePool(ctx)
 	}
 	if err != nil {
-		return nil, c.redact(notFound(err, "resource pool", p.ResourcePool))
+		return nil, c.redact(lookupError(err, "resource pool", p.ResourcePool))
 	}
 	src.pool = pool.Reference()
 
 	if p.Datastore != "" {
 		ds, err := finder.Datastore(ctx, p.Datastore)
 		if err != nil {
-			return nil, c.redact(notFound(err, "datastore", p.Datastore))
+			return nil, c.redact(lookupError(err, "datastore", p.Datastore))
 		}
 		ref := ds.Reference()
 		src.datastore = &ref
@@ -80,7 +80,7 @@ func (c *Client) Source(ctx context.Context, p Placement, template string) (*Sou
 	if p.Network != "" {
 		net, err := finder.Network(ctx, p.Network)
 		if err != nil {
-			return nil, c.redact(notFound(err, "network", p.Network))
+			return nil, c.redact(lookupError(err, "network", p.Network))
 		}
 		backing, err := net.EthernetCardBackingInfo(ctx)
 		if err != nil {
@@ -92,7 +92,7 @@ func (c *Client) Source(ctx context.Context, p Placement, template string) (*Sou
 		}
 		nics := devices.SelectByType((*types.VirtualEthernetCard)(nil))
 		if len(nics) == 0 {
-			return nil, fmt.Errorf("template %q has no network adapter to connect to network %q", template, p.Network)
+			return nil, &InvalidError{Kind: "template", Name: template, Problem: fmt.Sprintf("no network adapter to connect to network %q", p.Network)}
 		}
 		nics[0].(types.BaseVirtualEthernetCard).GetVirtualEthernetCard().Backing = backing
 		src.nic = &types.VirtualDeviceConfigSpec{Operation: types.VirtualDeviceConfigSpecOperationEdit, Device: nics[0]}

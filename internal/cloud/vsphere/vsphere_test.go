@@ -170,6 +170,20 @@ func TestPlacementAndTemplateNotFound(t *testing.T) {
 		t.Errorf("folder under a missing parent: %v", err)
 	}
 
+	// Items that exist but cannot be used as given.
+	var inv *vsphere.InvalidError
+	if _, err := c.Folder(ctx, "/DC0/vm/tmpl", true); !errors.As(err, &inv) || inv.Kind != "folder" {
+		t.Errorf("a template at the folder's path: %v", err)
+	}
+	_, err = c.Folder(ctx, "/DC0/vm/sub", true)
+	must(t, err)
+	sim.AddVM(t, "/DC0/vm", "dup")
+	sim.AddVM(t, "/DC0/vm/sub", "dup")
+	if _, err := c.Source(ctx, vsphere.Placement{}, "dup"); !errors.As(err, &inv) || inv.Kind != "template" ||
+		!strings.Contains(err.Error(), "matches several") {
+		t.Errorf("a template name matching two VMs: %v", err)
+	}
+
 	// Explicit placement: pool, datastore and network are applied to the clone.
 	src, err := c.Source(ctx, vsphere.Placement{Datacenter: "DC0", ResourcePool: "DC0_C0/Resources", Datastore: "LocalDS_0", Network: "DC0_DVPG0"}, "/DC0/vm/tmpl")
 	must(t, err)

@@ -243,11 +243,7 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, vg *computev1alpha1.Vm
 	}
 	r.observe(vg, before, obs)
 	if actErr != nil {
-		var nf *vcenter.NotFoundError
-		if errors.As(actErr, &nf) {
-			return r.fail(vg, before, notFoundFailure(nf))
-		}
-		fl := vcenterFailure(actErr)
+		fl := classify(actErr)
 		if len(done) > 0 {
 			fl.message = strings.Join(done, "; ") + "; then: " + fl.message
 		}
@@ -265,16 +261,12 @@ func (r *Reconciler) folder(ctx context.Context, api vcenter.API, vg *computev1a
 	if path == "" {
 		var err error
 		if path, err = api.FolderPath(ctx, p, vsphere.FolderName(vg.Namespace, vg.Name)); err != nil {
-			return vcenter.Folder{}, vcenterFailure(err)
+			return vcenter.Folder{}, classify(err)
 		}
 	}
 	folder, err := api.Folder(ctx, path, create)
 	if err != nil {
-		var nf *vcenter.NotFoundError
-		if errors.As(err, &nf) {
-			return vcenter.Folder{}, notFoundFailure(nf)
-		}
-		return vcenter.Folder{}, vcenterFailure(err)
+		return vcenter.Folder{}, classify(err)
 	}
 	if folder.Created {
 		r.Recorder.Eventf(vg, nil, corev1.EventTypeNormal, "FolderCreated", "Create", "created folder %s", folder.Path)

@@ -1,6 +1,7 @@
 package vmgroups
 
 import (
+	"errors"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -41,14 +42,28 @@ func vcenterFailure(err error) *failure {
 	return &failure{reason: reason, message: err.Error(), err: err}
 }
 
-// notFoundFailure is a missing template or placement: only a person can fix it, so it is
-// retried slowly and shown as an Error.
-func notFoundFailure(nf *vcenter.NotFoundError) *failure {
-	reason := "PlacementNotFound"
-	if nf.Kind == "template" {
-		reason = "TemplateNotFound"
+// classify turns an adapter error into a failure. A template or placement item that is missing
+// or cannot be used as given (a name matching several, something other than a folder at the
+// folder's path, …) waits for a person: shown as an Error, Stalled, retried slowly rather than
+// with the fast backoff. Anything else is a vCenter error.
+func classify(err error) *failure {
+	var nf *vcenter.NotFoundError
+	var inv *vcenter.InvalidError
+	switch {
+	case errors.As(err, &nf):
+		return personFailure(nf.Kind, "NotFound", nf.Error())
+	case errors.As(err, &inv):
+		return personFailure(inv.Kind, "Invalid", inv.Error())
 	}
-	return &failure{phase: computev1alpha1.PhaseError, reason: reason, message: nf.Error(), stalled: true}
+	return vcenterFailure(err)
+}
+
+func personFailure(kind, what, message string) *failure {
+	reason := "Placement" + what
+	if kind == "template" {
+		reason = "Template" + what
+	}
+	return &failure{phase: computev1alpha1.PhaseError, reason: reason, message: message, stalled: true}
 }
 
 // fail records the failure and says when to try again.

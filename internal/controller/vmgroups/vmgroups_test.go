@@ -74,6 +74,7 @@ func TestVmGroups(t *testing.T) {
 		{"drift", testDrift, true},
 		{"deletion", testDeletion, true},
 		{"template missing, then appearing", testTemplateAppears, true},
+		{"a VM where the folder goes", testPlacementInvalid, true},
 		{"a newer spec is read between clone batches", testNewerSpecWins, true},
 		{"manager restart mid scale-up and mid scale-down", testRestartMidScale, true},
 		{"injected vSphere faults", testInjectedFaults, true},
