@@ -25,7 +25,7 @@ import (
 func TestIAM(t *testing.T) {
 	f := start(t)
 	t.Run("validation", func(t *testing.T) { testValidation(t, f) })
-	f.run(t, f.opts, nil)
+	f.run(t, f.opts)
 	t.Run("policy lifecycle", func(t *testing.T) { testPolicyLifecycle(t, f) })
 	t.Run("service account lifecycle", func(t *testing.T) { testServiceAccountLifecycle(t, f) })
 	t.Run("created service account", func(t *testing.T) { testCreatedServiceAccount(t, f) })
@@ -33,6 +33,7 @@ func TestIAM(t *testing.T) {
 	t.Run("retain", func(t *testing.T) { testRetain(t, f) })
 	t.Run("configmap compat", func(t *testing.T) { testCompat(t, f) })
 	t.Run("drift", func(t *testing.T) { testDrift(t, f) })
+	t.Run("faults", func(t *testing.T) { testFaults(t, f) })
 }
 
 func tagsOf(tags []iamemulator.Tag) map[string]string {
@@ -401,8 +402,8 @@ func testDrift(t *testing.T, f *fixture) {
 	// A manager with a short resync, so the repairs happen within the test.
 	opts := f.opts
 	opts.Resync = 2 * time.Second
-	f.run(t, opts, nil)
-	defer f.run(t, f.opts, nil)
+	f.run(t, opts)
+	defer f.run(t, f.opts)
 	p := waitReady(t, f, f.policy(t, ns, "read", "s3:GetObject"))
 	sa := waitReady(t, f, f.iamsa(t, ns, "app", iamv1alpha1.IAMServiceAccountSpec{ServiceAccountName: "app", Policies: []string{"read"}}))
 	role := sa.Status.RoleName

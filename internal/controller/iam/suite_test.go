@@ -47,6 +47,7 @@ type fixture struct {
 	c      client.Client
 	emu    *iamemulator.Server
 	aws    *awsiam.Client // the controller's client of the emulator; tests use it to make drift
+	url    string         // the emulator's endpoint
 	logs   *testenv.LogBuffer
 	opts   Options
 
@@ -66,6 +67,7 @@ func start(t *testing.T) *fixture {
 	f.emu = iamemulator.New(iamemulator.Options{Seed: 1})
 	ts := httptest.NewServer(f.emu)
 	t.Cleanup(ts.Close)
+	f.url = ts.URL
 	f.aws = awsiam.New(aws.Config{
 		Region:       "us-east-1",
 		Credentials:  credentials.NewStaticCredentialsProvider("AKIDEXAMPLE", "not-a-secret", ""),
@@ -91,8 +93,8 @@ func start(t *testing.T) *fixture {
 	return f
 }
 
-// run starts a manager with the iam controllers; tune adjusts the shared base (shorter retries).
-func (f *fixture) run(t *testing.T, opts Options, tune func(*base)) {
+// run starts a manager with the iam controllers (with shorter retries).
+func (f *fixture) run(t *testing.T, opts Options) {
 	t.Helper()
 	f.stop(t)
 	mgr, err := ctrl.New(f.env.Config, ctrl.Options{
@@ -108,9 +110,6 @@ func (f *fixture) run(t *testing.T, opts Options, tune func(*base)) {
 	b, err := newBase(mgr, cfg, f.aws)
 	must(t, err)
 	b.SlowRetry, b.WaitRetry = time.Second, 500*time.Millisecond
-	if tune != nil {
-		tune(b)
-	}
 	must(t, register(mgr, b))
 	ctx, cancel := context.WithCancel(context.Background())
 	f.cancel, f.done = cancel, make(chan error, 1)
