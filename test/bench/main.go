@@ -49,6 +49,7 @@ type benchCase struct {
 var cases = []benchCase{
 	{name: "floor/bare-client-writes", run: floorWrites},
 	{name: "namespaces/1000-requests", run: namespacesBench},
+	{name: "vmgroups/50-replicas", run: vmgroupsBench},
 }
 
 func main() {
