@@ -30,6 +30,9 @@ import (
 )
 
 // +kubebuilder:rbac:groups="",resources=configmaps,verbs=get;list;watch;patch
+// Owner references with blockOwnerDeletion to a ConfigMap need update on its finalizers where the
+// OwnerReferencesPermissionEnforcement admission plugin runs.
+// +kubebuilder:rbac:groups="",resources=configmaps/finalizers,verbs=update
 // +kubebuilder:rbac:groups=iam.quartermaster.dev,resources=iampolicies;iamserviceaccounts,verbs=create;update;delete
 
 // The legacy ConfigMap: its name, keys, and the annotations its status is written to.

@@ -61,7 +61,7 @@ func synced(msg string, resync time.Duration) outcome {
 // errors a person must fix stall with AWS's code as the reason and are retried slowly, so they
 // never become a hot loop.
 func awsFailure(err error, slow time.Duration) outcome {
-	msg := err.Error()
+	msg := awsiam.StatusMessage(err)
 	if awsiam.IsThrottleOrServer(err) {
 		return outcome{reason: ReasonAWSUnavailable, message: msg, err: err}
 	}

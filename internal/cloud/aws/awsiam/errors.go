@@ -31,7 +31,19 @@ type Error struct {
 	Err       error
 }
 
-func (e *Error) Error() string {
+func (e *Error) Error() string { return e.format(true) }
+
+// StatusMessage is err's message without the request ID, so that an object's status shows the
+// same text for the same failure and is not rewritten at every retry.
+func StatusMessage(err error) string {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.format(false)
+	}
+	return err.Error()
+}
+
+func (e *Error) format(withRequestID bool) string {
 	var b strings.Builder
 	b.WriteString(e.Service)
 	b.WriteByte(' ')
@@ -55,7 +67,7 @@ func (e *Error) Error() string {
 	var respErr *awshttp.ResponseError
 	if errors.As(e.Err, &respErr) {
 		details = append(details, "HTTP "+strconv.Itoa(respErr.HTTPStatusCode()))
-		if id := respErr.ServiceRequestID(); id != "" {
+		if id := respErr.ServiceRequestID(); id != "" && withRequestID {
 			details = append(details, "request id "+id)
 		}
 	}

@@ -60,6 +60,9 @@ func TestErrorClassification(t *testing.T) {
 			if !strings.HasPrefix(msg, tc.prefix) {
 				t.Errorf("message %q, want prefix %q", msg, tc.prefix)
 			}
+			if status := awsiam.StatusMessage(tc.err); strings.Contains(status, "request id") || !strings.HasPrefix(msg, strings.TrimSuffix(status, ")")) {
+				t.Errorf("StatusMessage %q: want the message without its request id", status)
+			}
 			if strings.Contains(msg, secretKey) || strings.Contains(msg, "AKIDEXAMPLE") {
 				t.Errorf("message carries credentials: %q", msg)
 			}
