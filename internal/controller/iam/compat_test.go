@@ -50,7 +50,7 @@ func setCompatData(t *testing.T, f *fixture, cm *corev1.ConfigMap, policies, att
 // each of msgs, and returns the ConfigMap.
 func waitCompat(t *testing.T, f *fixture, cm *corev1.ConfigMap, state string, msgs ...string) *corev1.ConfigMap {
 	t.Helper()
-	eventually(t, fmt.Sprintf("ConfigMap %s/%s %s %q", cm.Namespace, cm.Name, state, msgs), func() (bool, string) {
+	testenv.Eventually(t, fmt.Sprintf("ConfigMap %s/%s %s %q", cm.Namespace, cm.Name, state, msgs), func() (bool, string) {
 		if err := f.c.Get(context.Background(), client.ObjectKeyFromObject(cm), cm); err != nil {
 			return false, err.Error()
 		}
@@ -71,7 +71,7 @@ func waitCompat(t *testing.T, f *fixture, cm *corev1.ConfigMap, state string, ms
 // waitEventNote waits for an Event about obj with reason and a note containing note.
 func waitEventNote(t *testing.T, f *fixture, obj client.Object, reason, typ, note string) {
 	t.Helper()
-	eventually(t, fmt.Sprintf("an Event %s %q about %s", reason, note, obj.GetName()), func() (bool, string) {
+	testenv.Eventually(t, fmt.Sprintf("an Event %s %q about %s", reason, note, obj.GetName()), func() (bool, string) {
 		var seen []string
 		for _, e := range testenv.EventsAbout(t, f.c, obj) {
 			if e.Reason == reason && e.Type == typ && strings.Contains(e.Note, note) {
@@ -234,7 +234,7 @@ func testCompat(t *testing.T, f *fixture) {
 		policies := strings.Replace(compatPolicies, `"Action": "s3:GetObject"`, `"Action": ["s3:GetObject", "s3:ListBucket"]`, 1)
 		setCompatData(t, f, cm, policies, compatAttachments)
 		read := waitReady(t, f, &iamv1alpha1.IAMPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "read-reports"}})
-		eventually(t, "read-reports v2 in AWS", func() (bool, string) {
+		testenv.Eventually(t, "read-reports v2 in AWS", func() (bool, string) {
 			d := f.defaultDocument(readARN)
 			return strings.Contains(d, "s3:ListBucket"), d
 		})
@@ -248,7 +248,7 @@ func testCompat(t *testing.T, f *fixture) {
 	t.Run("a changed attachment list attaches and detaches", func(t *testing.T) {
 		before := f.emu.State().Calls
 		setCompatData(t, f, cm, compatPolicies, "reporter: [send-queue]\nuploader: [send-queue, read-reports]\n")
-		eventually(t, "reporter's role with send-queue only", func() (bool, string) {
+		testenv.Eventually(t, "reporter's role with send-queue only", func() (bool, string) {
 			got := f.attached(reporterRole)
 			return slices.Equal(got, []string{sendARN}), fmt.Sprint(got)
 		})
@@ -258,7 +258,7 @@ func testCompat(t *testing.T, f *fixture) {
 			t.Errorf("IAM calls %v, want one attach and one detach", calls)
 		}
 		// The document went back to the original: one more version.
-		eventually(t, "read-reports back to s3:GetObject only", func() (bool, string) {
+		testenv.Eventually(t, "read-reports back to s3:GetObject only", func() (bool, string) {
 			d := f.defaultDocument(readARN)
 			return d != "" && !strings.Contains(d, "s3:ListBucket"), d
 		})
@@ -342,7 +342,7 @@ func testCompat(t *testing.T, f *fixture) {
 		read := &iamv1alpha1.IAMPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "read-reports"}}
 		read = waitCondition(t, f, read, ReasonInUse)
 		waitCompat(t, f, cm, "Pending", "IAMPolicy read-reports: InUse")
-		eventually(t, "uploader's role without read-reports", func() (bool, string) {
+		testenv.Eventually(t, "uploader's role without read-reports", func() (bool, string) {
 			got := f.attached(uploaderRole)
 			return slices.Equal(got, []string{sendARN}), fmt.Sprint(got)
 		})

@@ -14,13 +14,13 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws/retry"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	iamv1alpha1 "github.com/quartermaster-dev/quartermaster/api/iam/v1alpha1"
 	"github.com/quartermaster-dev/quartermaster/internal/cloud/aws/awsiam"
 	"github.com/quartermaster-dev/quartermaster/internal/irsa"
 	"github.com/quartermaster-dev/quartermaster/internal/testing/iamemulator"
+	"github.com/quartermaster-dev/quartermaster/internal/testing/testenv"
 )
 
 // answerDelay holds each IAM answer back for a while after the emulator has acted on the request,
@@ -65,17 +65,7 @@ func (f *fixture) slowFlakyClient() *awsiam.Client {
 // pollFast waits, checking every 2 ms, until cond holds: it catches the moment work is half done.
 func pollFast(t *testing.T, what string, cond func() (bool, string)) string {
 	t.Helper()
-	last := ""
-	err := wait.PollUntilContextTimeout(context.Background(), 2*time.Millisecond, 60*time.Second, true,
-		func(context.Context) (bool, error) {
-			ok, detail := cond()
-			last = detail
-			return ok, nil
-		})
-	if err != nil {
-		t.Fatalf("timed out waiting for %s (%s)", what, last)
-	}
-	return last
+	return testenv.Poll(t, what, 2*time.Millisecond, cond)
 }
 
 // faultsDocument is policy i's document: one bucket each, and an extra action once changed.

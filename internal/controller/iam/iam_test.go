@@ -410,7 +410,7 @@ func testDrift(t *testing.T, f *fixture) {
 
 	t.Run("a detached policy is re-attached", func(t *testing.T) {
 		must(t, f.aws.DetachPolicy(ctx, role, p.Status.ARN))
-		eventually(t, "re-attachment", func() (bool, string) {
+		testenv.Eventually(t, "re-attachment", func() (bool, string) {
 			r := f.role(role)
 			return r != nil && slices.Contains(r.AttachedPolicies, p.Status.ARN), ""
 		})
@@ -418,7 +418,7 @@ func testDrift(t *testing.T, f *fixture) {
 	t.Run("an edited document is restored", func(t *testing.T) {
 		_, err := f.aws.CreatePolicyVersion(ctx, p.Status.ARN, `{"Version":"2012-10-17","Statement":[{"Effect":"Allow","Action":"*","Resource":"*"}]}`)
 		must(t, err)
-		eventually(t, "the document restored", func() (bool, string) {
+		testenv.Eventually(t, "the document restored", func() (bool, string) {
 			for _, v := range f.awsPolicy(p.Status.ARN).Versions {
 				if v.IsDefault {
 					return strings.Contains(v.Document, "s3:GetObject"), v.Document
@@ -429,7 +429,7 @@ func testDrift(t *testing.T, f *fixture) {
 	})
 	t.Run("an edited trust policy is restored", func(t *testing.T) {
 		must(t, f.aws.UpdateTrustPolicy(ctx, role, `{"Version":"2012-10-17","Statement":[{"Effect":"Allow","Principal":{"AWS":"*"},"Action":"sts:AssumeRole"}]}`))
-		eventually(t, "the trust policy restored", func() (bool, string) {
+		testenv.Eventually(t, "the trust policy restored", func() (bool, string) {
 			d := f.role(role).AssumeRolePolicyDocument
 			return strings.Contains(d, "AssumeRoleWithWebIdentity"), d
 		})
@@ -439,7 +439,7 @@ func testDrift(t *testing.T, f *fixture) {
 			must(t, f.aws.DetachPolicy(ctx, role, arn))
 		}
 		must(t, f.aws.DeleteRole(ctx, role))
-		eventually(t, "the role re-created", func() (bool, string) {
+		testenv.Eventually(t, "the role re-created", func() (bool, string) {
 			r := f.role(role)
 			return r != nil && slices.Contains(r.AttachedPolicies, p.Status.ARN), ""
 		})
@@ -450,7 +450,7 @@ func testDrift(t *testing.T, f *fixture) {
 		orig := k8sSA.DeepCopy()
 		delete(k8sSA.Annotations, iamv1alpha1.AnnotationRoleARN)
 		must(t, f.c.Patch(ctx, k8sSA, client.MergeFrom(orig)))
-		eventually(t, "the annotation restored", func() (bool, string) {
+		testenv.Eventually(t, "the annotation restored", func() (bool, string) {
 			must(t, f.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "app"}, k8sSA))
 			return k8sSA.Annotations[iamv1alpha1.AnnotationRoleARN] == sa.Status.RoleARN, ""
 		})

@@ -3,6 +3,9 @@ package iam
 import (
 	"context"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
 	"k8s.io/apimachinery/pkg/api/equality"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -49,6 +52,31 @@ func (b *base) patchFinalizer(ctx context.Context, obj client.Object, add bool) 
 		return client.IgnoreNotFound(err)
 	}
 	return err
+}
+
+// reconcileObject is the skeleton both reconcilers share, for an object just read: deletion
+// (which may release the object), or the finalizer then sync; then the outcome into the
+// conditions and one status patch, only when the status changed.
+func (b *base) reconcileObject(ctx context.Context, obj client.Object, conds *[]metav1.Condition, observedGeneration *int64,
+	deleteObject func() (outcome, bool), sync func() outcome) (reconcile.Result, error) {
+	before := obj.DeepCopyObject().(client.Object)
+	var o outcome
+	if !obj.GetDeletionTimestamp().IsZero() {
+		var released bool
+		if o, released = deleteObject(); released {
+			return o.result()
+		}
+	} else if err := b.patchFinalizer(ctx, obj, true); err != nil {
+		return reconcile.Result{}, err
+	} else {
+		o = sync()
+	}
+	*observedGeneration = obj.GetGeneration()
+	setConditions(b.recorder, obj, conds, obj.GetGeneration(), o)
+	if err := b.patchStatus(ctx, obj, before); err != nil {
+		return reconcile.Result{}, err
+	}
+	return o.result()
 }
 
 // patchStatus writes obj's status once, and only when it changed from before's.

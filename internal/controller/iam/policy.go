@@ -65,24 +65,9 @@ func (r *PolicyReconciler) Reconcile(ctx context.Context, req reconcile.Request)
 	if err := r.client.Get(ctx, req.NamespacedName, p); err != nil {
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
-	before := p.DeepCopy()
-	var o outcome
-	if !p.DeletionTimestamp.IsZero() {
-		var released bool
-		if o, released = r.delete(ctx, p); released {
-			return o.result()
-		}
-	} else if err := r.addFinalizer(ctx, p); err != nil {
-		return reconcile.Result{}, err
-	} else {
-		o = r.sync(ctx, p)
-	}
-	p.Status.ObservedGeneration = p.Generation
-	setConditions(r.recorder, p, &p.Status.Conditions, p.Generation, o)
-	if err := r.patchStatus(ctx, p, before); err != nil {
-		return reconcile.Result{}, err
-	}
-	return o.result()
+	return r.reconcileObject(ctx, p, &p.Status.Conditions, &p.Status.ObservedGeneration,
+		func() (outcome, bool) { return r.delete(ctx, p) },
+		func() outcome { return r.sync(ctx, p) })
 }
 
 // policyARN is the ARN the policy has (or will have) in AWS: names are unique per account, the
@@ -260,10 +245,6 @@ func (r *PolicyReconciler) usersOf(ctx context.Context, p *iamv1alpha1.IAMPolicy
 	}
 	slices.Sort(names)
 	return names, nil
-}
-
-func (r *PolicyReconciler) addFinalizer(ctx context.Context, p *iamv1alpha1.IAMPolicy) error {
-	return r.patchFinalizer(ctx, p, true)
 }
 
 func (r *PolicyReconciler) release(ctx context.Context, p *iamv1alpha1.IAMPolicy) (outcome, bool) {

@@ -78,24 +78,9 @@ func (r *ServiceAccountReconciler) Reconcile(ctx context.Context, req reconcile.
 	if err := r.client.Get(ctx, req.NamespacedName, sa); err != nil {
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
-	before := sa.DeepCopy()
-	var o outcome
-	if !sa.DeletionTimestamp.IsZero() {
-		var released bool
-		if o, released = r.delete(ctx, sa); released {
-			return o.result()
-		}
-	} else if err := r.patchFinalizer(ctx, sa, true); err != nil {
-		return reconcile.Result{}, err
-	} else {
-		o = r.sync(ctx, sa)
-	}
-	sa.Status.ObservedGeneration = sa.Generation
-	setConditions(r.recorder, sa, &sa.Status.Conditions, sa.Generation, o)
-	if err := r.patchStatus(ctx, sa, before); err != nil {
-		return reconcile.Result{}, err
-	}
-	return o.result()
+	return r.reconcileObject(ctx, sa, &sa.Status.Conditions, &sa.Status.ObservedGeneration,
+		func() (outcome, bool) { return r.delete(ctx, sa) },
+		func() outcome { return r.sync(ctx, sa) })
 }
 
 // desiredPolicies resolves spec.policies to ARNs; the names whose IAMPolicy has no ARN yet are

@@ -14,7 +14,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -174,7 +173,7 @@ func waitReady[T client.Object](t *testing.T, f *fixture, obj T) T {
 func waitCondition[T client.Object](t *testing.T, f *fixture, obj T, reason string) T {
 	t.Helper()
 	key := client.ObjectKeyFromObject(obj)
-	eventually(t, fmt.Sprintf("%T %s Ready reason %s", obj, key, reason), func() (bool, string) {
+	testenv.Eventually(t, fmt.Sprintf("%T %s Ready reason %s", obj, key, reason), func() (bool, string) {
 		if err := f.c.Get(context.Background(), key, obj); err != nil {
 			return false, err.Error()
 		}
@@ -190,9 +189,9 @@ func waitCondition[T client.Object](t *testing.T, f *fixture, obj T, reason stri
 // waitGone waits until the object is deleted.
 func (f *fixture) waitGone(t *testing.T, obj client.Object) {
 	t.Helper()
-	eventually(t, fmt.Sprintf("%T %s to be gone", obj, obj.GetName()), func() (bool, string) {
+	testenv.Eventually(t, fmt.Sprintf("%T %s to be gone", obj, obj.GetName()), func() (bool, string) {
 		err := f.c.Get(context.Background(), client.ObjectKeyFromObject(obj), obj)
-		return client.IgnoreNotFound(err) == nil && err != nil, errString(err)
+		return client.IgnoreNotFound(err) == nil && err != nil, testenv.ErrString(err)
 	})
 }
 
@@ -214,27 +213,6 @@ func (f *fixture) awsPolicy(arn string) *iamemulator.PolicyState {
 	return nil
 }
 
-func eventually(t *testing.T, what string, cond func() (bool, string)) {
-	t.Helper()
-	last := ""
-	err := wait.PollUntilContextTimeout(context.Background(), 50*time.Millisecond, 60*time.Second, true,
-		func(context.Context) (bool, error) {
-			ok, detail := cond()
-			last = detail
-			return ok, nil
-		})
-	if err != nil {
-		t.Fatalf("timed out waiting for %s (%s)", what, last)
-	}
-}
-
-func errString(err error) string {
-	if err == nil {
-		return ""
-	}
-	return err.Error()
-}
-
 func must(t *testing.T, err error) {
 	t.Helper()
 	if err != nil {
@@ -245,13 +223,13 @@ func must(t *testing.T, err error) {
 // update changes an object, retrying on conflicts.
 func update[T client.Object](t *testing.T, f *fixture, obj T, change func(T)) {
 	t.Helper()
-	eventually(t, "updating "+obj.GetName(), func() (bool, string) {
+	testenv.Eventually(t, "updating "+obj.GetName(), func() (bool, string) {
 		if err := f.c.Get(context.Background(), client.ObjectKeyFromObject(obj), obj); err != nil {
 			return false, err.Error()
 		}
 		change(obj)
 		err := f.c.Update(context.Background(), obj)
-		return err == nil, errString(err)
+		return err == nil, testenv.ErrString(err)
 	})
 }
 

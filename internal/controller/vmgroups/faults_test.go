@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/quartermaster-dev/quartermaster/internal/testing/testenv"
+
 	"github.com/vmware/govmomi/vim25/methods"
 	"github.com/vmware/govmomi/vim25/soap"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -29,7 +31,7 @@ func testInjectedFaults(t *testing.T, f *fixture) {
 	// carried out), while the group's 8 VMs are made.
 	f.faults.Set(&vsimtest.Rule{Kinds: []vsimtest.Kind{vsimtest.SOAPFault, vsimtest.Reset}, Fraction: 0.25})
 	vg := f.group(t, ns, name, 8, 1, 1, "tmpl-a")
-	eventually(t, "the faults reported", func() (bool, string) {
+	testenv.Eventually(t, "the faults reported", func() (bool, string) {
 		reasons := f.warnings(t, vg)
 		return f.faults.Injected() >= 6 && (slices.Contains(reasons, "VCenterError") || slices.Contains(reasons, "VCenterUnreachable")),
 			fmt.Sprintf("%d faults, Warning Events %v", f.faults.Injected(), reasons)
@@ -50,7 +52,7 @@ func testInjectedFaults(t *testing.T, f *fixture) {
 	begin := time.Now()
 	f.update(t, ns, name, func(s *computev1alpha1.VmGroupSpec) { s.Replicas = ptr.To[int32](10) })
 	f.waitFailing(t, ns, name, "VCenterError", vsimtest.InjectedMessage)
-	eventually(t, "three attempts", func() (bool, string) { return f.faults.Injected() >= 3, fmt.Sprint(f.faults.Injected()) })
+	testenv.Eventually(t, "three attempts", func() (bool, string) { return f.faults.Injected() >= 3, fmt.Sprint(f.faults.Injected()) })
 	// The backoff doubles from 1 s: n attempts take at least 2^(n-1)-1 s, plus one resync that was
 	// already due. A hot loop would make hundreds.
 	attempts, elapsed := f.faults.Injected(), time.Since(begin)
@@ -77,7 +79,7 @@ func testInjectedFaults(t *testing.T, f *fixture) {
 // reason, Reconciling (retried with backoff), not Stalled (no person needed).
 func (f *fixture) waitFailing(t *testing.T, ns, name, reason, message string) {
 	t.Helper()
-	eventually(t, name+" "+reason, func() (bool, string) {
+	testenv.Eventually(t, name+" "+reason, func() (bool, string) {
 		vg := f.get(t, ns, name)
 		st := vg.Status
 		ready := meta.FindStatusCondition(st.Conditions, computev1alpha1.ConditionReady)

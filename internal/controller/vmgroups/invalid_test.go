@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/quartermaster-dev/quartermaster/internal/testing/testenv"
+
 	"k8s.io/apimachinery/pkg/api/meta"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -19,7 +21,7 @@ func testPlacementInvalid(t *testing.T, f *fixture) {
 	f.namespace(t, "t-inv")
 	f.sim.AddVM(t, "/DC0/vm", "t-inv-x")
 	vg := f.group(t, "t-inv", "x", 1, 1, 1, "tmpl-a")
-	eventually(t, "the Error phase", func() (bool, string) {
+	testenv.Eventually(t, "the Error phase", func() (bool, string) {
 		vg = f.get(t, "t-inv", "x")
 		ready := meta.FindStatusCondition(vg.Status.Conditions, computev1alpha1.ConditionReady)
 		return vg.Status.Phase == computev1alpha1.PhaseError && ready != nil && ready.Reason == "PlacementInvalid" &&

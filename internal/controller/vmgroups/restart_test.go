@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/quartermaster-dev/quartermaster/internal/testing/testenv"
+
 	"k8s.io/utils/ptr"
 
 	computev1alpha1 "github.com/quartermaster-dev/quartermaster/api/compute/v1alpha1"
@@ -22,7 +24,7 @@ func testRestartMidScale(t *testing.T, f *fixture) {
 	clones := f.calls.Calls()["CloneVM_Task"]
 	f.faults.Set(&vsimtest.Rule{Kinds: []vsimtest.Kind{vsimtest.Hold}, Methods: []string{"CloneVM_Task"}, After: 4, Fraction: 1})
 	f.group(t, ns, name, 12, 1, 1, "tmpl-a")
-	eventually(t, "the second batch carried out, unanswered", func() (bool, string) {
+	testenv.Eventually(t, "the second batch carried out, unanswered", func() (bool, string) {
 		return f.faults.Injected() == 4, fmt.Sprintf("%d held", f.faults.Injected())
 	})
 	t.Logf("manager stopped with %d VMs in the folder, 4 of them unknown to it", len(f.sim.Contents(t, folder)))
@@ -39,7 +41,7 @@ func testRestartMidScale(t *testing.T, f *fixture) {
 	// manager stops.
 	f.faults.Set(&vsimtest.Rule{Kinds: []vsimtest.Kind{vsimtest.Hold}, Methods: []string{"Destroy_Task"}, After: 4, Fraction: 1})
 	f.update(t, ns, name, func(s *computev1alpha1.VmGroupSpec) { s.Replicas = ptr.To[int32](2) })
-	eventually(t, "four destroys carried out, unanswered", func() (bool, string) {
+	testenv.Eventually(t, "four destroys carried out, unanswered", func() (bool, string) {
 		return f.faults.Injected() == 4, fmt.Sprintf("%d held", f.faults.Injected())
 	})
 	t.Logf("manager stopped with %d VMs in the folder", len(f.sim.Contents(t, folder)))

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/quartermaster-dev/quartermaster/internal/testing/testenv"
+
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -32,7 +34,7 @@ func testSecretWatched(t *testing.T, f *fixture) {
 	defer f.restart(t, nil) // later steps expect the usual periods
 	// The new manager reconciles every group once as it starts (one folder lookup each); the
 	// Secret changes only after that.
-	eventually(t, "every group reconciled", func() (bool, string) {
+	testenv.Eventually(t, "every group reconciled", func() (bool, string) {
 		n := f.calls.Calls()["FindByInventoryPath"]
 		return n >= len(groups.Items), fmt.Sprintf("%d of %d", n, len(groups.Items))
 	})
@@ -62,7 +64,7 @@ func testSecretWatched(t *testing.T, f *fixture) {
 	}
 	rotate("not-the-password")
 	for _, vg := range groups.Items {
-		eventually(t, vg.Name+" in "+vg.Namespace+" refused", func() (bool, string) {
+		testenv.Eventually(t, vg.Name+" in "+vg.Namespace+" refused", func() (bool, string) {
 			st := f.get(t, vg.Namespace, vg.Name).Status
 			ready := meta.FindStatusCondition(st.Conditions, computev1alpha1.ConditionReady)
 			return ready != nil && ready.Reason == "LoginFailed", st.LastMessage

@@ -11,7 +11,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -196,11 +195,11 @@ func (f *fixture) get(t *testing.T, ns, name string) *computev1alpha1.VmGroup {
 // update changes a VmGroup's spec, retrying on conflicts.
 func (f *fixture) update(t *testing.T, ns, name string, change func(*computev1alpha1.VmGroupSpec)) {
 	t.Helper()
-	eventually(t, "updating "+name, func() (bool, string) {
+	testenv.Eventually(t, "updating "+name, func() (bool, string) {
 		vg := f.get(t, ns, name)
 		change(&vg.Spec)
 		err := f.c.Update(context.Background(), vg)
-		return err == nil, errString(err)
+		return err == nil, testenv.ErrString(err)
 	})
 }
 
@@ -208,7 +207,7 @@ func (f *fixture) update(t *testing.T, ns, name string, change func(*computev1al
 func (f *fixture) waitRunning(t *testing.T, ns, name string, n int32) *computev1alpha1.VmGroup {
 	t.Helper()
 	var vg *computev1alpha1.VmGroup
-	eventually(t, fmt.Sprintf("%s to run %d VMs", name, n), func() (bool, string) {
+	testenv.Eventually(t, fmt.Sprintf("%s to run %d VMs", name, n), func() (bool, string) {
 		vg = f.get(t, ns, name)
 		st := vg.Status
 		return st.Phase == computev1alpha1.PhaseRunning && st.CurrentReplicas == n && st.ReadyReplicas == n &&
@@ -227,27 +226,6 @@ func (f *fixture) events(t *testing.T, obj client.Object) []eventsv1.Event {
 func (f *fixture) waitEvent(t *testing.T, obj client.Object, reason string) eventsv1.Event {
 	t.Helper()
 	return testenv.WaitForEvent(t, f.c, obj, reason)
-}
-
-func eventually(t *testing.T, what string, cond func() (bool, string)) {
-	t.Helper()
-	last := ""
-	err := wait.PollUntilContextTimeout(context.Background(), 50*time.Millisecond, 60*time.Second, true,
-		func(context.Context) (bool, error) {
-			ok, detail := cond()
-			last = detail
-			return ok, nil
-		})
-	if err != nil {
-		t.Fatalf("timed out waiting for %s (%s)", what, last)
-	}
-}
-
-func errString(err error) string {
-	if err == nil {
-		return ""
-	}
-	return err.Error()
 }
 
 func must(t *testing.T, err error) {

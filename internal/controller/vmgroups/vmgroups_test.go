@@ -282,7 +282,7 @@ func testRolling(t *testing.T, f *fixture) {
 
 	watch := watchAvailability(f, folder, names)
 	f.update(t, "t-roll", "app", func(s *computev1alpha1.VmGroupSpec) { s.CPU, s.Memory = 2, 3 })
-	eventually(t, "every VM reconfigured", func() (bool, string) {
+	testenv.Eventually(t, "every VM reconfigured", func() (bool, string) {
 		vms, err := f.sim.ListVMs(context.Background(), folder)
 		if err != nil {
 			return false, err.Error()
@@ -312,7 +312,7 @@ func testRolling(t *testing.T, f *fixture) {
 
 	watch = watchAvailability(f, folder, names)
 	f.update(t, "t-roll", "app", func(s *computev1alpha1.VmGroupSpec) { s.Template = "tmpl-b" })
-	eventually(t, "every VM replaced", func() (bool, string) {
+	testenv.Eventually(t, "every VM replaced", func() (bool, string) {
 		vms, err := f.sim.ListVMs(context.Background(), folder)
 		if err != nil {
 			return false, err.Error()
@@ -346,7 +346,7 @@ func testDrift(t *testing.T, f *fixture) {
 	folder := "/DC0/vm/t-drift-db"
 
 	f.sim.PowerOff(t, folder+"/db-1")
-	eventually(t, "db-1 powered on again", func() (bool, string) {
+	testenv.Eventually(t, "db-1 powered on again", func() (bool, string) {
 		vms, _ := f.sim.ListVMs(context.Background(), folder)
 		vm := vms["db-1"]
 		return vm.PowerState == "poweredOn", string(vm.PowerState)
@@ -354,7 +354,7 @@ func testDrift(t *testing.T, f *fixture) {
 	f.waitEvent(t, vg, "VMsPoweredOn")
 
 	f.sim.Destroy(t, folder+"/db-2")
-	eventually(t, "db-2 re-created", func() (bool, string) {
+	testenv.Eventually(t, "db-2 re-created", func() (bool, string) {
 		vms, _ := f.sim.ListVMs(context.Background(), folder)
 		return vms["db-2"].PowerState == "poweredOn", keys(vms)
 	})
@@ -362,7 +362,7 @@ func testDrift(t *testing.T, f *fixture) {
 	// VMs someone else put in the folder are reported and left alone; their names are not reused.
 	f.sim.AddVM(t, folder, "hand-made")
 	f.sim.AddVM(t, folder, "db-4")
-	eventually(t, "the hand-made VMs reported", func() (bool, string) {
+	testenv.Eventually(t, "the hand-made VMs reported", func() (bool, string) {
 		st := f.get(t, "t-drift", "db").Status
 		return strings.Join(st.UnmanagedVMs, ",") == "db-4,hand-made" && strings.Contains(st.LastMessage, "not created by Quartermaster"),
 			st.LastMessage
@@ -380,9 +380,9 @@ func testDrift(t *testing.T, f *fixture) {
 
 	// Deleting the group keeps the hand-made VMs and so the folder.
 	must(t, f.c.Delete(ctx, vg))
-	eventually(t, "the VmGroup gone", func() (bool, string) {
+	testenv.Eventually(t, "the VmGroup gone", func() (bool, string) {
 		err := f.c.Get(ctx, client.ObjectKeyFromObject(vg), &computev1alpha1.VmGroup{})
-		return apierrors.IsNotFound(err), errString(err)
+		return apierrors.IsNotFound(err), testenv.ErrString(err)
 	})
 	if got := keys(f.sim.VMs(t, folder)); got != "db-4,hand-made" {
 		t.Errorf("VMs left in the folder: %s, want only the hand-made ones", got)
@@ -396,9 +396,9 @@ func testDeletion(t *testing.T, f *fixture) {
 	// One VM already gone out of band is not an error.
 	f.sim.Destroy(t, "/DC0/vm/t-roll-app/app-0")
 	must(t, f.c.Delete(ctx, vg))
-	eventually(t, "the VmGroup gone", func() (bool, string) {
+	testenv.Eventually(t, "the VmGroup gone", func() (bool, string) {
 		err := f.c.Get(ctx, client.ObjectKeyFromObject(vg), &computev1alpha1.VmGroup{})
-		return apierrors.IsNotFound(err), errString(err)
+		return apierrors.IsNotFound(err), testenv.ErrString(err)
 	})
 	if f.sim.Exists(t, "/DC0/vm/t-roll-app") {
 		t.Errorf("folder left behind with %s", keys(f.sim.VMs(t, "/DC0/vm/t-roll-app")))
@@ -409,7 +409,7 @@ func testTemplateAppears(t *testing.T, f *fixture) {
 	ctx := context.Background()
 	f.namespace(t, "t-late")
 	vg := f.group(t, "t-late", "late", 2, 1, 1, "tmpl-late")
-	eventually(t, "the Error phase", func() (bool, string) {
+	testenv.Eventually(t, "the Error phase", func() (bool, string) {
 		vg = f.get(t, "t-late", "late")
 		ready := meta.FindStatusCondition(vg.Status.Conditions, computev1alpha1.ConditionReady)
 		return vg.Status.Phase == computev1alpha1.PhaseError && ready != nil && ready.Status == "False" &&
@@ -441,7 +441,7 @@ func testNewerSpecWins(t *testing.T, f *fixture) {
 	before := f.calls.Calls()["CloneVM_Task"]
 
 	f.update(t, "t-burst", "burst", func(s *computev1alpha1.VmGroupSpec) { s.Replicas = ptr.To[int32](20) })
-	eventually(t, "the first batch", func() (bool, string) {
+	testenv.Eventually(t, "the first batch", func() (bool, string) {
 		n := f.calls.Calls()["CloneVM_Task"] - before
 		return n > 0, fmt.Sprint(n)
 	})

@@ -78,3 +78,34 @@ func WaitForEvent(t testing.TB, c client.Client, obj client.Object, reason strin
 	}
 	return found
 }
+
+// Poll checks cond every interval until it holds, and fails the test with what and cond's last
+// detail when a minute passes first. It returns the last detail.
+func Poll(t testing.TB, what string, every time.Duration, cond func() (ok bool, detail string)) string {
+	t.Helper()
+	last := ""
+	err := wait.PollUntilContextTimeout(context.Background(), every, time.Minute, true,
+		func(context.Context) (bool, error) {
+			ok, detail := cond()
+			last = detail
+			return ok, nil
+		})
+	if err != nil {
+		t.Fatalf("timed out waiting for %s (%s)", what, last)
+	}
+	return last
+}
+
+// Eventually is Poll every 50 ms.
+func Eventually(t testing.TB, what string, cond func() (ok bool, detail string)) {
+	t.Helper()
+	Poll(t, what, 50*time.Millisecond, cond)
+}
+
+// ErrString is err's message, or "" for nil: a detail for Poll.
+func ErrString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
