@@ -65,5 +65,5 @@ func fingerprint(c Credentials) [32]byte {
 	if c.Server != nil {
 		server = c.Server.String()
 	}
-	return sha256.Sum256(fmt.Appendf(nil, "%q\x00%q\x00%q\x00%t", server, c.User, c.Password, c.Insecure))
+	return sha256.Sum256(fmt.Appendf(nil, "%q\x00%q\x00%q\x00%t\x00%q", server, c.User, c.Password, c.Insecure, c.CAPEM))
 }

@@ -2,6 +2,7 @@ package vsphere_test
 
 import (
 	"context"
+	"encoding/pem"
 	"errors"
 	"net/url"
 	"strings"
@@ -276,5 +277,25 @@ func TestLoginErrorsHideCredentials(t *testing.T) {
 	creds.Server = &url.URL{Scheme: "https", Host: "127.0.0.1:1", Path: "/sdk"}
 	if _, err := vsphere.Login(ctx, creds, nil); err == nil {
 		t.Error("login to a closed port succeeded")
+	}
+}
+
+// TestLoginWithCABundle: a CA bundle verifies vCenter's self-signed certificate instead of
+// skipping the check; a bundle without a certificate is refused before any connection.
+func TestLoginWithCABundle(t *testing.T) {
+	sim := vsimtest.Start(t)
+	ctx := context.Background()
+	creds := sim.Credentials()
+	creds.Insecure = false
+	creds.CAPEM = pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: sim.Server.Certificate().Raw})
+	c, err := vsphere.Login(ctx, creds, sim.Wrap)
+	if err != nil {
+		t.Fatalf("login verified by the CA bundle: %v", err)
+	}
+	_ = c.Logout(ctx)
+
+	creds.CAPEM = []byte("not a certificate")
+	if _, err := vsphere.Login(ctx, creds, nil); err == nil || !strings.Contains(err.Error(), "no PEM certificate") {
+		t.Errorf("a bundle without certificates: %v", err)
 	}
 }

@@ -17,6 +17,8 @@ const (
 	keyHost = "VC_HOST"
 	keyUser = "VC_USER"
 	keyPass = "VC_PASS"
+	// keyCA optionally holds the PEM CA bundle vCenter's certificate is verified against.
+	keyCA = "VC_CA"
 )
 
 // credentials reads the vCenter Secret (from its own cache: a rotated Secret is picked up at once,
@@ -48,6 +50,7 @@ func (r *Reconciler) credentials(ctx context.Context) (vcenter.Credentials, erro
 		// Only a trailing newline is trimmed (files made with echo): a password may end with spaces.
 		Password: strings.TrimRight(string(s.Data[keyPass]), "\r\n"),
 		Insecure: r.Insecure,
+		CAPEM:    s.Data[keyCA],
 	}, nil
 }
 
