@@ -36,7 +36,7 @@ type Options struct {
 // AddFlags registers the controller's flags on fs.
 func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.Secret, "vsphere-secret", "",
-		"Secret (namespace/name) with the vCenter connection: VC_HOST (host, host:port or URL), VC_USER, VC_PASS. The vmgroups controller is off without it.")
+		"Secret (namespace/name) with the vCenter connection: VC_HOST (host, host:port or URL), VC_USER, VC_PASS, optionally VC_CA (PEM CA bundle). The vmgroups controller is off without it.")
 	fs.BoolVar(&o.Insecure, "vsphere-insecure", false, "Do not verify vCenter's TLS certificate (self-signed certificates).")
 	fs.IntVar(&o.CloneConcurrency, "vsphere-clone-concurrency", 4,
 		"Clones running at once (across all VmGroups); also the most VMs one reconcile clones before it reads the spec again.")
