@@ -4,8 +4,9 @@
 #   up:   build what is missing, start the local cluster "quartermaster", install CRDs and RBAC
 #         (config/local), run the manager as a local process authenticated as its own
 #         ServiceAccount (bound to the generated ClusterRole, not admin), apply config/samples,
-#         wait for them, and print every Quartermaster kind with its status.
-#   down: stop the manager and delete the cluster.
+#         wait for them, and print every Quartermaster kind with its status. AWS IAM is the
+#         project's IAM emulator (cmd/iam-emulator), vCenter the vSphere simulator (cmd/vcenter-sim).
+#   down: stop the manager and the simulators, and delete the cluster.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -34,6 +35,7 @@ case "${1:-up}" in
 down)
 	stop_pid manager
 	stop_pid vcenter-sim
+	stop_pid iam-emulator
 	"${here}/cluster.sh" down "${cluster}"
 	rm -rf "${state}"
 	exit 0
@@ -52,9 +54,10 @@ log "installing CRDs, RBAC and the namespace (config/local)"
 kubectl apply --server-side --force-conflicts -k config/local >/dev/null
 kubectl wait --for=condition=Established crd -l app.kubernetes.io/part-of=quartermaster --timeout=60s >/dev/null 2>&1 || true
 
-log "building the manager and the development vCenter"
+log "building the manager, the development vCenter and the IAM emulator"
 go build -o bin/quartermaster ./cmd/quartermaster
 go build -o bin/vcenter-sim ./cmd/vcenter-sim
+go build -o bin/iam-emulator ./cmd/iam-emulator
 
 # A development vCenter (govmomi's simulator with a template) for the vmgroups controller; its
 # connection goes into the Secret the manager is pointed at with --vsphere-secret.
@@ -66,6 +69,21 @@ for _ in $(seq 100); do [[ -s "${state}/vcenter.env" ]] && break; sleep 0.1; don
 [[ -s "${state}/vcenter.env" ]] || { log "the development vCenter did not start:"; cat "${state}/vcenter-sim.log" >&2; exit 1; }
 kubectl -n quartermaster-system create secret generic vcenter --from-env-file="${state}/vcenter.env" \
 	--dry-run=client -o yaml | kubectl apply --server-side --force-conflicts -f - >/dev/null
+
+# AWS IAM for the iam controller: the emulator on a free port, which it logs. The manager's AWS
+# SDK finds it through the standard AWS_ENDPOINT_URL_IAM / AWS_ENDPOINT_URL_STS variables and
+# signs with dummy keys (the emulator accepts any signature).
+stop_pid iam-emulator
+nohup "${root}/bin/iam-emulator" --listen 127.0.0.1:0 >"${state}/iam-emulator.log" 2>&1 &
+echo $! >"${state}/iam-emulator.pid"
+iam_url=""
+for _ in $(seq 100); do
+	iam_url="$(grep -o 'listening on http://[^ ]*' "${state}/iam-emulator.log" | head -n1 | cut -d' ' -f3 || true)"
+	[[ -n "${iam_url}" ]] && break
+	sleep 0.1
+done
+[[ -n "${iam_url}" ]] || { log "the IAM emulator did not start:"; cat "${state}/iam-emulator.log" >&2; exit 1; }
+echo "${iam_url}" >"${state}/iam-emulator.url"
 
 # The manager authenticates with a token of its own ServiceAccount, so it runs with exactly the
 # permissions the generated ClusterRole gives it in a real cluster.
@@ -82,11 +100,15 @@ mk config use-context manager
 
 stop_pid manager
 log "starting the manager (logs: ${state}/manager.log)"
-nohup "${root}/bin/quartermaster" --kubeconfig="${manager_kubeconfig}" \
+AWS_ENDPOINT_URL_IAM="${iam_url}" AWS_ENDPOINT_URL_STS="${iam_url}" AWS_REGION=us-east-1 \
+	AWS_ACCESS_KEY_ID=AKIDDEMOEXAMPLE AWS_SECRET_ACCESS_KEY=demo-not-a-secret AWS_EC2_METADATA_DISABLED=true \
+	nohup "${root}/bin/quartermaster" --kubeconfig="${manager_kubeconfig}" \
 	--leader-elect --leader-election-namespace=quartermaster-system \
 	--health-probe-bind-address="${probe_addr}" --metrics-bind-address="${metrics_addr}" \
 	--namespace-defaults="${root}/config/manager/namespace-defaults.yaml" \
 	--vsphere-secret=quartermaster-system/vcenter --vsphere-insecure \
+	--cluster-name=demo --oidc-issuer=https://oidc.eks.us-east-1.amazonaws.com/id/DEMO \
+	--allowed-policy-arns='arn:aws:iam::aws:policy/ReadOnlyAccess' \
 	${QM_DEMO_ARGS:-} >"${state}/manager.log" 2>&1 &
 echo $! >"${state}/manager.pid"
 for i in $(seq 100); do
@@ -139,6 +161,15 @@ echo; kubectl -n namespace-requests get secrets -l quartermaster.dev/managed-by=
 for kind in ${kinds}; do
 	echo; echo "--- ${kind}"; kubectl get "${kind}" -A
 done
+if kubectl -n default get iamserviceaccount reports >/dev/null 2>&1; then
+	echo; echo "--- IAM role of ServiceAccount default/reports (AWS: the IAM emulator at ${iam_url})"
+	kubectl -n default get iamserviceaccount reports -o wide
+	echo; kubectl -n default get serviceaccount reports -o yaml | sed -n '/^metadata:/,/^  name:/p'
+	echo "in AWS:"
+	curl -fsS "${iam_url}/_emulator/state" | jq -r --arg role "$(kubectl -n default get iamserviceaccount reports -o jsonpath='{.status.roleName}')" \
+		'.roles[] | select(.name == $role) | "  role \(.arn)\n    trusts \(.assumeRolePolicyDocument | fromjson | .Statement[0].Condition.StringEquals | to_entries | map(select(.key | endswith(":sub"))) | .[0].value)\n    policies \(.attachedPolicies | join(", "))"' ||
+		log "could not read the IAM emulator's state"
+fi
 if kubectl -n namespace-requests get secret demo-ci-branch >/dev/null 2>&1; then
 	kubectl -n namespace-requests get secret demo-ci-branch -o jsonpath='{.data.kubeconfig}' | base64 -d >"${state}/demo-ci-branch.kubeconfig"
 	echo; echo "the handed-out kubeconfig authenticates as: $("${bin_dir}/kubectl" --kubeconfig "${state}/demo-ci-branch.kubeconfig" auth whoami -o jsonpath='{.status.userInfo.username}')"
