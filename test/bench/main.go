@@ -50,6 +50,7 @@ var cases = []benchCase{
 	{name: "floor/bare-client-writes", run: floorWrites},
 	{name: "namespaces/1000-requests", run: namespacesBench},
 	{name: "vmgroups/50-replicas", run: vmgroupsBench},
+	{name: "iam/500-serviceaccounts", run: iamBench},
 }
 
 func main() {
