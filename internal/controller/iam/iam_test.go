@@ -31,6 +31,7 @@ func TestIAM(t *testing.T) {
 	t.Run("created service account", func(t *testing.T) { testCreatedServiceAccount(t, f) })
 	t.Run("errors", func(t *testing.T) { testErrors(t, f) })
 	t.Run("retain", func(t *testing.T) { testRetain(t, f) })
+	t.Run("terminating namespace", func(t *testing.T) { testTerminatingNamespace(t, f) })
 	t.Run("configmap compat", func(t *testing.T) { testCompat(t, f) })
 	t.Run("drift", func(t *testing.T) { testDrift(t, f) })
 	t.Run("faults", func(t *testing.T) { testFaults(t, f) })

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -264,7 +265,10 @@ func (r *ServiceAccountReconciler) ensureServiceAccount(ctx context.Context, iam
 		if err := controllerutil.SetControllerReference(iamsa, sa, r.client.Scheme()); err != nil {
 			return &outcome{reason: ReasonAWSError, message: err.Error(), err: err}
 		}
-		if err := r.client.Create(ctx, sa); err != nil {
+		if err := r.client.Create(ctx, sa); apierrors.HasStatusCause(err, corev1.NamespaceTerminatingCause) {
+			// The namespace is going, and this object with it: nothing to create, nothing to retry fast.
+			return &outcome{reason: ReasonServiceAccountNotFound, retry: r.WaitRetry, message: "namespace " + key.Namespace + " is being deleted"}
+		} else if err != nil {
 			return &outcome{reason: ReasonServiceAccountConflict, message: "creating ServiceAccount " + key.Name + ": " + err.Error(), err: err}
 		}
 		r.recorder.Eventf(iamsa, nil, corev1.EventTypeNormal, "ServiceAccountCreated", "Create", "created ServiceAccount %s for role %s", key.Name, roleARN)

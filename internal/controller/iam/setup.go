@@ -123,10 +123,14 @@ func newBase(mgr ctrl.Manager, cfg config, api AWS) (*base, error) {
 	if _, _, err := mgr.GetScheme().ObjectKinds(&iamv1alpha1.IAMPolicy{}); err != nil {
 		return nil, errors.New("the manager's scheme lacks iam.quartermaster.dev/v1alpha1 (add iamv1alpha1.AddToScheme)")
 	}
+	recorder, err := newQuietRecorder(mgr, mgr.GetEventRecorder("quartermaster-iam"))
+	if err != nil {
+		return nil, err
+	}
 	return &base{
 		client:    mgr.GetClient(),
 		apiReader: mgr.GetAPIReader(),
-		recorder:  mgr.GetEventRecorder("quartermaster-iam"),
+		recorder:  recorder,
 		aws:       api,
 		cfg:       cfg,
 		SlowRetry: slowRetry,
