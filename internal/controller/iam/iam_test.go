@@ -161,6 +161,23 @@ func testServiceAccountLifecycle(t *testing.T, f *fixture) {
 		t.Errorf("ServiceAccount annotations = %v", k8sSA.Annotations)
 	}
 
+	t.Run("one Event says what the creation did", func(t *testing.T) {
+		var reasons []string
+		for _, e := range testenv.EventsAbout(t, f.c, sa) {
+			reasons = append(reasons, e.Reason)
+			if e.Reason == "RoleCreated" {
+				for _, part := range []string{"created IAM role " + wantRole, "attached ", "annotated ServiceAccount app"} {
+					if !strings.Contains(e.Note, part) {
+						t.Errorf("RoleCreated note %q lacks %q", e.Note, part)
+					}
+				}
+			}
+		}
+		if slices.Sort(reasons); !slices.Equal(reasons, []string{"RoleCreated"}) && !slices.Equal(reasons, []string{ReasonPolicyNotReady, "RoleCreated", "RoleUpdated"}) {
+			t.Errorf("Events %v, want RoleCreated alone (or with PolicyNotReady and RoleUpdated when the policies came later)", reasons)
+		}
+	})
+
 	t.Run("a reconcile of an unchanged role reads twice and writes nothing", func(t *testing.T) {
 		before := f.emu.State().Calls
 		r := f.standaloneServiceAccount(t)

@@ -104,7 +104,7 @@ func (r *PolicyReconciler) sync(ctx context.Context, p *iamv1alpha1.IAMPolicy) o
 		if err == nil {
 			r.recordPolicy(p, pol)
 			r.recorder.Eventf(p, nil, corev1.EventTypeNormal, "PolicyCreated", "Create", "created IAM policy %s", pol.ARN)
-			return synced("policy "+pol.ARN+" created", r.cfg.resync)
+			return announced(synced("policy "+pol.ARN+" created", r.cfg.resync))
 		}
 		if awsiam.IsAlreadyExists(err) {
 			// IAM is eventually consistent: look again before calling it someone else's. Names
@@ -147,7 +147,7 @@ func (r *PolicyReconciler) sync(ctx context.Context, p *iamv1alpha1.IAMPolicy) o
 	}
 	p.Status.DefaultVersionID = vid
 	r.recorder.Eventf(p, nil, corev1.EventTypeNormal, "PolicyUpdated", "Update", "IAM policy %s: new default version %s", arn, vid)
-	return synced("policy "+arn+" updated to "+vid, r.cfg.resync)
+	return announced(synced("policy "+arn+" updated to "+vid, r.cfg.resync))
 }
 
 func (r *PolicyReconciler) recordPolicy(p *iamv1alpha1.IAMPolicy, pol *awsiam.Policy) {

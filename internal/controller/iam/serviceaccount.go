@@ -120,19 +120,43 @@ func (r *ServiceAccountReconciler) sync(ctx context.Context, sa *iamv1alpha1.IAM
 		return outcome{reason: ReasonPolicyNotAllowed, stalled: true, message: fmt.Sprintf(
 			"managedPolicyArns not allowed by the operator (--allowed-policy-arns: %s): %s", allowed, strings.Join(notAllowed, ", "))}
 	}
+	var ch changes
+	o := r.apply(ctx, sa, &ch)
+	if len(ch.notes) > 0 {
+		reason := "RoleUpdated"
+		if ch.created {
+			reason = "RoleCreated"
+		}
+		r.recorder.Eventf(sa, nil, corev1.EventTypeNormal, reason, "Reconcile", "%s", strings.Join(ch.notes, "; "))
+		o.announced = true
+	}
+	return o
+}
+
+// changes collects what one reconcile changed, for one Event at its end (not one per step: Events
+// were most of the API writes).
+type changes struct {
+	created bool
+	notes   []string
+}
+
+func (c *changes) add(format string, args ...any) { c.notes = append(c.notes, fmt.Sprintf(format, args...)) }
+
+// apply creates or repairs the role, its attachments and the ServiceAccount, noting changes in ch.
+func (r *ServiceAccountReconciler) apply(ctx context.Context, sa *iamv1alpha1.IAMServiceAccount, ch *changes) outcome {
 	desired, pending, err := r.desiredPolicies(ctx, sa)
 	if err != nil {
 		return outcome{reason: ReasonAWSError, message: err.Error(), err: err}
 	}
-	role, o := r.ensureRole(ctx, sa)
+	role, o := r.ensureRole(ctx, sa, ch)
 	if role == nil {
 		return o
 	}
 	sa.Status.RoleName, sa.Status.RoleARN = role.Name, role.ARN
-	if o := r.ensureAttachments(ctx, sa, role.Name, desired); o != nil {
+	if o := r.ensureAttachments(ctx, sa, role.Name, desired, ch); o != nil {
 		return *o
 	}
-	if o := r.ensureServiceAccount(ctx, sa, role.ARN); o != nil {
+	if o := r.ensureServiceAccount(ctx, sa, role.ARN, ch); o != nil {
 		return *o
 	}
 	if len(pending) > 0 {
@@ -144,7 +168,7 @@ func (r *ServiceAccountReconciler) sync(ctx context.Context, sa *iamv1alpha1.IAM
 
 // ensureRole gets or creates the role and repairs its trust policy, session duration and
 // boundary. A nil role comes with the outcome that stopped it.
-func (r *ServiceAccountReconciler) ensureRole(ctx context.Context, sa *iamv1alpha1.IAMServiceAccount) (*awsiam.Role, outcome) {
+func (r *ServiceAccountReconciler) ensureRole(ctx context.Context, sa *iamv1alpha1.IAMServiceAccount, ch *changes) (*awsiam.Role, outcome) {
 	account, err := r.accountID(ctx)
 	if err != nil {
 		return nil, awsFailure(err, r.SlowRetry)
@@ -173,7 +197,8 @@ func (r *ServiceAccountReconciler) ensureRole(ctx context.Context, sa *iamv1alph
 			// IAM is eventually consistent: look again before calling it someone else's.
 			role, err = r.aws.GetRole(ctx, name)
 		} else if err == nil {
-			r.recorder.Eventf(sa, nil, corev1.EventTypeNormal, "RoleCreated", "Create", "created IAM role %s", role.ARN)
+			ch.created = true
+			ch.add("created IAM role %s", role.ARN)
 			return role, outcome{}
 		}
 	}
@@ -210,14 +235,14 @@ func (r *ServiceAccountReconciler) ensureRole(ctx context.Context, sa *iamv1alph
 		repaired = append(repaired, "permissions boundary")
 	}
 	if len(repaired) > 0 {
-		r.recorder.Eventf(sa, nil, corev1.EventTypeNormal, "RoleUpdated", "Update", "IAM role %s: set %s", role.ARN, strings.Join(repaired, ", "))
+		ch.add("IAM role %s: set %s", role.ARN, strings.Join(repaired, ", "))
 	}
 	return role, outcome{}
 }
 
 // ensureAttachments attaches and detaches only the difference between the role's policies and
 // the desired ones.
-func (r *ServiceAccountReconciler) ensureAttachments(ctx context.Context, sa *iamv1alpha1.IAMServiceAccount, role string, desired []string) *outcome {
+func (r *ServiceAccountReconciler) ensureAttachments(ctx context.Context, sa *iamv1alpha1.IAMServiceAccount, role string, desired []string, ch *changes) *outcome {
 	current, err := r.aws.ListAttachedPolicies(ctx, role)
 	if err != nil {
 		o := awsFailure(err, r.SlowRetry)
@@ -237,8 +262,7 @@ func (r *ServiceAccountReconciler) ensureAttachments(ctx context.Context, sa *ia
 		}
 	}
 	if len(attach)+len(detach) > 0 {
-		r.recorder.Eventf(sa, nil, corev1.EventTypeNormal, "PoliciesAttached", "Attach",
-			"IAM role %s: attached %d, detached %d policies", role, len(attach), len(detach))
+		ch.add("attached %d and detached %d policies", len(attach), len(detach))
 	}
 	sa.Status.AttachedPolicyArns = desired
 	return nil
@@ -251,7 +275,7 @@ const AnnotationOwner = "iam.quartermaster.dev/iamserviceaccount"
 // ensureServiceAccount creates (createServiceAccount) or annotates the ServiceAccount with the
 // role's ARN. ServiceAccounts are read from the API server: they are few reads, and the shared
 // cache may be narrowed to another controller's ServiceAccounts.
-func (r *ServiceAccountReconciler) ensureServiceAccount(ctx context.Context, iamsa *iamv1alpha1.IAMServiceAccount, roleARN string) *outcome {
+func (r *ServiceAccountReconciler) ensureServiceAccount(ctx context.Context, iamsa *iamv1alpha1.IAMServiceAccount, roleARN string, ch *changes) *outcome {
 	key := client.ObjectKey{Namespace: iamsa.Namespace, Name: iamsa.Spec.ServiceAccountName}
 	sa := &corev1.ServiceAccount{}
 	err := r.apiReader.Get(ctx, key, sa)
@@ -271,7 +295,7 @@ func (r *ServiceAccountReconciler) ensureServiceAccount(ctx context.Context, iam
 		} else if err != nil {
 			return &outcome{reason: ReasonServiceAccountConflict, message: "creating ServiceAccount " + key.Name + ": " + err.Error(), err: err}
 		}
-		r.recorder.Eventf(iamsa, nil, corev1.EventTypeNormal, "ServiceAccountCreated", "Create", "created ServiceAccount %s for role %s", key.Name, roleARN)
+		ch.add("created ServiceAccount %s", key.Name)
 		return nil
 	case err != nil:
 		return &outcome{reason: ReasonServiceAccountNotFound, retry: r.WaitRetry, message: fmt.Sprintf(
@@ -298,7 +322,7 @@ func (r *ServiceAccountReconciler) ensureServiceAccount(ctx context.Context, iam
 	if err := r.client.Patch(ctx, sa, client.MergeFrom(orig)); err != nil {
 		return &outcome{reason: ReasonAWSError, message: "annotating ServiceAccount " + key.Name + ": " + err.Error(), err: err}
 	}
-	r.recorder.Eventf(iamsa, nil, corev1.EventTypeNormal, "ServiceAccountAnnotated", "Annotate", "ServiceAccount %s annotated with role %s", key.Name, roleARN)
+	ch.add("annotated ServiceAccount %s", key.Name)
 	return nil
 }
 

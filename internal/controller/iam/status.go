@@ -51,6 +51,14 @@ type outcome struct {
 	stalled bool          // Stalled=True: waits for a person or a spec change
 	err     error         // returned, so the workqueue backs off
 	retry   time.Duration // otherwise checked again after this long (0: only on a change)
+	// announced: the reconcile already recorded an Event saying what it changed, so reaching
+	// Ready needs no second one.
+	announced bool
+}
+
+func announced(o outcome) outcome {
+	o.announced = true
+	return o
 }
 
 func synced(msg string, resync time.Duration) outcome {
@@ -110,7 +118,7 @@ func setConditions(rec events.EventRecorder, obj runtime.Object, conds *[]metav1
 	} else {
 		meta.RemoveStatusCondition(conds, iamv1alpha1.ConditionStalled)
 	}
-	if prevReason == o.reason {
+	if prevReason == o.reason || (o.ready && o.announced) {
 		return
 	}
 	if o.ready {
