@@ -140,7 +140,9 @@ type changes struct {
 	notes   []string
 }
 
-func (c *changes) add(format string, args ...any) { c.notes = append(c.notes, fmt.Sprintf(format, args...)) }
+func (c *changes) add(format string, args ...any) {
+	c.notes = append(c.notes, fmt.Sprintf(format, args...))
+}
 
 // apply creates or repairs the role, its attachments and the ServiceAccount, noting changes in ch.
 func (r *ServiceAccountReconciler) apply(ctx context.Context, sa *iamv1alpha1.IAMServiceAccount, ch *changes) outcome {
