@@ -20,7 +20,7 @@ const jsonSpace = " \t\r\n"
 // write a new version on every reconcile and soon hit the limit of five.
 //
 // Each side is raw JSON or URL-encoded JSON, as IAM returns it (anything that does not start with
-// "{" is decoded with url.QueryUnescape first). Both are brought to a canonical form and compared:
+// "{" is percent-decoded first, RFC 3986 style: "+" stays "+"). Both are brought to a canonical form and compared:
 //
 //   - key order and whitespace do not matter;
 //   - a missing Version means "2008-10-17" (as in IAM), so it equals an explicit "2008-10-17" but
@@ -57,7 +57,7 @@ func Equivalent(a, b string) (bool, error) {
 func parseDocument(s string) (map[string]any, error) {
 	t := strings.TrimLeft(s, jsonSpace)
 	if !strings.HasPrefix(t, "{") {
-		u, err := url.QueryUnescape(s)
+		u, err := url.PathUnescape(s)
 		if err != nil {
 			return nil, errors.New("neither JSON nor URL-encoded JSON")
 		}

@@ -125,6 +125,17 @@ func (r *CompatReconciler) Reconcile(ctx context.Context, req reconcile.Request)
 // translate parses the ConfigMap into the objects it stands for; problems make the whole
 // ConfigMap invalid, so a half-written file never deletes anything.
 func translate(cm *corev1.ConfigMap) (policies []*iamv1alpha1.IAMPolicy, accounts []*iamv1alpha1.IAMServiceAccount, problems []string) {
+	// A misspelt or dropped key must not read as "no policies" and delete them all.
+	for _, k := range []string{KeyPolicies, KeyAttachments} {
+		if _, ok := cm.Data[k]; !ok {
+			problems = append(problems, fmt.Sprintf("key %s is missing (write {} for none)", k))
+		}
+	}
+	for _, k := range slices.Sorted(maps.Keys(cm.Data)) {
+		if k != KeyPolicies && k != KeyAttachments {
+			problems = append(problems, fmt.Sprintf("unknown key %s (want %s and %s)", k, KeyPolicies, KeyAttachments))
+		}
+	}
 	var docs map[string]any
 	if err := yaml.Unmarshal([]byte(cm.Data[KeyPolicies]), &docs); err != nil {
 		problems = append(problems, KeyPolicies+": "+err.Error())

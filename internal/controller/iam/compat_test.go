@@ -269,16 +269,24 @@ func testCompat(t *testing.T, f *fixture) {
 		awsBefore := f.emu.State()
 		for _, tc := range []struct {
 			name, policies, attachments, problem string
+			misspelt                             bool // policies under "policies.yml"
 		}{
-			{"policies.yaml does not parse", "read-reports: {\"Version\": \"2012-10-17\"\nsend-queue: [", compatAttachments, "policies.yaml: error converting YAML to JSON"},
+			{"policies.yaml does not parse", "read-reports: {\"Version\": \"2012-10-17\"\nsend-queue: [", compatAttachments, "policies.yaml: error converting YAML to JSON", false},
 			{"a policy name that is not a DNS name", compatPolicies + "Send_All: {\"Version\": \"2012-10-17\", \"Statement\": {\"Effect\": \"Allow\", \"Action\": \"sqs:*\", \"Resource\": \"*\"}}\n",
-				"uploader: [send-queue]\n", `policy name "Send_All"`},
-			{"an attachment naming an undefined policy", compatPolicies, "uploader: [send-queue, nope]\n", `uploader names policy "nope", which policies.yaml does not define`},
-			{"attachments that are not lists", compatPolicies, "reporter: send-queue\n", "serviceaccount_attachments.yaml: "},
+				"uploader: [send-queue]\n", `policy name "Send_All"`, false},
+			{"an attachment naming an undefined policy", compatPolicies, "uploader: [send-queue, nope]\n", `uploader names policy "nope", which policies.yaml does not define`, false},
+			{"attachments that are not lists", compatPolicies, "reporter: send-queue\n", "serviceaccount_attachments.yaml: ", false},
+			{"a misspelt key", compatPolicies, "uploader: [send-queue]\n", "key policies.yaml is missing (write {} for none); unknown key policies.yml", true},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
 				// Each bad file also drops entries, which a valid file would delete.
-				setCompatData(t, f, cm, tc.policies, tc.attachments)
+				if tc.misspelt {
+					update(t, f, cm, func(cm *corev1.ConfigMap) {
+						cm.Data = map[string]string{"policies.yml": tc.policies, KeyAttachments: tc.attachments}
+					})
+				} else {
+					setCompatData(t, f, cm, tc.policies, tc.attachments)
+				}
 				waitCompat(t, f, cm, "Error", "4/4 objects Ready", tc.problem)
 				waitEventNote(t, f, cm, "IAMConfigError", corev1.EventTypeWarning, tc.problem)
 				now := compatObjects(t, f, ns)

@@ -274,10 +274,27 @@ func testErrors(t *testing.T, f *fixture) {
 		})
 		sa = waitCondition(t, f, sa, ReasonPolicyNotAllowed)
 		assertStalled(t, sa.Status.Conditions, "arn:aws:iam::aws:policy/AdministratorAccess")
-		if f.role("eks-sa-t-errors-app") != nil {
-			t.Error("a role was created for a refused spec")
+		// The role is kept right, without the refused policy.
+		if r := f.role("eks-sa-t-errors-app"); r == nil || len(r.AttachedPolicies) != 0 {
+			t.Errorf("role = %+v, want it without the refused policy", r)
 		}
 		testenv.WaitForEvent(t, f.c, sa, ReasonPolicyNotAllowed)
+		must(t, f.c.Delete(ctx, sa))
+		f.waitGone(t, sa)
+	})
+
+	t.Run("a managed policy the operator stops allowing is detached", func(t *testing.T) {
+		readOnly := "arn:aws:iam::aws:policy/ReadOnlyAccess"
+		sa := waitReady(t, f, f.iamsa(t, ns, "narrowed", iamv1alpha1.IAMServiceAccountSpec{ServiceAccountName: "app", ManagedPolicyArns: []string{readOnly}}))
+		narrowed := f.opts
+		narrowed.AllowedPolicyARNs = ""
+		f.run(t, narrowed) // a restart reconciles every object
+		sa = waitCondition(t, f, sa, ReasonPolicyNotAllowed)
+		if r := f.role(sa.Status.RoleName); r == nil || slices.Contains(r.AttachedPolicies, readOnly) {
+			t.Errorf("role = %+v, want %s detached", r, readOnly)
+		}
+		f.run(t, f.opts)
+		waitReady(t, f, sa)
 		must(t, f.c.Delete(ctx, sa))
 		f.waitGone(t, sa)
 	})
@@ -367,8 +384,13 @@ func testErrors(t *testing.T, f *fixture) {
 	})
 
 	t.Run("a missing ServiceAccount is waited for", func(t *testing.T) {
+		before := f.emu.TotalCalls()
 		sa := f.iamsa(t, ns, "later", iamv1alpha1.IAMServiceAccountSpec{ServiceAccountName: "later"})
 		waitCondition(t, f, sa, ReasonServiceAccountNotFound)
+		time.Sleep(time.Second) // two 500 ms waits of the test's WaitRetry
+		if n := f.emu.TotalCalls() - before; n != 0 {
+			t.Errorf("%d IAM calls while waiting for the ServiceAccount, want 0", n)
+		}
 		f.serviceAccount(t, ns, "later")
 		sa = waitReady(t, f, sa)
 		must(t, f.c.Delete(ctx, sa))
@@ -409,6 +431,13 @@ func testRetain(t *testing.T, f *fixture) {
 	f.waitGone(t, p)
 	if f.role(sa.Status.RoleName) == nil || f.awsPolicy(p.Status.ARN) == nil {
 		t.Error("retained AWS objects were deleted")
+	}
+	// The created ServiceAccount keeps its annotation and is no longer owned, so garbage
+	// collection leaves it (envtest has none: the ownerReference is what is checked).
+	k8sSA := &corev1.ServiceAccount{}
+	must(t, f.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "kept"}, k8sSA))
+	if len(k8sSA.OwnerReferences) != 0 || k8sSA.Annotations[iamv1alpha1.AnnotationRoleARN] != sa.Status.RoleARN {
+		t.Errorf("retained ServiceAccount = %+v", k8sSA.ObjectMeta)
 	}
 }
 

@@ -7,10 +7,12 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 	ctrl "sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -72,15 +74,10 @@ func (r *PolicyReconciler) Reconcile(ctx context.Context, req reconcile.Request)
 
 // policyARN is the ARN the policy has (or will have) in AWS: names are unique per account, the
 // path is ours.
+// It is always derived, never read from the status, which anyone allowed to write the status could
+// point at another policy.
 func (r *PolicyReconciler) policyARN(ctx context.Context, p *iamv1alpha1.IAMPolicy) (string, error) {
-	if p.Status.ARN != "" {
-		return p.Status.ARN, nil
-	}
-	account, err := r.accountID(ctx)
-	if err != nil {
-		return "", err
-	}
-	return fmt.Sprintf("arn:%s:iam::%s:policy%s%s", r.cfg.partition, account, irsa.Path(r.cfg.cluster), irsa.PolicyName(p.Namespace, p.Name)), nil
+	return r.expectedPolicyARN(ctx, p.Namespace, p.Name)
 }
 
 // sync creates the policy, or makes its default version say what the spec says.
@@ -128,7 +125,11 @@ func (r *PolicyReconciler) sync(ctx context.Context, p *iamv1alpha1.IAMPolicy) o
 	if err != nil {
 		return awsFailure(err, r.SlowRetry)
 	}
-	if same, err := irsa.Equivalent(current, doc); err == nil && same {
+	same, err := irsa.Equivalent(current, doc)
+	if err != nil {
+		log.FromContext(ctx).Info("the policy's default version does not parse; replacing it", "arn", arn, "error", err.Error())
+	}
+	if same {
 		return synced("policy "+arn+" in sync ("+pol.DefaultVersionID+")", r.cfg.resync)
 	}
 	// A new default version; AWS keeps at most 5, so the oldest non-default one goes first.
@@ -177,7 +178,7 @@ func (r *PolicyReconciler) delete(ctx context.Context, p *iamv1alpha1.IAMPolicy)
 		return outcome{reason: ReasonDeleting, message: err.Error(), err: err}, false
 	}
 	if len(users) > 0 {
-		return outcome{reason: ReasonInUse, message: fmt.Sprintf(
+		return outcome{reason: ReasonInUse, retry: wait.Jitter(r.cfg.resync, 0.1), message: fmt.Sprintf(
 			"waiting to delete the IAM policy: still named by IAMServiceAccount %s", strings.Join(users, ", "))}, false
 	}
 	arn, err := r.policyARN(ctx, p)
@@ -195,7 +196,10 @@ func (r *PolicyReconciler) delete(ctx context.Context, p *iamv1alpha1.IAMPolicy)
 		r.recorder.Eventf(p, nil, corev1.EventTypeWarning, ReasonConflict, "Delete", "IAM policy %s is not tagged as this object's; left in AWS", arn)
 		return r.release(ctx, p)
 	}
-	if err := r.deletePolicy(ctx, arn); err != nil {
+	if err := r.deletePolicy(ctx, arn); awsiam.IsConflict(err) {
+		return outcome{reason: "DeleteConflict", stalled: true, retry: r.SlowRetry, message: awsiam.StatusMessage(err) +
+			" (the policy is still attached to a user or group, or is a permissions boundary: remove that, or set the retain annotation)"}, false
+	} else if err != nil {
 		return awsFailure(err, r.SlowRetry), false
 	}
 	r.recorder.Eventf(p, nil, corev1.EventTypeNormal, "PolicyDeleted", "Delete", "deleted IAM policy %s", arn)

@@ -34,8 +34,9 @@ func newQuietRecorder(mgr ctrl.Manager, rec events.EventRecorder) (*quietWhileNa
 	if err != nil {
 		return nil, err
 	}
-	// The informer is made now, so the manager starts it and waits for it with its caches,
-	// before any controller records an Event: a lookup never waits for a first sync.
+	// The informer is made now, so it starts with the cache (which the manager runs with the
+	// controllers, not before them): an Event recorded before its first sync waits for it at most
+	// a second, then goes out (and is at worst refused).
 	if _, err := c.GetInformer(context.Background(), namespaceMetadata(), cache.BlockUntilSynced(false)); err != nil {
 		return nil, err
 	}

@@ -9,6 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -98,7 +99,16 @@ func (r *ServiceAccountReconciler) desiredPolicies(ctx context.Context, sa *iamv
 			pending = append(pending, name)
 			continue
 		}
-		arns = append(arns, p.Status.ARN)
+		// The status says the policy exists; the ARN attached is the one derived from its name.
+		arn, err := r.expectedPolicyARN(ctx, p.Namespace, p.Name)
+		if err != nil {
+			return nil, nil, err
+		}
+		if p.Status.ARN != arn {
+			pending = append(pending, name)
+			continue
+		}
+		arns = append(arns, arn)
 	}
 	slices.Sort(arns)
 	return slices.Compact(arns), pending, nil
@@ -112,16 +122,18 @@ func (r *ServiceAccountReconciler) sync(ctx context.Context, sa *iamv1alpha1.IAM
 			notAllowed = append(notAllowed, arn)
 		}
 	}
-	if len(notAllowed) > 0 {
+	var ch changes
+	// Refused ARNs are left out, so a role keeps being repaired and an ARN the operator stops
+	// allowing is detached; the object then stalls until its spec or the flag changes.
+	o := r.apply(ctx, sa, notAllowed, &ch)
+	if len(notAllowed) > 0 && o.ready {
 		allowed := r.cfg.allowed.String()
 		if allowed == "" {
 			allowed = "none"
 		}
-		return outcome{reason: ReasonPolicyNotAllowed, stalled: true, message: fmt.Sprintf(
-			"managedPolicyArns not allowed by the operator (--allowed-policy-arns: %s): %s", allowed, strings.Join(notAllowed, ", "))}
+		o = outcome{reason: ReasonPolicyNotAllowed, stalled: true, retry: o.retry, message: fmt.Sprintf(
+			"managedPolicyArns not allowed by the operator (--allowed-policy-arns: %s), not attached: %s", allowed, strings.Join(notAllowed, ", "))}
 	}
-	var ch changes
-	o := r.apply(ctx, sa, &ch)
 	if len(ch.notes) > 0 {
 		reason := "RoleUpdated"
 		if ch.created {
@@ -145,11 +157,18 @@ func (c *changes) add(format string, args ...any) {
 }
 
 // apply creates or repairs the role, its attachments and the ServiceAccount, noting changes in ch.
-func (r *ServiceAccountReconciler) apply(ctx context.Context, sa *iamv1alpha1.IAMServiceAccount, ch *changes) outcome {
+func (r *ServiceAccountReconciler) apply(ctx context.Context, sa *iamv1alpha1.IAMServiceAccount, refused []string, ch *changes) outcome {
+	// A ServiceAccount to annotate must exist first: waiting for it costs one API read, no IAM call.
+	if !sa.Spec.CreateServiceAccount {
+		if o := r.serviceAccountExists(ctx, sa); o != nil {
+			return *o
+		}
+	}
 	desired, pending, err := r.desiredPolicies(ctx, sa)
 	if err != nil {
 		return outcome{reason: ReasonAWSError, message: err.Error(), err: err}
 	}
+	desired = slices.DeleteFunc(desired, func(arn string) bool { return slices.Contains(refused, arn) })
 	role, o := r.ensureRole(ctx, sa, ch)
 	if role == nil {
 		return o
@@ -162,7 +181,8 @@ func (r *ServiceAccountReconciler) apply(ctx context.Context, sa *iamv1alpha1.IA
 		return *o
 	}
 	if len(pending) > 0 {
-		return outcome{reason: ReasonPolicyNotReady, message: fmt.Sprintf(
+		// The policies' ARNs trigger a reconcile when they appear; the resync still repairs drift.
+		return outcome{reason: ReasonPolicyNotReady, retry: wait.Jitter(r.cfg.resync, 0.1), message: fmt.Sprintf(
 			"role %s is ready; waiting for IAMPolicy %s to exist in AWS", role.ARN, strings.Join(pending, ", "))}
 	}
 	return synced(fmt.Sprintf("role %s with %d policies", role.ARN, len(desired)), r.cfg.resync)
@@ -248,6 +268,9 @@ func (r *ServiceAccountReconciler) ensureAttachments(ctx context.Context, sa *ia
 	current, err := r.aws.ListAttachedPolicies(ctx, role)
 	if err != nil {
 		o := awsFailure(err, r.SlowRetry)
+		if awsiam.IsNotFound(err) {
+			o = propagating(err) // the role was just created or read
+		}
 		return &o
 	}
 	attach, detach := irsa.AttachmentDiff(current, desired)
@@ -260,6 +283,10 @@ func (r *ServiceAccountReconciler) ensureAttachments(ctx context.Context, sa *ia
 	for _, arn := range attach {
 		if err := r.aws.AttachPolicy(ctx, role, arn); err != nil {
 			o := awsFailure(err, r.SlowRetry)
+			if awsiam.IsNotFound(err) && !slices.Contains(sa.Spec.ManagedPolicyArns, arn) {
+				// One of our IAMPolicies, which IAM has just said exists: not yet everywhere in IAM.
+				o = propagating(err)
+			}
 			return &o
 		}
 	}
@@ -268,6 +295,20 @@ func (r *ServiceAccountReconciler) ensureAttachments(ctx context.Context, sa *ia
 	}
 	sa.Status.AttachedPolicyArns = desired
 	return nil
+}
+
+// serviceAccountExists reports, as an outcome, a ServiceAccount to annotate that does not exist.
+func (r *ServiceAccountReconciler) serviceAccountExists(ctx context.Context, iamsa *iamv1alpha1.IAMServiceAccount) *outcome {
+	err := r.apiReader.Get(ctx, client.ObjectKey{Namespace: iamsa.Namespace, Name: iamsa.Spec.ServiceAccountName}, &corev1.ServiceAccount{})
+	switch {
+	case err == nil:
+		return nil
+	case apierrors.IsNotFound(err):
+		return &outcome{reason: ReasonServiceAccountNotFound, retry: r.WaitRetry, message: fmt.Sprintf(
+			"ServiceAccount %s does not exist (create it, or set spec.createServiceAccount); the role is made when it does", iamsa.Spec.ServiceAccountName)}
+	default:
+		return &outcome{reason: ReasonAWSError, message: err.Error(), err: err}
+	}
 }
 
 // AnnotationOwner on a ServiceAccount names the IAMServiceAccount that set its role annotation,
@@ -294,8 +335,10 @@ func (r *ServiceAccountReconciler) ensureServiceAccount(ctx context.Context, iam
 		if err := r.client.Create(ctx, sa); apierrors.HasStatusCause(err, corev1.NamespaceTerminatingCause) {
 			// The namespace is going, and this object with it: nothing to create, nothing to retry fast.
 			return &outcome{reason: ReasonServiceAccountNotFound, retry: r.WaitRetry, message: "namespace " + key.Namespace + " is being deleted"}
-		} else if err != nil {
+		} else if apierrors.IsAlreadyExists(err) {
 			return &outcome{reason: ReasonServiceAccountConflict, message: "creating ServiceAccount " + key.Name + ": " + err.Error(), err: err}
+		} else if err != nil {
+			return &outcome{reason: ReasonAWSError, message: "creating ServiceAccount " + key.Name + ": " + err.Error(), err: err}
 		}
 		ch.add("created ServiceAccount %s", key.Name)
 		return nil
@@ -335,7 +378,11 @@ func (r *ServiceAccountReconciler) delete(ctx context.Context, sa *iamv1alpha1.I
 		return outcome{}, true
 	}
 	if sa.Annotations[iamv1alpha1.AnnotationDeletionPolicy] == iamv1alpha1.DeletionPolicyRetain {
-		// The role stays, so the ServiceAccount keeps pointing at it.
+		// The role stays, so the ServiceAccount keeps pointing at it, and a created one is orphaned
+		// rather than garbage-collected.
+		if err := r.orphanServiceAccount(ctx, sa); err != nil {
+			return outcome{reason: ReasonDeleting, message: err.Error(), err: err}, false
+		}
 		r.recorder.Eventf(sa, nil, corev1.EventTypeNormal, "Retained", "Delete", "IAM role %s kept in AWS (deletion-policy: retain)", sa.Status.RoleARN)
 		return r.release(ctx, sa)
 	}
@@ -348,7 +395,10 @@ func (r *ServiceAccountReconciler) delete(ctx context.Context, sa *iamv1alpha1.I
 	case !irsa.OwnedBy(role.Tags, r.cfg.cluster, sa.Namespace, sa.Name):
 		r.recorder.Eventf(sa, nil, corev1.EventTypeWarning, ReasonConflict, "Delete", "IAM role %s is not tagged as this object's; left in AWS", name)
 	default:
-		if err := r.deleteRole(ctx, name); err != nil {
+		if err := r.deleteRole(ctx, name); awsiam.IsConflict(err) {
+			return outcome{reason: "DeleteConflict", stalled: true, retry: r.SlowRetry, message: awsiam.StatusMessage(err) +
+				" (someone added an inline policy or an instance profile to the role: remove it, or set the retain annotation)"}, false
+		} else if err != nil {
 			return awsFailure(err, r.SlowRetry), false
 		}
 		r.recorder.Eventf(sa, nil, corev1.EventTypeNormal, "RoleDeleted", "Delete", "deleted IAM role %s", role.ARN)
@@ -388,6 +438,18 @@ func (r *ServiceAccountReconciler) removeAnnotation(ctx context.Context, iamsa *
 	delete(sa.Annotations, iamv1alpha1.AnnotationRoleARN)
 	delete(sa.Annotations, AnnotationOwner)
 	return client.IgnoreNotFound(r.client.Patch(ctx, sa, client.MergeFrom(orig)))
+}
+
+// orphanServiceAccount drops this object's ownerReference from the ServiceAccount it created.
+func (r *ServiceAccountReconciler) orphanServiceAccount(ctx context.Context, iamsa *iamv1alpha1.IAMServiceAccount) error {
+	sa := &corev1.ServiceAccount{}
+	err := r.apiReader.Get(ctx, client.ObjectKey{Namespace: iamsa.Namespace, Name: iamsa.Spec.ServiceAccountName}, sa)
+	if err != nil || !metav1.IsControlledBy(sa, iamsa) {
+		return client.IgnoreNotFound(err)
+	}
+	orig := sa.DeepCopy()
+	sa.OwnerReferences = slices.DeleteFunc(sa.OwnerReferences, func(ref metav1.OwnerReference) bool { return ref.UID == iamsa.UID })
+	return client.IgnoreNotFound(r.client.Patch(ctx, sa, client.MergeFromWithOptions(orig, client.MergeFromWithOptimisticLock{})))
 }
 
 func (r *ServiceAccountReconciler) release(ctx context.Context, sa *iamv1alpha1.IAMServiceAccount) (outcome, bool) {

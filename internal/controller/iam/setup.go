@@ -16,6 +16,7 @@ import (
 
 	iamv1alpha1 "github.com/quartermaster-dev/quartermaster/api/iam/v1alpha1"
 	"github.com/quartermaster-dev/quartermaster/internal/cloud/aws/awsiam"
+	"github.com/quartermaster-dev/quartermaster/internal/irsa"
 )
 
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
@@ -89,6 +90,16 @@ func (b *base) accountID(ctx context.Context) (string, error) {
 	}
 	b.account = id
 	return id, nil
+}
+
+// expectedPolicyARN is the ARN the IAMPolicy namespace/name has in AWS: names are unique per
+// account, the path is ours.
+func (b *base) expectedPolicyARN(ctx context.Context, namespace, name string) (string, error) {
+	account, err := b.accountID(ctx)
+	if err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("arn:%s:iam::%s:policy%s%s", b.cfg.partition, account, irsa.Path(b.cfg.cluster), irsa.PolicyName(namespace, name)), nil
 }
 
 // Setup registers the iam controllers with the manager, with AWS calls made through the SDK's

@@ -28,6 +28,7 @@ const (
 	ReasonServiceAccountConflict = "ServiceAccountConflict"
 	ReasonInUse                  = "InUse"
 	ReasonDeleting               = "Deleting"
+	ReasonPropagating            = "Propagating"
 )
 
 // personFixable are the AWS error codes that retrying cannot fix: the spec, the account's limits
@@ -77,6 +78,12 @@ func awsFailure(err error, slow time.Duration) outcome {
 		return outcome{reason: code, message: msg, stalled: true, retry: slow}
 	}
 	return outcome{reason: ReasonAWSError, message: msg, err: err}
+}
+
+// propagating is a NoSuchEntity about an object IAM has just created or returned: IAM is
+// eventually consistent, so it is retried with backoff instead of stalling.
+func propagating(err error) outcome {
+	return outcome{reason: ReasonPropagating, message: awsiam.StatusMessage(err) + " (IAM has not propagated it yet; retrying)", err: err}
 }
 
 // reasonPattern is metav1.Condition's rule for reasons.

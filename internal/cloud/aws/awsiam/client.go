@@ -383,9 +383,10 @@ func roleFrom(r *types.Role) (*Role, error) {
 	return out, nil
 }
 
-// decodeDocument decodes a policy document as IAM returns it (percent-encoded, RFC 3986).
+// decodeDocument decodes a policy document as IAM returns it (percent-encoded, RFC 3986). A "+"
+// is a plus, not a space (that would be form encoding), so PathUnescape, not QueryUnescape.
 func decodeDocument(s string) (string, error) {
-	doc, err := url.QueryUnescape(s)
+	doc, err := url.PathUnescape(s)
 	if err != nil {
 		return "", fmt.Errorf("decoding policy document: %w", err)
 	}
