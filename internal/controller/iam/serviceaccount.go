@@ -159,10 +159,9 @@ func (c *changes) add(format string, args ...any) {
 // apply creates or repairs the role, its attachments and the ServiceAccount, noting changes in ch.
 func (r *ServiceAccountReconciler) apply(ctx context.Context, sa *iamv1alpha1.IAMServiceAccount, refused []string, ch *changes) outcome {
 	// A ServiceAccount to annotate must exist first: waiting for it costs one API read, no IAM call.
-	if !sa.Spec.CreateServiceAccount {
-		if o := r.serviceAccountExists(ctx, sa); o != nil {
-			return *o
-		}
+	k8sSA, waiting := r.readServiceAccount(ctx, sa)
+	if waiting != nil {
+		return *waiting
 	}
 	desired, pending, err := r.desiredPolicies(ctx, sa)
 	if err != nil {
@@ -177,7 +176,7 @@ func (r *ServiceAccountReconciler) apply(ctx context.Context, sa *iamv1alpha1.IA
 	if o := r.ensureAttachments(ctx, sa, role.Name, desired, ch); o != nil {
 		return *o
 	}
-	if o := r.ensureServiceAccount(ctx, sa, role.ARN, ch); o != nil {
+	if o := r.ensureServiceAccount(ctx, sa, k8sSA, role.ARN, ch); o != nil {
 		return *o
 	}
 	if len(pending) > 0 {
@@ -297,17 +296,23 @@ func (r *ServiceAccountReconciler) ensureAttachments(ctx context.Context, sa *ia
 	return nil
 }
 
-// serviceAccountExists reports, as an outcome, a ServiceAccount to annotate that does not exist.
-func (r *ServiceAccountReconciler) serviceAccountExists(ctx context.Context, iamsa *iamv1alpha1.IAMServiceAccount) *outcome {
-	err := r.apiReader.Get(ctx, client.ObjectKey{Namespace: iamsa.Namespace, Name: iamsa.Spec.ServiceAccountName}, &corev1.ServiceAccount{})
+// readServiceAccount reads the ServiceAccount (nil when it does not exist yet). One to annotate
+// that does not exist is an outcome: waiting for it costs this one read, and no IAM call.
+// ServiceAccounts are read from the API server: the shared cache may be narrowed to another
+// controller's ServiceAccounts.
+func (r *ServiceAccountReconciler) readServiceAccount(ctx context.Context, iamsa *iamv1alpha1.IAMServiceAccount) (*corev1.ServiceAccount, *outcome) {
+	sa := &corev1.ServiceAccount{}
+	err := r.apiReader.Get(ctx, client.ObjectKey{Namespace: iamsa.Namespace, Name: iamsa.Spec.ServiceAccountName}, sa)
 	switch {
 	case err == nil:
-		return nil
-	case apierrors.IsNotFound(err):
-		return &outcome{reason: ReasonServiceAccountNotFound, retry: r.WaitRetry, message: fmt.Sprintf(
-			"ServiceAccount %s does not exist (create it, or set spec.createServiceAccount); the role is made when it does", iamsa.Spec.ServiceAccountName)}
+		return sa, nil
+	case !apierrors.IsNotFound(err):
+		return nil, &outcome{reason: ReasonAWSError, message: err.Error(), err: err}
+	case iamsa.Spec.CreateServiceAccount:
+		return nil, nil
 	default:
-		return &outcome{reason: ReasonAWSError, message: err.Error(), err: err}
+		return nil, &outcome{reason: ReasonServiceAccountNotFound, retry: r.WaitRetry, message: fmt.Sprintf(
+			"ServiceAccount %s does not exist (create it, or set spec.createServiceAccount); the role is made when it does", iamsa.Spec.ServiceAccountName)}
 	}
 }
 
@@ -315,17 +320,11 @@ func (r *ServiceAccountReconciler) serviceAccountExists(ctx context.Context, iam
 // so the annotation is only ever changed or removed by its owner.
 const AnnotationOwner = "iam.quartermaster.dev/iamserviceaccount"
 
-// ensureServiceAccount creates (createServiceAccount) or annotates the ServiceAccount with the
-// role's ARN. ServiceAccounts are read from the API server: they are few reads, and the shared
-// cache may be narrowed to another controller's ServiceAccounts.
-func (r *ServiceAccountReconciler) ensureServiceAccount(ctx context.Context, iamsa *iamv1alpha1.IAMServiceAccount, roleARN string, ch *changes) *outcome {
+// ensureServiceAccount creates (createServiceAccount) or annotates the ServiceAccount, as read
+// by readServiceAccount (nil: it does not exist), with the role's ARN.
+func (r *ServiceAccountReconciler) ensureServiceAccount(ctx context.Context, iamsa *iamv1alpha1.IAMServiceAccount, sa *corev1.ServiceAccount, roleARN string, ch *changes) *outcome {
 	key := client.ObjectKey{Namespace: iamsa.Namespace, Name: iamsa.Spec.ServiceAccountName}
-	sa := &corev1.ServiceAccount{}
-	err := r.apiReader.Get(ctx, key, sa)
-	switch {
-	case client.IgnoreNotFound(err) != nil:
-		return &outcome{reason: ReasonAWSError, message: err.Error(), err: err}
-	case err != nil && iamsa.Spec.CreateServiceAccount:
+	if sa == nil {
 		sa = &corev1.ServiceAccount{}
 		sa.Namespace, sa.Name = key.Namespace, key.Name
 		sa.Annotations = map[string]string{iamv1alpha1.AnnotationRoleARN: roleARN, AnnotationOwner: iamsa.Name}
@@ -342,9 +341,6 @@ func (r *ServiceAccountReconciler) ensureServiceAccount(ctx context.Context, iam
 		}
 		ch.add("created ServiceAccount %s", key.Name)
 		return nil
-	case err != nil:
-		return &outcome{reason: ReasonServiceAccountNotFound, retry: r.WaitRetry, message: fmt.Sprintf(
-			"role %s is ready; ServiceAccount %s does not exist (create it, or set spec.createServiceAccount)", roleARN, key.Name)}
 	}
 	if iamsa.Spec.CreateServiceAccount && !metav1.IsControlledBy(sa, iamsa) {
 		return &outcome{reason: ReasonServiceAccountConflict, stalled: true, retry: r.SlowRetry, message: fmt.Sprintf(
