@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"maps"
 	"net/http/httptest"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -22,13 +21,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/rest"
-	"k8s.io/utils/ptr"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	ctrl "sigs.k8s.io/controller-runtime/pkg/manager"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	iamv1alpha1 "github.com/quartermaster-dev/quartermaster/api/iam/v1alpha1"
 	"github.com/quartermaster-dev/quartermaster/internal/cloud/aws/awsiam"
@@ -142,14 +137,10 @@ func iamRun(ctx context.Context, restCfg *rest.Config, c client.Client, emu *iam
 	var fig iamFigures
 	cfg, apiCount := testenv.Counting(restCfg)
 	terminating := &atomic.Int64{}
-	mgr, err := ctrl.New(cfg, ctrl.Options{
+	mgr, err := newManager(cfg, ctrl.Options{
 		// Events and writes the API server refuses in the namespaces being deleted are counted, not printed.
-		Logger:  logr.New(dropTerminating{LogSink: log.Log.GetSink(), n: terminating}),
-		Scheme:  c.Scheme(),
-		Cache:   cache.Options{DefaultTransform: cache.TransformStripManagedFields()},
-		Metrics: metricsserver.Options{BindAddress: "0"},
-		// One manager per concurrency in this process.
-		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
+		Logger: logr.New(dropTerminating{LogSink: log.Log.GetSink(), n: terminating}),
+		Scheme: c.Scheme(),
 	})
 	if err != nil {
 		return fig, err
@@ -161,18 +152,11 @@ func iamRun(ctx context.Context, restCfg *rest.Config, c client.Client, emu *iam
 	if err := iam.SetupWithAWS(mgr, o, api); err != nil {
 		return fig, err
 	}
-	mctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- mgr.Start(mctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			fmt.Fprintln(os.Stderr, "bench: iam manager:", err)
-		}
-	}()
-	if !mgr.GetCache().WaitForCacheSync(mctx) {
-		return fig, fmt.Errorf("cache did not sync")
+	stop, err := startManager(ctx, mgr, "iam")
+	if err != nil {
+		return fig, err
 	}
+	defer stop()
 
 	// The tenants' namespaces and ServiceAccounts exist before the IAM objects (they are input).
 	namespaces := make([]string, iamNamespaces)

@@ -17,7 +17,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	ctrl "sigs.k8s.io/controller-runtime/pkg/manager"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/quartermaster-dev/quartermaster/internal/controller/namespaces"
 	"github.com/quartermaster-dev/quartermaster/internal/nsrequest"
@@ -49,23 +48,18 @@ func namespacesBench(ctx context.Context, e *env) ([]result, error) {
 	if err := reg.Configured(); err != nil {
 		return nil, err
 	}
-	mgr, err := ctrl.New(cfg, ctrl.Options{
-		Scheme:  e.client.Scheme(),
-		Cache:   cache.Options{ByObject: reg.CacheByObject(), DefaultTransform: cache.TransformStripManagedFields()},
-		Metrics: metricsserver.Options{BindAddress: "0"},
-	})
+	mgr, err := newManager(cfg, ctrl.Options{Scheme: e.client.Scheme(), Cache: cache.Options{ByObject: reg.CacheByObject()}})
 	if err != nil {
 		return nil, err
 	}
 	if err := reg.Setup(mgr); err != nil {
 		return nil, err
 	}
-	mctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	go func() { _ = mgr.Start(mctx) }()
-	if !mgr.GetCache().WaitForCacheSync(mctx) {
-		return nil, fmt.Errorf("cache did not sync")
+	stop, err := startManager(ctx, mgr, "namespaces")
+	if err != nil {
+		return nil, err
 	}
+	defer stop()
 	counter.Reset()
 
 	start := time.Now()

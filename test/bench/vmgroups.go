@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"os"
 	"path/filepath"
 	"time"
 
@@ -14,11 +13,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/config"
 	ctrl "sigs.k8s.io/controller-runtime/pkg/manager"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	computev1alpha1 "github.com/quartermaster-dev/quartermaster/api/compute/v1alpha1"
@@ -123,13 +119,7 @@ type vmgroupsFigures struct {
 func vmgroupsRun(ctx context.Context, restCfg *rest.Config, c client.Client, o *vmgroups.Options) (vmgroupsFigures, error) {
 	var fig vmgroupsFigures
 	cfg, api := testenv.Counting(restCfg)
-	mgr, err := ctrl.New(cfg, ctrl.Options{
-		Scheme:  c.Scheme(),
-		Cache:   cache.Options{DefaultTransform: cache.TransformStripManagedFields()},
-		Metrics: metricsserver.Options{BindAddress: "0"},
-		// One manager per concurrency in this process.
-		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
-	})
+	mgr, err := newManager(cfg, ctrl.Options{Scheme: c.Scheme()})
 	if err != nil {
 		return fig, err
 	}
@@ -143,18 +133,11 @@ func vmgroupsRun(ctx context.Context, restCfg *rest.Config, c client.Client, o *
 	if err := r.SetupWithManager(mgr, o.Concurrency); err != nil {
 		return fig, err
 	}
-	mctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- mgr.Start(mctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			fmt.Fprintln(os.Stderr, "bench: vmgroups manager:", err)
-		}
-	}()
-	if !mgr.GetCache().WaitForCacheSync(mctx) {
-		return fig, fmt.Errorf("cache did not sync")
+	stop, err := startManager(ctx, mgr, "vmgroups")
+	if err != nil {
+		return fig, err
 	}
+	defer stop()
 
 	ns := fmt.Sprintf("bench-vmgroups-c%d", o.CloneConcurrency)
 	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {

@@ -162,28 +162,11 @@ type policyResult struct {
 }
 
 func (s *Server) createPolicy(p params) (any, *apiError) {
-	name, err := p.required("PolicyName")
+	in, err := p.newEntity("PolicyName", maxPolicyNameLen, "PolicyDocument", identityPolicy, "PolicySize", policySizeQuota)
 	if err != nil {
 		return nil, err
 	}
-	if err := checkName("PolicyName", name, maxPolicyNameLen); err != nil {
-		return nil, err
-	}
-	path, err := p.path("Path")
-	if err != nil {
-		return nil, err
-	}
-	doc, err := p.required("PolicyDocument")
-	if err != nil {
-		return nil, err
-	}
-	if err := validateDocument(doc, identityPolicy, "PolicySize", policySizeQuota); err != nil {
-		return nil, err
-	}
-	desc, err := p.description()
-	if err != nil {
-		return nil, err
-	}
+	name, path, doc, desc := in.name, in.path, in.document, in.description
 	tags, err := p.tags()
 	if err != nil {
 		return nil, err

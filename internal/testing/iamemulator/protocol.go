@@ -209,6 +209,34 @@ const maxTags = 50
 // tags parses Tags.member.N.Key/Value and validates them like IAM: key and value lengths
 // and the key pattern (ValidationError), reserved aws: keys and duplicate keys (InvalidInput).
 // Tag values are not matched against IAM's pattern, so tests can exercise XML escaping.
+// entity is what CreatePolicy and CreateRole both take first, checked as IAM checks it.
+type entity struct {
+	name, path, document, description string
+}
+
+// newEntity reads and checks the name, Path, document and Description of a creation, in IAM's order.
+func (p params) newEntity(nameParam string, maxName int, docParam string, kind docKind, quotaName string, quota int) (entity, *apiError) {
+	var e entity
+	var err *apiError
+	if e.name, err = p.required(nameParam); err != nil {
+		return e, err
+	}
+	if err := checkName(nameParam, e.name, maxName); err != nil {
+		return e, err
+	}
+	if e.path, err = p.path("Path"); err != nil {
+		return e, err
+	}
+	if e.document, err = p.required(docParam); err != nil {
+		return e, err
+	}
+	if err := validateDocument(e.document, kind, quotaName, quota); err != nil {
+		return e, err
+	}
+	e.description, err = p.description()
+	return e, err
+}
+
 func (p params) tags() ([]Tag, *apiError) {
 	var out []Tag
 	for i := 1; ; i++ {

@@ -89,28 +89,11 @@ type roleResult struct {
 }
 
 func (s *Server) createRole(p params) (any, *apiError) {
-	name, err := p.required("RoleName")
+	in, err := p.newEntity("RoleName", maxRoleNameLen, "AssumeRolePolicyDocument", trustPolicy, "ACLSizePerRole", trustPolicySizeQuota)
 	if err != nil {
 		return nil, err
 	}
-	if err := checkName("RoleName", name, maxRoleNameLen); err != nil {
-		return nil, err
-	}
-	path, err := p.path("Path")
-	if err != nil {
-		return nil, err
-	}
-	trust, err := p.required("AssumeRolePolicyDocument")
-	if err != nil {
-		return nil, err
-	}
-	if err := validateDocument(trust, trustPolicy, "ACLSizePerRole", trustPolicySizeQuota); err != nil {
-		return nil, err
-	}
-	desc, err := p.description()
-	if err != nil {
-		return nil, err
-	}
+	name, path, trust, desc := in.name, in.path, in.document, in.description
 	maxSession, err := p.maxSessionDuration(defaultMaxSessionDuration)
 	if err != nil {
 		return nil, err
