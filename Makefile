@@ -57,6 +57,10 @@ test: lint verify-generated test-unit test-e2e ## Everything CI runs: lint, gene
 test-unit: ## Unit and envtest integration tests (real kube-apiserver + etcd).
 	KUBEBUILDER_ASSETS="$(K8S_BIN)" $(GO) test $(TEST_FLAGS) -timeout 20m ./...
 
+.PHONY: test-stress
+test-stress: ## The unit + envtest suite twice at once, three rounds in a row (ROUNDS=n): flakes show here, not in CI.
+	hack/test-stress.sh
+
 .PHONY: test-e2e
 test-e2e: ## End-to-end tests on a local kwok cluster they create and delete.
 	KUBEBUILDER_ASSETS="$(K8S_BIN)" $(GO) test -tags e2e -count=1 -timeout 30m ./test/e2e/...

@@ -24,6 +24,7 @@ const (
 
 	AnnotationStatus         = "quartermaster.dev/status"
 	AnnotationMessage        = "quartermaster.dev/message"
+	AnnotationReason         = "quartermaster.dev/reason"
 	AnnotationRequest        = "quartermaster.dev/request"
 	AnnotationRequestUID     = "quartermaster.dev/request-uid"
 	AnnotationExpiresAt      = "quartermaster.dev/expires-at"

@@ -35,6 +35,7 @@ func TestIAM(t *testing.T) {
 	t.Run("configmap compat", func(t *testing.T) { testCompat(t, f) })
 	t.Run("drift", func(t *testing.T) { testDrift(t, f) })
 	t.Run("faults", func(t *testing.T) { testFaults(t, f) })
+	t.Run("stale cache", func(t *testing.T) { testStaleCache(t, f) })
 }
 
 func tagsOf(tags []iamemulator.Tag) map[string]string {

@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 
 	iamv1alpha1 "github.com/quartermaster-dev/quartermaster/api/iam/v1alpha1"
+	"github.com/quartermaster-dev/quartermaster/internal/controller/status"
 )
 
 // indexPolicies indexes IAMServiceAccounts by the IAMPolicy names in spec.policies.
@@ -58,13 +59,13 @@ func (b *base) patchFinalizer(ctx context.Context, obj client.Object, add bool) 
 // (which may release the object), or the finalizer then sync; then the outcome into the
 // conditions and one status patch, only when the status changed.
 func (b *base) reconcileObject(ctx context.Context, obj client.Object, conds *[]metav1.Condition, observedGeneration *int64,
-	deleteObject func() (outcome, bool), sync func() outcome) (reconcile.Result, error) {
+	deleteObject func() (status.Outcome, bool), sync func() status.Outcome) (reconcile.Result, error) {
 	before := obj.DeepCopyObject().(client.Object)
-	var o outcome
+	var o status.Outcome
 	if !obj.GetDeletionTimestamp().IsZero() {
 		var released bool
 		if o, released = deleteObject(); released {
-			return o.result()
+			return o.Result()
 		}
 	} else if err := b.patchFinalizer(ctx, obj, true); err != nil {
 		return reconcile.Result{}, err
@@ -72,11 +73,11 @@ func (b *base) reconcileObject(ctx context.Context, obj client.Object, conds *[]
 		o = sync()
 	}
 	*observedGeneration = obj.GetGeneration()
-	setConditions(b.recorder, obj, conds, obj.GetGeneration(), o)
+	status.Report(b.recorder, obj, conds, obj.GetGeneration(), o)
 	if err := b.patchStatus(ctx, obj, before); err != nil {
 		return reconcile.Result{}, err
 	}
-	return o.result()
+	return o.Result()
 }
 
 // patchStatus writes obj's status once, and only when it changed from before's.

@@ -19,6 +19,7 @@ import (
 
 	iamv1alpha1 "github.com/quartermaster-dev/quartermaster/api/iam/v1alpha1"
 	"github.com/quartermaster-dev/quartermaster/internal/cloud/aws/awsiam"
+	"github.com/quartermaster-dev/quartermaster/internal/controller/status"
 	"github.com/quartermaster-dev/quartermaster/internal/irsa"
 )
 
@@ -68,8 +69,8 @@ func (r *PolicyReconciler) Reconcile(ctx context.Context, req reconcile.Request)
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
 	return r.reconcileObject(ctx, p, &p.Status.Conditions, &p.Status.ObservedGeneration,
-		func() (outcome, bool) { return r.delete(ctx, p) },
-		func() outcome { return r.sync(ctx, p) })
+		func() (status.Outcome, bool) { return r.delete(ctx, p) },
+		func() status.Outcome { return r.sync(ctx, p) })
 }
 
 // policyARN is the ARN the policy has (or will have) in AWS: names are unique per account, the
@@ -81,10 +82,10 @@ func (r *PolicyReconciler) policyARN(ctx context.Context, p *iamv1alpha1.IAMPoli
 }
 
 // sync creates the policy, or makes its default version say what the spec says.
-func (r *PolicyReconciler) sync(ctx context.Context, p *iamv1alpha1.IAMPolicy) outcome {
+func (r *PolicyReconciler) sync(ctx context.Context, p *iamv1alpha1.IAMPolicy) status.Outcome {
 	doc, err := irsa.PolicyDocumentJSON(p.Spec.Document)
 	if err != nil {
-		return outcome{reason: "MalformedPolicyDocument", message: err.Error(), stalled: true}
+		return status.WaitsForPerson("MalformedPolicyDocument", err.Error(), 0)
 	}
 	name := irsa.PolicyName(p.Namespace, p.Name)
 	p.Status.PolicyName = name
@@ -101,14 +102,14 @@ func (r *PolicyReconciler) sync(ctx context.Context, p *iamv1alpha1.IAMPolicy) o
 		if err == nil {
 			r.recordPolicy(p, pol)
 			r.recorder.Eventf(p, nil, corev1.EventTypeNormal, "PolicyCreated", "Create", "created IAM policy %s", pol.ARN)
-			return announced(synced("policy "+pol.ARN+" created", r.cfg.resync))
+			return synced("policy "+pol.ARN+" created", r.cfg.resync).Silenced()
 		}
 		if awsiam.IsAlreadyExists(err) {
 			// IAM is eventually consistent: look again before calling it someone else's. Names
 			// are unique in the account whatever the path, so it may be elsewhere.
 			if pol, err = r.aws.GetPolicy(ctx, arn); awsiam.IsNotFound(err) {
-				return outcome{reason: ReasonConflict, stalled: true, retry: r.SlowRetry,
-					message: fmt.Sprintf("an IAM policy named %s already exists outside %s; it is left alone", name, irsa.Path(r.cfg.cluster))}
+				return status.WaitsForPerson(ReasonConflict, fmt.Sprintf(
+					"an IAM policy named %s already exists outside %s; it is left alone", name, irsa.Path(r.cfg.cluster)), r.SlowRetry)
 			}
 		}
 	}
@@ -116,9 +117,8 @@ func (r *PolicyReconciler) sync(ctx context.Context, p *iamv1alpha1.IAMPolicy) o
 		return awsFailure(err, r.SlowRetry)
 	}
 	if !irsa.OwnedBy(pol.Tags, r.cfg.cluster, p.Namespace, p.Name) {
-		return outcome{reason: ReasonConflict, stalled: true, retry: r.SlowRetry,
-			message: fmt.Sprintf("IAM policy %s exists but is not tagged as this object's (%s=%s, %s=%s, %s=%s); it is left alone",
-				arn, irsa.TagCluster, r.cfg.cluster, irsa.TagNamespace, p.Namespace, irsa.TagName, p.Name)}
+		return status.WaitsForPerson(ReasonConflict, fmt.Sprintf("IAM policy %s exists but is not tagged as this object's (%s=%s, %s=%s, %s=%s); it is left alone",
+			arn, irsa.TagCluster, r.cfg.cluster, irsa.TagNamespace, p.Namespace, irsa.TagName, p.Name), r.SlowRetry)
 	}
 	r.recordPolicy(p, pol)
 	current, err := r.aws.GetPolicyDocument(ctx, arn, pol.DefaultVersionID)
@@ -148,7 +148,7 @@ func (r *PolicyReconciler) sync(ctx context.Context, p *iamv1alpha1.IAMPolicy) o
 	}
 	p.Status.DefaultVersionID = vid
 	r.recorder.Eventf(p, nil, corev1.EventTypeNormal, "PolicyUpdated", "Update", "IAM policy %s: new default version %s", arn, vid)
-	return announced(synced("policy "+arn+" updated to "+vid, r.cfg.resync))
+	return synced("policy "+arn+" updated to "+vid, r.cfg.resync).Silenced()
 }
 
 func (r *PolicyReconciler) recordPolicy(p *iamv1alpha1.IAMPolicy, pol *awsiam.Policy) {
@@ -165,9 +165,9 @@ func domainVersions(vs []awsiam.PolicyVersion) []irsa.PolicyVersion {
 
 // delete removes the policy from AWS (detached from every role, versions first) unless it is
 // retained or still named by an IAMServiceAccount, then releases the object.
-func (r *PolicyReconciler) delete(ctx context.Context, p *iamv1alpha1.IAMPolicy) (outcome, bool) {
+func (r *PolicyReconciler) delete(ctx context.Context, p *iamv1alpha1.IAMPolicy) (status.Outcome, bool) {
 	if !controllerutil.ContainsFinalizer(p, Finalizer) {
-		return outcome{}, true
+		return status.Outcome{}, true
 	}
 	if p.Annotations[iamv1alpha1.AnnotationDeletionPolicy] == iamv1alpha1.DeletionPolicyRetain {
 		r.recorder.Eventf(p, nil, corev1.EventTypeNormal, "Retained", "Delete", "IAM policy %s kept in AWS (deletion-policy: retain)", p.Status.ARN)
@@ -175,11 +175,11 @@ func (r *PolicyReconciler) delete(ctx context.Context, p *iamv1alpha1.IAMPolicy)
 	}
 	users, err := r.usersOf(ctx, p)
 	if err != nil {
-		return outcome{reason: ReasonDeleting, message: err.Error(), err: err}, false
+		return status.Transient(ReasonDeleting, err.Error(), err), false
 	}
 	if len(users) > 0 {
-		return outcome{reason: ReasonInUse, retry: wait.Jitter(r.cfg.resync, 0.1), message: fmt.Sprintf(
-			"waiting to delete the IAM policy: still named by IAMServiceAccount %s", strings.Join(users, ", "))}, false
+		return status.Progressing(ReasonInUse, fmt.Sprintf(
+			"waiting to delete the IAM policy: still named by IAMServiceAccount %s", strings.Join(users, ", ")), wait.Jitter(r.cfg.resync, 0.1)), false
 	}
 	arn, err := r.policyARN(ctx, p)
 	if err != nil {
@@ -197,8 +197,8 @@ func (r *PolicyReconciler) delete(ctx context.Context, p *iamv1alpha1.IAMPolicy)
 		return r.release(ctx, p)
 	}
 	if err := r.deletePolicy(ctx, arn); awsiam.IsConflict(err) {
-		return outcome{reason: "DeleteConflict", stalled: true, retry: r.SlowRetry, message: awsiam.StatusMessage(err) +
-			" (the policy is still attached to a user or group, or is a permissions boundary: remove that, or set the retain annotation)"}, false
+		return status.WaitsForPerson("DeleteConflict", awsiam.StatusMessage(err)+
+			" (the policy is still attached to a user or group, or is a permissions boundary: remove that, or set the retain annotation)", r.SlowRetry), false
 	} else if err != nil {
 		return awsFailure(err, r.SlowRetry), false
 	}
@@ -251,9 +251,9 @@ func (r *PolicyReconciler) usersOf(ctx context.Context, p *iamv1alpha1.IAMPolicy
 	return names, nil
 }
 
-func (r *PolicyReconciler) release(ctx context.Context, p *iamv1alpha1.IAMPolicy) (outcome, bool) {
+func (r *PolicyReconciler) release(ctx context.Context, p *iamv1alpha1.IAMPolicy) (status.Outcome, bool) {
 	if err := r.patchFinalizer(ctx, p, false); err != nil {
-		return outcome{reason: ReasonDeleting, message: err.Error(), err: err}, false
+		return status.Transient(ReasonDeleting, err.Error(), err), false
 	}
-	return outcome{}, true
+	return status.Outcome{}, true
 }

@@ -10,6 +10,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -21,6 +22,7 @@ import (
 
 	iamv1alpha1 "github.com/quartermaster-dev/quartermaster/api/iam/v1alpha1"
 	"github.com/quartermaster-dev/quartermaster/internal/cloud/aws/awsiam"
+	"github.com/quartermaster-dev/quartermaster/internal/controller/status"
 	"github.com/quartermaster-dev/quartermaster/internal/irsa"
 )
 
@@ -81,8 +83,8 @@ func (r *ServiceAccountReconciler) Reconcile(ctx context.Context, req reconcile.
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
 	return r.reconcileObject(ctx, sa, &sa.Status.Conditions, &sa.Status.ObservedGeneration,
-		func() (outcome, bool) { return r.delete(ctx, sa) },
-		func() outcome { return r.sync(ctx, sa) })
+		func() (status.Outcome, bool) { return r.delete(ctx, sa) },
+		func() status.Outcome { return r.sync(ctx, sa) })
 }
 
 // desiredPolicies resolves spec.policies to ARNs; the names whose IAMPolicy has no ARN yet are
@@ -115,7 +117,7 @@ func (r *ServiceAccountReconciler) desiredPolicies(ctx context.Context, sa *iamv
 }
 
 // sync creates or repairs the role, its attachments and the ServiceAccount's annotation.
-func (r *ServiceAccountReconciler) sync(ctx context.Context, sa *iamv1alpha1.IAMServiceAccount) outcome {
+func (r *ServiceAccountReconciler) sync(ctx context.Context, sa *iamv1alpha1.IAMServiceAccount) status.Outcome {
 	var notAllowed []string
 	for _, arn := range sa.Spec.ManagedPolicyArns {
 		if !r.cfg.allowed.Allows(arn) {
@@ -126,13 +128,13 @@ func (r *ServiceAccountReconciler) sync(ctx context.Context, sa *iamv1alpha1.IAM
 	// Refused ARNs are left out, so a role keeps being repaired and an ARN the operator stops
 	// allowing is detached; the object then stalls until its spec or the flag changes.
 	o := r.apply(ctx, sa, notAllowed, &ch)
-	if len(notAllowed) > 0 && o.ready {
+	if len(notAllowed) > 0 && o.Ready {
 		allowed := r.cfg.allowed.String()
 		if allowed == "" {
 			allowed = "none"
 		}
-		o = outcome{reason: ReasonPolicyNotAllowed, stalled: true, retry: o.retry, message: fmt.Sprintf(
-			"managedPolicyArns not allowed by the operator (--allowed-policy-arns: %s), not attached: %s", allowed, strings.Join(notAllowed, ", "))}
+		o = status.WaitsForPerson(ReasonPolicyNotAllowed, fmt.Sprintf(
+			"managedPolicyArns not allowed by the operator (--allowed-policy-arns: %s), not attached: %s", allowed, strings.Join(notAllowed, ", ")), o.RequeueAfter)
 	}
 	if len(ch.notes) > 0 {
 		reason := "RoleUpdated"
@@ -140,7 +142,9 @@ func (r *ServiceAccountReconciler) sync(ctx context.Context, sa *iamv1alpha1.IAM
 			reason = "RoleCreated"
 		}
 		r.recorder.Eventf(sa, nil, corev1.EventTypeNormal, reason, "Reconcile", "%s", strings.Join(ch.notes, "; "))
-		o.announced = true
+		if o.Ready {
+			o = o.Silenced() // a problem still gets its own Event
+		}
 	}
 	return o
 }
@@ -157,7 +161,7 @@ func (c *changes) add(format string, args ...any) {
 }
 
 // apply creates or repairs the role, its attachments and the ServiceAccount, noting changes in ch.
-func (r *ServiceAccountReconciler) apply(ctx context.Context, sa *iamv1alpha1.IAMServiceAccount, refused []string, ch *changes) outcome {
+func (r *ServiceAccountReconciler) apply(ctx context.Context, sa *iamv1alpha1.IAMServiceAccount, refused []string, ch *changes) status.Outcome {
 	// A ServiceAccount to annotate must exist first: waiting for it costs one API read, no IAM call.
 	k8sSA, waiting := r.readServiceAccount(ctx, sa)
 	if waiting != nil {
@@ -165,7 +169,7 @@ func (r *ServiceAccountReconciler) apply(ctx context.Context, sa *iamv1alpha1.IA
 	}
 	desired, pending, err := r.desiredPolicies(ctx, sa)
 	if err != nil {
-		return outcome{reason: ReasonAWSError, message: err.Error(), err: err}
+		return status.Transient(ReasonAWSError, err.Error(), err)
 	}
 	desired = slices.DeleteFunc(desired, func(arn string) bool { return slices.Contains(refused, arn) })
 	role, o := r.ensureRole(ctx, sa, ch)
@@ -181,15 +185,15 @@ func (r *ServiceAccountReconciler) apply(ctx context.Context, sa *iamv1alpha1.IA
 	}
 	if len(pending) > 0 {
 		// The policies' ARNs trigger a reconcile when they appear; the resync still repairs drift.
-		return outcome{reason: ReasonPolicyNotReady, retry: wait.Jitter(r.cfg.resync, 0.1), message: fmt.Sprintf(
-			"role %s is ready; waiting for IAMPolicy %s to exist in AWS", role.ARN, strings.Join(pending, ", "))}
+		return status.Progressing(ReasonPolicyNotReady, fmt.Sprintf(
+			"role %s is ready; waiting for IAMPolicy %s to exist in AWS", role.ARN, strings.Join(pending, ", ")), wait.Jitter(r.cfg.resync, 0.1))
 	}
 	return synced(fmt.Sprintf("role %s with %d policies", role.ARN, len(desired)), r.cfg.resync)
 }
 
 // ensureRole gets or creates the role and repairs its trust policy, session duration and
 // boundary. A nil role comes with the outcome that stopped it.
-func (r *ServiceAccountReconciler) ensureRole(ctx context.Context, sa *iamv1alpha1.IAMServiceAccount, ch *changes) (*awsiam.Role, outcome) {
+func (r *ServiceAccountReconciler) ensureRole(ctx context.Context, sa *iamv1alpha1.IAMServiceAccount, ch *changes) (*awsiam.Role, status.Outcome) {
 	account, err := r.accountID(ctx)
 	if err != nil {
 		return nil, awsFailure(err, r.SlowRetry)
@@ -220,16 +224,16 @@ func (r *ServiceAccountReconciler) ensureRole(ctx context.Context, sa *iamv1alph
 		} else if err == nil {
 			ch.created = true
 			ch.add("created IAM role %s", role.ARN)
-			return role, outcome{}
+			return role, status.Outcome{}
 		}
 	}
 	if err != nil {
 		return nil, awsFailure(err, r.SlowRetry)
 	}
 	if !irsa.OwnedBy(role.Tags, r.cfg.cluster, sa.Namespace, sa.Name) {
-		return nil, outcome{reason: ReasonConflict, stalled: true, retry: r.SlowRetry, message: fmt.Sprintf(
+		return nil, status.WaitsForPerson(ReasonConflict, fmt.Sprintf(
 			"IAM role %s exists but is not tagged as this object's (%s=%s, %s=%s, %s=%s); it is left alone",
-			name, irsa.TagCluster, r.cfg.cluster, irsa.TagNamespace, sa.Namespace, irsa.TagName, sa.Name)}
+			name, irsa.TagCluster, r.cfg.cluster, irsa.TagNamespace, sa.Namespace, irsa.TagName, sa.Name), r.SlowRetry)
 	}
 	var repaired []string
 	if same, err := irsa.Equivalent(role.TrustPolicy, trust); err != nil || !same {
@@ -258,12 +262,12 @@ func (r *ServiceAccountReconciler) ensureRole(ctx context.Context, sa *iamv1alph
 	if len(repaired) > 0 {
 		ch.add("IAM role %s: set %s", role.ARN, strings.Join(repaired, ", "))
 	}
-	return role, outcome{}
+	return role, status.Outcome{}
 }
 
 // ensureAttachments attaches and detaches only the difference between the role's policies and
 // the desired ones.
-func (r *ServiceAccountReconciler) ensureAttachments(ctx context.Context, sa *iamv1alpha1.IAMServiceAccount, role string, desired []string, ch *changes) *outcome {
+func (r *ServiceAccountReconciler) ensureAttachments(ctx context.Context, sa *iamv1alpha1.IAMServiceAccount, role string, desired []string, ch *changes) *status.Outcome {
 	current, err := r.aws.ListAttachedPolicies(ctx, role)
 	if err != nil {
 		o := awsFailure(err, r.SlowRetry)
@@ -300,19 +304,19 @@ func (r *ServiceAccountReconciler) ensureAttachments(ctx context.Context, sa *ia
 // that does not exist is an outcome: waiting for it costs this one read, and no IAM call.
 // ServiceAccounts are read from the API server: the shared cache may be narrowed to another
 // controller's ServiceAccounts.
-func (r *ServiceAccountReconciler) readServiceAccount(ctx context.Context, iamsa *iamv1alpha1.IAMServiceAccount) (*corev1.ServiceAccount, *outcome) {
+func (r *ServiceAccountReconciler) readServiceAccount(ctx context.Context, iamsa *iamv1alpha1.IAMServiceAccount) (*corev1.ServiceAccount, *status.Outcome) {
 	sa := &corev1.ServiceAccount{}
 	err := r.apiReader.Get(ctx, client.ObjectKey{Namespace: iamsa.Namespace, Name: iamsa.Spec.ServiceAccountName}, sa)
 	switch {
 	case err == nil:
 		return sa, nil
 	case !apierrors.IsNotFound(err):
-		return nil, &outcome{reason: ReasonAWSError, message: err.Error(), err: err}
+		return nil, ptr.To(status.Transient(ReasonAWSError, err.Error(), err))
 	case iamsa.Spec.CreateServiceAccount:
 		return nil, nil
 	default:
-		return nil, &outcome{reason: ReasonServiceAccountNotFound, retry: r.WaitRetry, message: fmt.Sprintf(
-			"ServiceAccount %s does not exist (create it, or set spec.createServiceAccount); the role is made when it does", iamsa.Spec.ServiceAccountName)}
+		return nil, ptr.To(status.Progressing(ReasonServiceAccountNotFound, fmt.Sprintf(
+			"ServiceAccount %s does not exist (create it, or set spec.createServiceAccount); the role is made when it does", iamsa.Spec.ServiceAccountName), r.WaitRetry))
 	}
 }
 
@@ -322,38 +326,38 @@ const AnnotationOwner = "iam.quartermaster.dev/iamserviceaccount"
 
 // ensureServiceAccount creates (createServiceAccount) or annotates the ServiceAccount, as read
 // by readServiceAccount (nil: it does not exist), with the role's ARN.
-func (r *ServiceAccountReconciler) ensureServiceAccount(ctx context.Context, iamsa *iamv1alpha1.IAMServiceAccount, sa *corev1.ServiceAccount, roleARN string, ch *changes) *outcome {
+func (r *ServiceAccountReconciler) ensureServiceAccount(ctx context.Context, iamsa *iamv1alpha1.IAMServiceAccount, sa *corev1.ServiceAccount, roleARN string, ch *changes) *status.Outcome {
 	key := client.ObjectKey{Namespace: iamsa.Namespace, Name: iamsa.Spec.ServiceAccountName}
 	if sa == nil {
 		sa = &corev1.ServiceAccount{}
 		sa.Namespace, sa.Name = key.Namespace, key.Name
 		sa.Annotations = map[string]string{iamv1alpha1.AnnotationRoleARN: roleARN, AnnotationOwner: iamsa.Name}
 		if err := controllerutil.SetControllerReference(iamsa, sa, r.client.Scheme()); err != nil {
-			return &outcome{reason: ReasonAWSError, message: err.Error(), err: err}
+			return ptr.To(status.Transient(ReasonAWSError, err.Error(), err))
 		}
 		if err := r.client.Create(ctx, sa); apierrors.HasStatusCause(err, corev1.NamespaceTerminatingCause) {
 			// The namespace is going, and this object with it: nothing to create, nothing to retry fast.
-			return &outcome{reason: ReasonServiceAccountNotFound, retry: r.WaitRetry, message: "namespace " + key.Namespace + " is being deleted"}
+			return ptr.To(status.Progressing(ReasonServiceAccountNotFound, "namespace "+key.Namespace+" is being deleted", r.WaitRetry))
 		} else if apierrors.IsAlreadyExists(err) {
-			return &outcome{reason: ReasonServiceAccountConflict, message: "creating ServiceAccount " + key.Name + ": " + err.Error(), err: err}
+			return ptr.To(status.Transient(ReasonServiceAccountConflict, "creating ServiceAccount "+key.Name+": "+err.Error(), err))
 		} else if err != nil {
-			return &outcome{reason: ReasonAWSError, message: "creating ServiceAccount " + key.Name + ": " + err.Error(), err: err}
+			return ptr.To(status.Transient(ReasonAWSError, "creating ServiceAccount "+key.Name+": "+err.Error(), err))
 		}
 		ch.add("created ServiceAccount %s", key.Name)
 		return nil
 	}
 	if iamsa.Spec.CreateServiceAccount && !metav1.IsControlledBy(sa, iamsa) {
-		return &outcome{reason: ReasonServiceAccountConflict, stalled: true, retry: r.SlowRetry, message: fmt.Sprintf(
-			"ServiceAccount %s exists and was not created by this IAMServiceAccount; set createServiceAccount: false to annotate it", key.Name)}
+		return ptr.To(status.WaitsForPerson(ReasonServiceAccountConflict, fmt.Sprintf(
+			"ServiceAccount %s exists and was not created by this IAMServiceAccount; set createServiceAccount: false to annotate it", key.Name), r.SlowRetry))
 	}
 	current, owner := sa.Annotations[iamv1alpha1.AnnotationRoleARN], sa.Annotations[AnnotationOwner]
 	if current == roleARN && owner == iamsa.Name {
 		return nil
 	}
 	if current != "" && current != roleARN && owner != iamsa.Name {
-		return &outcome{reason: ReasonServiceAccountConflict, stalled: true, retry: r.SlowRetry, message: fmt.Sprintf(
+		return ptr.To(status.WaitsForPerson(ReasonServiceAccountConflict, fmt.Sprintf(
 			"ServiceAccount %s is already annotated %s=%s by someone else; remove the annotation to let this IAMServiceAccount set it",
-			key.Name, iamv1alpha1.AnnotationRoleARN, current)}
+			key.Name, iamv1alpha1.AnnotationRoleARN, current), r.SlowRetry))
 	}
 	orig := sa.DeepCopy()
 	if sa.Annotations == nil {
@@ -361,7 +365,7 @@ func (r *ServiceAccountReconciler) ensureServiceAccount(ctx context.Context, iam
 	}
 	sa.Annotations[iamv1alpha1.AnnotationRoleARN], sa.Annotations[AnnotationOwner] = roleARN, iamsa.Name
 	if err := r.client.Patch(ctx, sa, client.MergeFrom(orig)); err != nil {
-		return &outcome{reason: ReasonAWSError, message: "annotating ServiceAccount " + key.Name + ": " + err.Error(), err: err}
+		return ptr.To(status.Transient(ReasonAWSError, "annotating ServiceAccount "+key.Name+": "+err.Error(), err))
 	}
 	ch.add("annotated ServiceAccount %s", key.Name)
 	return nil
@@ -369,15 +373,15 @@ func (r *ServiceAccountReconciler) ensureServiceAccount(ctx context.Context, iam
 
 // delete removes the role (detached first) unless retained, and the ServiceAccount's
 // annotation, then releases the object.
-func (r *ServiceAccountReconciler) delete(ctx context.Context, sa *iamv1alpha1.IAMServiceAccount) (outcome, bool) {
+func (r *ServiceAccountReconciler) delete(ctx context.Context, sa *iamv1alpha1.IAMServiceAccount) (status.Outcome, bool) {
 	if !controllerutil.ContainsFinalizer(sa, Finalizer) {
-		return outcome{}, true
+		return status.Outcome{}, true
 	}
 	if sa.Annotations[iamv1alpha1.AnnotationDeletionPolicy] == iamv1alpha1.DeletionPolicyRetain {
 		// The role stays, so the ServiceAccount keeps pointing at it, and a created one is orphaned
 		// rather than garbage-collected.
 		if err := r.orphanServiceAccount(ctx, sa); err != nil {
-			return outcome{reason: ReasonDeleting, message: err.Error(), err: err}, false
+			return status.Transient(ReasonDeleting, err.Error(), err), false
 		}
 		r.recorder.Eventf(sa, nil, corev1.EventTypeNormal, "Retained", "Delete", "IAM role %s kept in AWS (deletion-policy: retain)", sa.Status.RoleARN)
 		return r.release(ctx, sa)
@@ -392,15 +396,15 @@ func (r *ServiceAccountReconciler) delete(ctx context.Context, sa *iamv1alpha1.I
 		r.recorder.Eventf(sa, nil, corev1.EventTypeWarning, ReasonConflict, "Delete", "IAM role %s is not tagged as this object's; left in AWS", name)
 	default:
 		if err := r.deleteRole(ctx, name); awsiam.IsConflict(err) {
-			return outcome{reason: "DeleteConflict", stalled: true, retry: r.SlowRetry, message: awsiam.StatusMessage(err) +
-				" (someone added an inline policy or an instance profile to the role: remove it, or set the retain annotation)"}, false
+			return status.WaitsForPerson("DeleteConflict", awsiam.StatusMessage(err)+
+				" (someone added an inline policy or an instance profile to the role: remove it, or set the retain annotation)", r.SlowRetry), false
 		} else if err != nil {
 			return awsFailure(err, r.SlowRetry), false
 		}
 		r.recorder.Eventf(sa, nil, corev1.EventTypeNormal, "RoleDeleted", "Delete", "deleted IAM role %s", role.ARN)
 	}
 	if err := r.removeAnnotation(ctx, sa); err != nil {
-		return outcome{reason: ReasonDeleting, message: err.Error(), err: err}, false
+		return status.Transient(ReasonDeleting, err.Error(), err), false
 	}
 	return r.release(ctx, sa)
 }
@@ -448,9 +452,9 @@ func (r *ServiceAccountReconciler) orphanServiceAccount(ctx context.Context, iam
 	return client.IgnoreNotFound(r.client.Patch(ctx, sa, client.MergeFromWithOptions(orig, client.MergeFromWithOptimisticLock{})))
 }
 
-func (r *ServiceAccountReconciler) release(ctx context.Context, sa *iamv1alpha1.IAMServiceAccount) (outcome, bool) {
+func (r *ServiceAccountReconciler) release(ctx context.Context, sa *iamv1alpha1.IAMServiceAccount) (status.Outcome, bool) {
 	if err := r.patchFinalizer(ctx, sa, false); err != nil {
-		return outcome{reason: ReasonDeleting, message: err.Error(), err: err}, false
+		return status.Transient(ReasonDeleting, err.Error(), err), false
 	}
-	return outcome{}, true
+	return status.Outcome{}, true
 }

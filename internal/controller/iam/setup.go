@@ -16,6 +16,7 @@ import (
 
 	iamv1alpha1 "github.com/quartermaster-dev/quartermaster/api/iam/v1alpha1"
 	"github.com/quartermaster-dev/quartermaster/internal/cloud/aws/awsiam"
+	"github.com/quartermaster-dev/quartermaster/internal/controller/status"
 	"github.com/quartermaster-dev/quartermaster/internal/irsa"
 )
 
@@ -139,7 +140,7 @@ func newBase(mgr ctrl.Manager, cfg config, api AWS) (*base, error) {
 		return nil, err
 	}
 	return &base{
-		client:    mgr.GetClient(),
+		client:    guarded(mgr.GetClient()),
 		apiReader: mgr.GetAPIReader(),
 		recorder:  recorder,
 		aws:       api,
@@ -147,6 +148,14 @@ func newBase(mgr ctrl.Manager, cfg config, api AWS) (*base, error) {
 		SlowRetry: slowRetry,
 		WaitRetry: waitRetry,
 	}, nil
+}
+
+// guarded is c reading no IAMPolicy or IAMServiceAccount older than the controllers' own last
+// write of it: their status drives Events, and an IAMPolicy's ARN the attachments. (The compat
+// mode's ConfigMaps come from a cache of their own; it re-reads one from the API server before
+// writing its annotations.)
+func guarded(c client.Client) client.Client {
+	return status.NewClient(c, &iamv1alpha1.IAMPolicy{}, &iamv1alpha1.IAMServiceAccount{})
 }
 
 // register adds the controllers sharing b to the manager.

@@ -26,6 +26,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
+	"github.com/quartermaster-dev/quartermaster/internal/controller/status"
 	"github.com/quartermaster-dev/quartermaster/internal/nsrequest"
 )
 
@@ -73,7 +74,9 @@ func NewReconciler(mgr ctrl.Manager, policy *nsrequest.Policy, defaults *nsreque
 		ca = b
 	}
 	return &Reconciler{
-		Client:    mgr.GetClient(),
+		// The request's annotations, the Secret's token times and the Namespace's annotations
+		// drive writes, Events and token minting: never read one older than our last write of it.
+		Client:    status.NewClient(mgr.GetClient(), &corev1.ConfigMap{}, &corev1.Secret{}, &corev1.Namespace{}),
 		APIReader: mgr.GetAPIReader(),
 		Recorder:  mgr.GetEventRecorder("quartermaster-namespaces"),
 		Policy:    policy,
@@ -509,18 +512,18 @@ func (r *Reconciler) ensureObject(ctx context.Context, want client.Object) (clie
 	return merged, r.Client.Update(ctx, merged)
 }
 
-// writeStatus records the outcome on the request ConfigMap (status and message annotations) in one
-// patch, only when it changed, with an Event.
+// writeStatus records the outcome on the request ConfigMap (status, reason and message
+// annotations) in one patch, only when it changed, with an Event when the reason changes (not when
+// only the message does: a token rotation has its own Event on the Secret).
 func (r *Reconciler) writeStatus(ctx context.Context, cm *corev1.ConfigMap, out outcome) error {
 	want := cm.DeepCopy()
 	if want.Annotations == nil {
 		want.Annotations = map[string]string{}
 	}
 	want.Annotations[nsrequest.AnnotationStatus] = string(out.status)
+	want.Annotations[nsrequest.AnnotationReason] = out.reason
 	want.Annotations[nsrequest.AnnotationMessage] = out.message
-	changed := cm.Annotations[nsrequest.AnnotationStatus] != want.Annotations[nsrequest.AnnotationStatus] ||
-		cm.Annotations[nsrequest.AnnotationMessage] != want.Annotations[nsrequest.AnnotationMessage]
-	if !changed {
+	if maps.Equal(cm.Annotations, want.Annotations) {
 		return nil
 	}
 	// A merge patch without a resourceVersion: it names only the annotations it changes, so a stale
@@ -528,15 +531,19 @@ func (r *Reconciler) writeStatus(ctx context.Context, cm *corev1.ConfigMap, out 
 	if err := r.Client.Patch(ctx, want, client.MergeFrom(cm)); err != nil {
 		return err
 	}
-	{
-		kind := corev1.EventTypeNormal
-		if out.status != nsrequest.StatusReady {
-			kind = corev1.EventTypeWarning
-		}
-		if out.status == nsrequest.StatusPending && out.reason != "Error" {
-			kind = corev1.EventTypeNormal
-		}
-		r.Recorder.Eventf(cm, nil, kind, out.reason, string(out.status), "%s", out.message)
-	}
+	status.Announce(r.Recorder, cm, cm.Annotations[nsrequest.AnnotationReason], out.report())
 	return nil
+}
+
+// report is the outcome in the terms every controller reports in: Invalid and Conflict wait for a
+// person; a namespace going away (at its ttl, or deleted) is an expected state, told as Normal.
+func (o outcome) report() status.Outcome {
+	r := status.Outcome{
+		Ready: o.status == nsrequest.StatusReady, Reason: o.reason, Message: o.message,
+		Stalled: o.status == nsrequest.StatusInvalid || o.status == nsrequest.StatusConflict,
+	}
+	if o.status == nsrequest.StatusPending && o.reason != "Error" {
+		r.EventType = corev1.EventTypeNormal
+	}
+	return r
 }

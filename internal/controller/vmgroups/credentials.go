@@ -9,6 +9,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 
 	vcenter "github.com/quartermaster-dev/quartermaster/internal/cloud/vsphere"
+	"github.com/quartermaster-dev/quartermaster/internal/controller/status"
 	"github.com/quartermaster-dev/quartermaster/internal/vsphere"
 )
 
@@ -58,13 +59,13 @@ func (r *Reconciler) credentials(ctx context.Context) (vcenter.Credentials, erro
 func (r *Reconciler) connect(ctx context.Context) (vcenter.API, *failure) {
 	creds, err := r.credentials(ctx)
 	if err != nil {
-		return nil, &failure{reason: "CredentialsUnavailable", message: err.Error(), retry: r.SlowRetry, stalled: true}
+		return nil, &failure{Outcome: status.WaitsForPerson("CredentialsUnavailable", err.Error(), r.SlowRetry)}
 	}
 	api, err := r.Connector.Get(ctx, creds)
 	if err != nil {
 		if vcenter.IsLoginRefused(err) {
-			return nil, &failure{reason: "LoginFailed", retry: r.SlowRetry, stalled: true,
-				message: fmt.Sprintf("vCenter refused the user name or password of Secret %s (%v)", r.Secret, err)}
+			return nil, &failure{Outcome: status.WaitsForPerson("LoginFailed",
+				fmt.Sprintf("vCenter refused the user name or password of Secret %s (%v)", r.Secret, err), r.SlowRetry)}
 		}
 		return nil, vcenterFailure(err)
 	}

@@ -18,22 +18,22 @@ import (
 
 // reconcileDelete powers off and destroys the group's VMs, then its folder when nothing else is in
 // it, then drops the finalizer. released says the finalizer is gone.
-func (r *Reconciler) reconcileDelete(ctx context.Context, vg *computev1alpha1.VmGroup, before *computev1alpha1.VmGroupStatus) (reconcile.Result, bool, error) {
+func (r *Reconciler) reconcileDelete(ctx context.Context, vg *computev1alpha1.VmGroup) (reconcile.Result, bool, error) {
 	if !controllerutil.ContainsFinalizer(vg, Finalizer) {
 		return reconcile.Result{}, true, nil
 	}
 	keep := fmt.Sprintf("; the VmGroup stays until its VMs are deleted (remove the finalizer %s to leave them behind)", Finalizer)
 	api, f := r.connect(ctx)
 	if f != nil {
-		f.message += keep
-		res, err := r.fail(vg, before, f)
+		f.Message += keep
+		res, err := r.fail(vg, f)
 		return res, false, err
 	}
 	folder, f := r.folder(ctx, api, vg, r.placement(vg), false)
 	if f != nil {
-		if f.reason != "PlacementNotFound" { // no folder: nothing was created, or it is gone already
-			f.message += keep
-			res, err := r.fail(vg, before, f)
+		if f.Reason != "PlacementNotFound" { // no folder: nothing was created, or it is gone already
+			f.Message += keep
+			res, err := r.fail(vg, f)
 			return res, false, err
 		}
 		return r.release(ctx, vg)
@@ -43,7 +43,7 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, vg *computev1alpha1.Vm
 		return r.release(ctx, vg)
 	}
 	if err != nil {
-		res, err := r.fail(vg, before, vcenterFailure(err))
+		res, err := r.fail(vg, vcenterFailure(err))
 		return res, false, err
 	}
 	obs := vsphere.Observe(spec(vg), listing.VMs)
@@ -53,8 +53,8 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, vg *computev1alpha1.Vm
 	}
 	if err != nil {
 		fl := vcenterFailure(err)
-		fl.message += keep
-		res, err := r.fail(vg, before, fl)
+		fl.Message += keep
+		res, err := r.fail(vg, fl)
 		return res, false, err
 	}
 
@@ -62,13 +62,13 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, vg *computev1alpha1.Vm
 	// that holds anything the group does not own.
 	after, err := api.List(ctx, folder)
 	if err != nil && !errors.Is(err, vcenter.ErrNotFound) {
-		res, err := r.fail(vg, before, vcenterFailure(err))
+		res, err := r.fail(vg, vcenterFailure(err))
 		return res, false, err
 	}
 	if err == nil {
 		if len(after.VMs) == 0 && after.Others == 0 {
 			if err := api.DestroyFolder(ctx, folder); err != nil {
-				res, err := r.fail(vg, before, vcenterFailure(err))
+				res, err := r.fail(vg, vcenterFailure(err))
 				return res, false, err
 			}
 		} else {

@@ -12,7 +12,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/workqueue"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
@@ -27,6 +26,7 @@ import (
 
 	computev1alpha1 "github.com/quartermaster-dev/quartermaster/api/compute/v1alpha1"
 	vcenter "github.com/quartermaster-dev/quartermaster/internal/cloud/vsphere"
+	"github.com/quartermaster-dev/quartermaster/internal/controller/status"
 	"github.com/quartermaster-dev/quartermaster/internal/vsphere"
 )
 
@@ -88,7 +88,9 @@ func NewReconciler(mgr ctrl.Manager, o *Options) (*Reconciler, error) {
 		return nil, err
 	}
 	return &Reconciler{
-		Client:           mgr.GetClient(),
+		// The status drives decisions (the folder path, the Ready reason's Event): never read a
+		// VmGroup older than the last write of it.
+		Client:           status.NewClient(mgr.GetClient(), &computev1alpha1.VmGroup{}),
 		Secrets:          secrets,
 		secrets:          secrets,
 		Recorder:         mgr.GetEventRecorder("quartermaster-vmgroups"),
@@ -160,7 +162,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (res 
 	}()
 
 	if !vg.DeletionTimestamp.IsZero() {
-		result, done, err := r.reconcileDelete(ctx, vg, before)
+		result, done, err := r.reconcileDelete(ctx, vg)
 		released = done
 		return result, err
 	}
@@ -211,12 +213,12 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, vg *computev1alpha1.Vm
 
 	api, f := r.connect(ctx)
 	if f != nil {
-		return r.fail(vg, before, f)
+		return r.fail(vg, f)
 	}
 	placement := r.placement(vg)
 	folder, f := r.folder(ctx, api, vg, placement, true)
 	if f != nil {
-		return r.fail(vg, before, f)
+		return r.fail(vg, f)
 	}
 	vg.Status.Folder = folder.Path
 
@@ -224,16 +226,16 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, vg *computev1alpha1.Vm
 	if !folder.Created {
 		var err error
 		if listing, err = api.List(ctx, folder); err != nil {
-			return r.fail(vg, before, vcenterFailure(err))
+			return r.fail(vg, vcenterFailure(err))
 		}
 	}
 	obs := vsphere.Observe(s, listing.VMs)
 	plan := vsphere.NewPlan(s, obs, r.CloneConcurrency)
 	if plan.Empty() {
 		r.observe(vg, before, obs)
-		r.setState(vg, before, state{phase: computev1alpha1.PhaseRunning, ready: true, reason: "Running",
-			message: fmt.Sprintf("%d/%d VMs running", len(obs.Members), s.Replicas) + unmanagedNote(obs)})
-		return reconcile.Result{RequeueAfter: wait.Jitter(r.Resync, 0.1)}, nil
+		o := status.Healthy("Running", fmt.Sprintf("%d/%d VMs running", len(obs.Members), s.Replicas)+unmanagedNote(obs), r.Resync)
+		r.report(vg, computev1alpha1.PhaseRunning, o)
+		return o.Result()
 	}
 
 	done, reason, actErr := r.act(ctx, api, vg, s, placement, folder, plan)
@@ -245,13 +247,13 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, vg *computev1alpha1.Vm
 	if actErr != nil {
 		fl := classify(actErr)
 		if len(done) > 0 {
-			fl.message = strings.Join(done, "; ") + "; then: " + fl.message
+			fl.Message = strings.Join(done, "; ") + "; then: " + fl.Message
 		}
-		return r.fail(vg, before, fl)
+		return r.fail(vg, fl)
 	}
-	r.setState(vg, before, state{phase: computev1alpha1.PhasePending, reason: reason, progressing: true,
-		message: strings.Join(done, "; ") + unmanagedNote(obs)})
-	return reconcile.Result{RequeueAfter: r.StepDelay}, nil
+	o := status.Progressing(reason, strings.Join(done, "; ")+unmanagedNote(obs), r.StepDelay).Silenced()
+	r.report(vg, computev1alpha1.PhasePending, o)
+	return o.Result()
 }
 
 // folder finds (or with create, makes) the group's folder: the path recorded in the status when

@@ -29,7 +29,7 @@ func testRestartMidScale(t *testing.T, f *fixture) {
 	})
 	t.Logf("manager stopped with %d VMs in the folder, 4 of them unknown to it", len(f.sim.Contents(t, folder)))
 	f.faults.Set(nil)
-	f.restart(t, nil)
+	f.restart(t)
 	vg := f.waitRunning(t, ns, name, 12)
 	f.checkFolder(t, folder, 12)
 	f.checkClones(t, clones, 12)
@@ -46,7 +46,7 @@ func testRestartMidScale(t *testing.T, f *fixture) {
 	})
 	t.Logf("manager stopped with %d VMs in the folder", len(f.sim.Contents(t, folder)))
 	f.faults.Set(nil)
-	f.restart(t, nil)
+	f.restart(t)
 	vg = f.waitRunning(t, ns, name, 2)
 	f.checkFolder(t, folder, 2)
 	if len(vg.Status.VMs) != 2 || len(vg.Status.UnmanagedVMs) != 0 {

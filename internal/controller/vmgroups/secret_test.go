@@ -31,7 +31,7 @@ func testSecretWatched(t *testing.T, f *fixture) {
 	f.calls.Reset()
 	f.setup(t, func(r *Reconciler) { r.Resync, r.SlowRetry = time.Hour, time.Hour })
 	f.run()
-	defer f.restart(t, nil) // later steps expect the usual periods
+	defer f.restart(t) // later steps expect the usual periods
 	// The new manager reconciles every group once as it starts (one folder lookup each); the
 	// Secret changes only after that.
 	testenv.Eventually(t, "every group reconciled", func() (bool, string) {

@@ -1,36 +1,20 @@
 package vmgroups
 
 import (
+	"cmp"
 	"errors"
-	"time"
 
-	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/meta"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	computev1alpha1 "github.com/quartermaster-dev/quartermaster/api/compute/v1alpha1"
 	vcenter "github.com/quartermaster-dev/quartermaster/internal/cloud/vsphere"
+	"github.com/quartermaster-dev/quartermaster/internal/controller/status"
 )
 
-// state is what a reconcile concluded, for the status.
-type state struct {
-	phase       computev1alpha1.Phase
-	ready       bool
-	reason      string
-	message     string
-	progressing bool // Reconciling=True
-	stalled     bool // Stalled=True: waits for a person
-}
-
-// failure is why a reconcile could not go on.
+// failure is why a reconcile could not go on: the outcome to report and the phase to show.
 type failure struct {
-	phase   computev1alpha1.Phase // default Pending
-	reason  string
-	message string
-	err     error         // returned, so the workqueue backs off
-	retry   time.Duration // otherwise: check again after this long
-	stalled bool
+	status.Outcome
+	phase computev1alpha1.Phase // default Pending
 }
 
 // vcenterFailure is a vCenter error: transient, backed off.
@@ -39,7 +23,7 @@ func vcenterFailure(err error) *failure {
 	if vcenter.IsUnreachable(err) {
 		reason = "VCenterUnreachable"
 	}
-	return &failure{reason: reason, message: err.Error(), err: err}
+	return &failure{Outcome: status.Transient(reason, err.Error(), err)}
 }
 
 // classify turns an adapter error into a failure. A template or placement item that is missing
@@ -63,66 +47,29 @@ func personFailure(kind, what, message string) *failure {
 	if kind == "template" {
 		reason = "Template" + what
 	}
-	return &failure{phase: computev1alpha1.PhaseError, reason: reason, message: message, stalled: true}
+	return &failure{phase: computev1alpha1.PhaseError, Outcome: status.WaitsForPerson(reason, message, 0)}
 }
 
-// fail records the failure and says when to try again.
-func (r *Reconciler) fail(vg *computev1alpha1.VmGroup, before *computev1alpha1.VmGroupStatus, f *failure) (reconcile.Result, error) {
-	phase := f.phase
-	if phase == "" {
-		phase = computev1alpha1.PhasePending
-	}
+// fail records the failure and says when to try again (a problem a person must fix: after
+// SlowRetry).
+func (r *Reconciler) fail(vg *computev1alpha1.VmGroup, f *failure) (reconcile.Result, error) {
+	phase := cmp.Or(f.phase, computev1alpha1.PhasePending)
 	if !vg.DeletionTimestamp.IsZero() {
 		phase = computev1alpha1.PhaseDeleting
 	}
-	r.setState(vg, before, state{phase: phase, reason: f.reason, message: f.message, stalled: f.stalled, progressing: !f.stalled})
-	if f.err != nil {
-		return reconcile.Result{}, f.err
+	o := f.Outcome
+	if o.Err == nil && o.RequeueAfter == 0 {
+		o.RequeueAfter = r.SlowRetry
 	}
-	retry := f.retry
-	if retry == 0 {
-		retry = r.SlowRetry
-	}
-	return reconcile.Result{RequeueAfter: retry}, nil
+	r.report(vg, phase, o)
+	return o.Result()
 }
 
-// setState writes phase, message and conditions, and emits an Event when the Ready reason changes
-// (not on every retry).
-func (r *Reconciler) setState(vg *computev1alpha1.VmGroup, before *computev1alpha1.VmGroupStatus, s state) {
-	st := &vg.Status
-	st.Phase = s.phase
-	st.LastMessage = s.message
-	st.ObservedGeneration = vg.Generation
-	set := func(t string, ok bool, reason, msg string) {
-		status := metav1.ConditionFalse
-		if ok {
-			status = metav1.ConditionTrue
-		}
-		meta.SetStatusCondition(&st.Conditions, metav1.Condition{
-			Type: t, Status: status, Reason: reason, Message: msg, ObservedGeneration: vg.Generation,
-		})
-	}
-	set(computev1alpha1.ConditionReady, s.ready, s.reason, s.message)
-	if s.progressing {
-		set(computev1alpha1.ConditionReconciling, true, s.reason, s.message)
-	} else {
-		meta.RemoveStatusCondition(&st.Conditions, computev1alpha1.ConditionReconciling)
-	}
-	if s.stalled {
-		set(computev1alpha1.ConditionStalled, true, s.reason, s.message)
-	} else {
-		meta.RemoveStatusCondition(&st.Conditions, computev1alpha1.ConditionStalled)
-	}
-
-	prev := meta.FindStatusCondition(before.Conditions, computev1alpha1.ConditionReady)
-	if prev != nil && prev.Reason == s.reason {
-		return
-	}
-	switch {
-	case s.ready:
-		r.Recorder.Eventf(vg, nil, corev1.EventTypeNormal, s.reason, "Reconcile", "%s", s.message)
-	case s.stalled || s.phase == computev1alpha1.PhaseError ||
-		s.reason == "VCenterUnreachable" || s.reason == "VCenterError" || s.reason == "LoginFailed" || s.reason == "CredentialsUnavailable":
-		r.Recorder.Eventf(vg, nil, corev1.EventTypeWarning, s.reason, "Reconcile", "%s", s.message)
-	}
+// report writes phase, message and conditions, with an Event when the Ready reason changes (not
+// on every retry). Steps on the way (clones, power-ons) record their own Events and are Silenced.
+func (r *Reconciler) report(vg *computev1alpha1.VmGroup, phase computev1alpha1.Phase, o status.Outcome) {
+	vg.Status.Phase = phase
+	vg.Status.LastMessage = o.Message
+	vg.Status.ObservedGeneration = vg.Generation
+	status.Report(r.Recorder, vg, &vg.Status.Conditions, vg.Generation, o)
 }

@@ -134,10 +134,10 @@ func (f *fixture) stop(t *testing.T) {
 }
 
 // restart stops the manager and starts a new one on the same API server and vCenter.
-func (f *fixture) restart(t *testing.T, tune func(*Reconciler)) {
+func (f *fixture) restart(t *testing.T) {
 	t.Helper()
 	f.stop(t)
-	f.setup(t, tune)
+	f.setup(t, nil)
 	f.run()
 }
 

@@ -78,6 +78,7 @@ func TestVmGroups(t *testing.T) {
 		{"a newer spec is read between clone batches", testNewerSpecWins, true},
 		{"manager restart mid scale-up and mid scale-down", testRestartMidScale, true},
 		{"injected vSphere faults", testInjectedFaults, true},
+		{"a cache behind the controller's own writes", testStaleCache, true},
 		{"the vCenter Secret is cached and watched", testSecretWatched, true},
 		{"credentials never shown", testNoCredentialsShown, true},
 	}

@@ -10,6 +10,7 @@ import (
 
 	eventsv1 "k8s.io/api/events/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
@@ -108,4 +109,17 @@ func ErrString(err error) string {
 		return ""
 	}
 	return err.Error()
+}
+
+// EventReasons takes the Events a FakeRecorder holds and returns their reasons, oldest first.
+func EventReasons(rec *events.FakeRecorder) []string {
+	var reasons []string
+	for {
+		select {
+		case e := <-rec.Events:
+			reasons = append(reasons, strings.Fields(e)[1])
+		default:
+			return reasons
+		}
+	}
 }

@@ -1,0 +1,69 @@
+package status
+
+import (
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/tools/events"
+)
+
+// SetConditions writes the outcome into conds for generation: Ready (True only when o.Ready),
+// Reconciling while the object is neither ready nor stalled, Stalled while it waits for a person.
+// All three carry o's reason and message, so `kubectl get -o wide` and kstatus agree.
+func SetConditions(conds *[]metav1.Condition, generation int64, o Outcome) {
+	set := func(t string, ok bool) {
+		s := metav1.ConditionFalse
+		if ok {
+			s = metav1.ConditionTrue
+		}
+		meta.SetStatusCondition(conds, metav1.Condition{
+			Type: t, Status: s, Reason: o.Reason, Message: o.Message, ObservedGeneration: generation,
+		})
+	}
+	set(Ready, o.Ready)
+	if !o.Ready && !o.Stalled {
+		set(Reconciling, true)
+	} else {
+		meta.RemoveStatusCondition(conds, Reconciling)
+	}
+	if o.Stalled {
+		set(Stalled, true)
+	} else {
+		meta.RemoveStatusCondition(conds, Stalled)
+	}
+}
+
+// ReadyReason is the reason of the Ready condition in conds, or "" when there is none.
+func ReadyReason(conds []metav1.Condition) string {
+	if c := meta.FindStatusCondition(conds, Ready); c != nil {
+		return c.Reason
+	}
+	return ""
+}
+
+// Announce records an Event for o when its reason differs from the previous one (transitions
+// only, never at every retry), unless o is Quiet: Normal when Ready, Warning otherwise, or
+// o.EventType.
+func Announce(rec events.EventRecorder, obj runtime.Object, previousReason string, o Outcome) {
+	if o.Quiet || o.Reason == previousReason {
+		return
+	}
+	typ := o.EventType
+	switch {
+	case typ != "":
+	case o.Ready:
+		typ = corev1.EventTypeNormal
+	default:
+		typ = corev1.EventTypeWarning
+	}
+	rec.Eventf(obj, nil, typ, o.Reason, "Reconcile", "%s", o.Message)
+}
+
+// Report is SetConditions and Announce together, for a status whose previous Ready reason is read
+// from conds before they change.
+func Report(rec events.EventRecorder, obj runtime.Object, conds *[]metav1.Condition, generation int64, o Outcome) {
+	previous := ReadyReason(*conds)
+	SetConditions(conds, generation, o)
+	Announce(rec, obj, previous, o)
+}
