@@ -9,7 +9,9 @@ import (
 
 	computev1alpha1 "github.com/quartermaster-dev/quartermaster/api/compute/v1alpha1"
 	iamv1alpha1 "github.com/quartermaster-dev/quartermaster/api/iam/v1alpha1"
+	intentv1alpha1 "github.com/quartermaster-dev/quartermaster/api/intent/v1alpha1"
 	"github.com/quartermaster-dev/quartermaster/internal/controller/iam"
+	"github.com/quartermaster-dev/quartermaster/internal/controller/intents"
 	"github.com/quartermaster-dev/quartermaster/internal/controller/namespaces"
 	"github.com/quartermaster-dev/quartermaster/internal/controller/vmgroups"
 	"github.com/quartermaster-dev/quartermaster/internal/manager"
@@ -22,11 +24,12 @@ func controllers() []registry.Controller {
 		namespaces.Controller(),
 		vmgroups.Controller(),
 		iam.Controller(),
+		intents.Controller(),
 	}
 }
 
 func main() {
-	scheme := manager.Scheme(computev1alpha1.AddToScheme, iamv1alpha1.AddToScheme)
+	scheme := manager.Scheme(computev1alpha1.AddToScheme, iamv1alpha1.AddToScheme, intentv1alpha1.AddToScheme)
 	if err := manager.Run(ctrl.SetupSignalHandler(), os.Args[1:], controllers(), scheme, os.Stderr); err != nil {
 		fmt.Fprintln(os.Stderr, "quartermaster:", err)
 		os.Exit(1)

@@ -1,0 +1,145 @@
+package intents
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/quartermaster-dev/quartermaster/internal/intent"
+)
+
+// applied is what bringing a parent's engine policies to the generated ones found and did.
+type applied struct {
+	entries   []string // the generated policies that exist, as status.adapterPolicies lists them
+	conflicts []string // objects in the way that the parent does not control
+	missing   []intent.Engine
+	changes   []string // what was created, updated, deleted: one Event says it
+}
+
+// applyPolicies creates the generated policies that are missing, reverts the ones edited by hand,
+// and deletes the parent's policies that are no longer generated (of the given kinds, in
+// namespace, "" for cluster-scoped). An object it does not control is left alone and reported.
+func (b *base) applyPolicies(ctx context.Context, parent types.UID, desired []intent.Policy, namespace string, kinds []schema.GroupVersionKind) (applied, error) {
+	var a applied
+	wanted := map[schema.GroupVersionKind]map[string]bool{}
+	for _, p := range desired {
+		if !b.engines.has(p.Engine) {
+			if !slices.Contains(a.missing, p.Engine) {
+				a.missing = append(a.missing, p.Engine)
+			}
+			continue
+		}
+		gvk := p.Object.GroupVersionKind()
+		if wanted[gvk] == nil {
+			wanted[gvk] = map[string]bool{}
+		}
+		wanted[gvk][p.Object.GetName()] = true
+		ok, err := b.applyPolicy(ctx, parent, p, &a)
+		if err != nil {
+			return a, fmt.Errorf("%s: %w", p.Entry, err)
+		}
+		if ok {
+			a.entries = append(a.entries, p.Entry)
+		}
+	}
+	for _, gvk := range kinds {
+		if !b.engines.has(engineOf(gvk)) {
+			continue
+		}
+		list := &unstructured.UnstructuredList{}
+		list.SetGroupVersionKind(gvk.GroupVersion().WithKind(gvk.Kind + "List"))
+		if err := b.objects.List(ctx, list, client.InNamespace(namespace)); err != nil {
+			return a, err
+		}
+		for i := range list.Items {
+			obj := &list.Items[i]
+			if ref := metav1.GetControllerOf(obj); ref == nil || ref.UID != parent || wanted[gvk][obj.GetName()] {
+				continue
+			}
+			if err := b.client.Delete(ctx, obj, client.Preconditions{UID: new(obj.GetUID())}); client.IgnoreNotFound(err) != nil {
+				return a, err
+			}
+			a.changes = append(a.changes, "deleted "+gvk.Kind+" "+obj.GetName())
+		}
+	}
+	return a, nil
+}
+
+// applyPolicy brings one generated policy about; false when an object it does not control is in
+// the way.
+func (b *base) applyPolicy(ctx context.Context, parent types.UID, p intent.Policy, a *applied) (bool, error) {
+	cur := &unstructured.Unstructured{}
+	cur.SetGroupVersionKind(p.Object.GroupVersionKind())
+	key := client.ObjectKeyFromObject(p.Object)
+	err := b.objects.Get(ctx, key, cur)
+	if apierrors.IsNotFound(err) {
+		err = b.client.Create(ctx, p.Object.DeepCopy())
+		if err == nil {
+			a.changes = append(a.changes, "created "+p.Object.GetKind()+" "+p.Object.GetName())
+			return true, nil
+		}
+		if !apierrors.IsAlreadyExists(err) {
+			return false, err
+		}
+		// Created by a reconcile the cache does not show yet, or by someone else: look.
+		err = b.apiReader.Get(ctx, key, cur)
+	}
+	if err != nil {
+		return false, err
+	}
+	if ref := metav1.GetControllerOf(cur); ref == nil || ref.UID != parent {
+		a.conflicts = append(a.conflicts, p.Object.GetKind()+" "+key.String())
+		return false, nil
+	}
+	if intent.Matches(p.Object, cur) {
+		return true, nil
+	}
+	upd := cur.DeepCopy()
+	upd.Object["spec"] = p.Object.DeepCopy().Object["spec"]
+	annotations := upd.GetAnnotations()
+	if annotations == nil {
+		annotations = map[string]string{}
+	}
+	maps.Copy(annotations, p.Object.GetAnnotations())
+	upd.SetAnnotations(annotations)
+	upd.SetOwnerReferences(p.Object.GetOwnerReferences())
+	if err := b.client.Update(ctx, upd); err != nil {
+		return false, err
+	}
+	a.changes = append(a.changes, "reverted "+p.Object.GetKind()+" "+p.Object.GetName())
+	return true, nil
+}
+
+func engineOf(gvk schema.GroupVersionKind) intent.Engine {
+	for e, kinds := range intent.EngineKinds {
+		if slices.Contains(kinds, gvk) {
+			return e
+		}
+	}
+	return ""
+}
+
+// summary is what the parent's status says of the applied policies.
+func (a applied) summary(unenforced []string) string {
+	msg := fmt.Sprintf("%d engine policies", len(a.entries))
+	if len(a.missing) > 0 {
+		names := make([]string, 0, len(a.missing))
+		for _, e := range a.missing {
+			names = append(names, string(e))
+		}
+		msg += "; not installed (its policies are generated once it is): " + strings.Join(names, ", ")
+	}
+	if len(unenforced) > 0 {
+		msg += "; no engine implements " + strings.Join(unenforced, ", ") + ": nothing enforces it"
+	}
+	return msg
+}

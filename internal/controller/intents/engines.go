@@ -1,0 +1,92 @@
+package intents
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/discovery"
+
+	"github.com/quartermaster-dev/quartermaster/internal/intent"
+)
+
+// enginePollInterval is how often discovery is asked which engines are installed.
+const enginePollInterval = 10 * time.Second
+
+// engines knows which policy engines the cluster has, by their kinds being served, and tells
+// when one appears (its CRDs installed late) so its policies are generated then.
+type engines struct {
+	discovery discovery.DiscoveryInterface
+	interval  time.Duration
+	log       logr.Logger
+	// appeared is called, once per engine, when it is first seen.
+	appeared func(ctx context.Context, e intent.Engine) error
+
+	mu      sync.RWMutex
+	present map[intent.Engine]bool
+}
+
+// has reports whether the engine's kinds are served (NetworkPolicy always is).
+func (e *engines) has(en intent.Engine) bool {
+	if en == intent.NetworkPolicy {
+		return true
+	}
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	return e.present[en]
+}
+
+// NeedLeaderElection is false: the watches it adds belong to leader-elected controllers.
+func (e *engines) NeedLeaderElection() bool { return false }
+
+// Start polls discovery until ctx ends.
+func (e *engines) Start(ctx context.Context) error {
+	wait.UntilWithContext(ctx, func(ctx context.Context) { e.detect(ctx) }, e.interval)
+	return nil
+}
+
+func (e *engines) detect(ctx context.Context) {
+	for _, en := range []intent.Engine{intent.KubeArmor, intent.Kyverno} {
+		if e.has(en) {
+			continue
+		}
+		served, err := allServed(e.discovery, intent.EngineKinds[en])
+		if err != nil {
+			e.log.Error(err, "asking discovery for a policy engine's kinds; retrying", "engine", en)
+			continue
+		}
+		if !served {
+			continue
+		}
+		if err := e.appeared(ctx, en); err != nil {
+			e.log.Error(err, "watching a policy engine's kinds; retrying", "engine", en)
+			continue
+		}
+		e.mu.Lock()
+		e.present[en] = true
+		e.mu.Unlock()
+		e.log.Info("policy engine installed: generating its policies", "engine", en)
+	}
+}
+
+func allServed(d discovery.DiscoveryInterface, kinds []schema.GroupVersionKind) (bool, error) {
+	for _, gvk := range kinds {
+		list, err := d.ServerResourcesForGroupVersion(gvk.GroupVersion().String())
+		if apierrors.IsNotFound(err) {
+			return false, nil
+		}
+		if err != nil {
+			return false, err
+		}
+		if !slices.ContainsFunc(list.APIResources, func(r metav1.APIResource) bool { return r.Kind == gvk.Kind }) {
+			return false, nil
+		}
+	}
+	return true, nil
+}

@@ -1,0 +1,258 @@
+package intents
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	ctrl "sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
+
+	intentv1alpha1 "github.com/quartermaster-dev/quartermaster/api/intent/v1alpha1"
+	"github.com/quartermaster-dev/quartermaster/internal/controller/status"
+	"github.com/quartermaster-dev/quartermaster/internal/intent"
+)
+
+// conflictRetry is how often a policy blocked by an object it does not control looks again.
+const conflictRetry = 5 * time.Minute
+
+// namespacedKinds are the engine kinds a NimbusPolicy generates; clusterKinds a ClusterNimbusPolicy's.
+var (
+	namespacedKinds = []schema.GroupVersionKind{intent.KubeArmorPolicyKind, intent.NetworkPolicyKind, intent.KyvernoPolicyKind}
+	clusterKinds    = []schema.GroupVersionKind{intent.KyvernoClusterPolicyKind}
+)
+
+// policyReconciler generates the engine policies of each NimbusPolicy.
+type policyReconciler struct {
+	*base
+	// all wakes every NimbusPolicy (an engine installed, a node's pod range changed).
+	all chan event.GenericEvent
+}
+
+func (r *policyReconciler) setup(mgr ctrl.Manager, opts controller.Options) (controller.Controller, error) {
+	r.all = make(chan event.GenericEvent, 64)
+	return builder.ControllerManagedBy(mgr).
+		Named("nimbuspolicy").
+		For(&intentv1alpha1.NimbusPolicy{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		WatchesRawSource(source.Channel(r.all, &handler.EnqueueRequestForObject{})).
+		// A node's pod range is in the NetworkPolicies.
+		WatchesRawSource(source.Kind[client.Object](r.nodes, &corev1.Node{},
+			handler.EnqueueRequestsFromMapFunc(r.usingNodes), podCIDRChanged())).
+		WithOptions(opts).
+		Build(r)
+}
+
+// watchEngine watches the engine's namespaced kinds (an edit or deletion of a generated policy
+// reconciles its NimbusPolicy) and reconciles every NimbusPolicy, whose policies for the engine
+// can be made now.
+func (r *policyReconciler) watchEngine(ctx context.Context, mgr ctrl.Manager, c controller.Controller, e intent.Engine) error {
+	for _, gvk := range intent.EngineKinds[e] {
+		if !slices.Contains(namespacedKinds, gvk) {
+			continue
+		}
+		obj := &unstructured.Unstructured{}
+		obj.SetGroupVersionKind(gvk)
+		err := c.Watch(source.Kind[client.Object](r.objects, obj,
+			handler.EnqueueRequestForOwner(mgr.GetScheme(), mgr.GetRESTMapper(), &intentv1alpha1.NimbusPolicy{}, handler.OnlyControllerOwner())))
+		if err != nil {
+			return err
+		}
+	}
+	if e == intent.NetworkPolicy {
+		return nil
+	}
+	return r.wakeAll(ctx)
+}
+
+func (r *policyReconciler) wakeAll(ctx context.Context) error {
+	list := &intentv1alpha1.NimbusPolicyList{}
+	if err := r.client.List(ctx, list); err != nil {
+		return err
+	}
+	go func() {
+		for i := range list.Items {
+			r.all <- event.GenericEvent{Object: &list.Items[i]}
+		}
+	}()
+	return nil
+}
+
+// usingNodes maps a Node to the NimbusPolicies whose NetworkPolicies list the nodes' pod ranges.
+func (r *policyReconciler) usingNodes(ctx context.Context, _ client.Object) []reconcile.Request {
+	list := &intentv1alpha1.NimbusPolicyList{}
+	if err := r.client.List(ctx, list); err != nil {
+		return nil
+	}
+	var reqs []reconcile.Request
+	for _, np := range list.Items {
+		if needsNodes(np.Spec.NimbusRules) {
+			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&np)})
+		}
+	}
+	return reqs
+}
+
+func podCIDRChanged() predicate.Predicate {
+	return predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
+		o, n := e.ObjectOld.(*corev1.Node), e.ObjectNew.(*corev1.Node)
+		return o.Spec.PodCIDR != n.Spec.PodCIDR
+	}}
+}
+
+func needsNodes(rules []intentv1alpha1.NimbusRules) bool {
+	return slices.ContainsFunc(rules, func(r intentv1alpha1.NimbusRules) bool {
+		return slices.Contains(intent.Implementations[r.ID], intent.NetworkPolicy)
+	})
+}
+
+// Reconcile brings one NimbusPolicy's engine policies to what its rules generate.
+func (r *policyReconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	np := &intentv1alpha1.NimbusPolicy{}
+	if err := r.client.Get(ctx, req.NamespacedName, np); err != nil {
+		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
+	if !np.DeletionTimestamp.IsZero() {
+		return reconcile.Result{}, nil // its policies go with it (garbage collection)
+	}
+	before := np.DeepCopy()
+	in, err := r.inputs(ctx, np.Spec.NimbusRules)
+	var a applied
+	if err == nil {
+		a, err = r.applyPolicies(ctx, np.UID, intent.ForNimbusPolicy(np, in), np.Namespace, namespacedKinds)
+	}
+	o := r.report(np, &np.Status, np.Generation, a, err, intent.Unenforced(np.Spec.NimbusRules, false))
+	if err := r.writeStatus(ctx, np, !equality.Semantic.DeepEqual(before.Status, np.Status)); err != nil {
+		return reconcile.Result{}, err
+	}
+	return o.Result()
+}
+
+// inputs are the cluster facts the rules' policies need: the nodes' pod ranges for
+// NetworkPolicies.
+func (r *policyReconciler) inputs(ctx context.Context, rules []intentv1alpha1.NimbusRules) (intent.Inputs, error) {
+	if !needsNodes(rules) {
+		return intent.Inputs{}, nil
+	}
+	nodes := &corev1.NodeList{}
+	if err := r.nodes.List(ctx, nodes); err != nil {
+		return intent.Inputs{}, err
+	}
+	slices.SortFunc(nodes.Items, func(a, b corev1.Node) int { return strings.Compare(a.Name, b.Name) })
+	var in intent.Inputs
+	for _, n := range nodes.Items {
+		in.PodCIDRs = append(in.PodCIDRs, n.Spec.PodCIDR)
+	}
+	return in, nil
+}
+
+// report writes the Nimbus status fields and the conditions of a (Cluster)NimbusPolicy, with one
+// Event saying what changed, and returns the outcome.
+func (b *base) report(obj client.Object, st *intentv1alpha1.NimbusPolicyStatus, generation int64, a applied, err error, unenforced []string) status.Outcome {
+	var o status.Outcome
+	switch {
+	case err != nil:
+		o = status.Transient("ApplyFailed", err.Error(), err)
+	case len(a.conflicts) > 0:
+		o = status.WaitsForPerson("Conflict", fmt.Sprintf("%s exist and were not generated from this policy; they are left alone (delete or rename them)",
+			strings.Join(a.conflicts, ", ")), conflictRetry)
+	case len(a.missing) > 0:
+		o = status.WaitsForPerson("EngineNotInstalled", a.summary(unenforced), 0)
+	default:
+		o = status.Healthy("Generated", a.summary(unenforced), 0)
+	}
+	if len(a.changes) > 0 {
+		b.recorder.Eventf(obj, nil, corev1.EventTypeNormal, "PoliciesChanged", "Generate", "%s", strings.Join(a.changes, "; "))
+		if o.Ready {
+			o = o.Silenced() // the Event above says it
+		}
+	}
+	if err == nil && (!slices.Equal(st.Policies, a.entries) || st.Status != intentv1alpha1.StatusCreated) {
+		st.Policies = a.entries
+		st.NumberOfAdapterPolicies = int32(len(a.entries))
+		st.Status = intentv1alpha1.StatusCreated
+		st.LastUpdated = b.now()
+	}
+	st.ObservedGeneration = generation
+	status.Report(b.recorder, obj, &st.Conditions, generation, o)
+	return o
+}
+
+// writeStatus writes obj's status when it changed.
+func (b *base) writeStatus(ctx context.Context, obj client.Object, changed bool) error {
+	if !changed {
+		return nil
+	}
+	return client.IgnoreNotFound(b.client.Status().Update(ctx, obj))
+}
+
+// clusterPolicyReconciler generates the cluster-wide engine policies of each ClusterNimbusPolicy.
+type clusterPolicyReconciler struct {
+	*base
+	all chan event.GenericEvent
+}
+
+func (r *clusterPolicyReconciler) setup(mgr ctrl.Manager, opts controller.Options) (controller.Controller, error) {
+	r.all = make(chan event.GenericEvent, 64)
+	return builder.ControllerManagedBy(mgr).
+		Named("clusternimbuspolicy").
+		For(&intentv1alpha1.ClusterNimbusPolicy{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		WatchesRawSource(source.Channel(r.all, &handler.EnqueueRequestForObject{})).
+		WithOptions(opts).
+		Build(r)
+}
+
+func (r *clusterPolicyReconciler) watchEngine(ctx context.Context, mgr ctrl.Manager, c controller.Controller, e intent.Engine) error {
+	for _, gvk := range intent.EngineKinds[e] {
+		if !slices.Contains(clusterKinds, gvk) {
+			continue
+		}
+		obj := &unstructured.Unstructured{}
+		obj.SetGroupVersionKind(gvk)
+		err := c.Watch(source.Kind[client.Object](r.objects, obj,
+			handler.EnqueueRequestForOwner(mgr.GetScheme(), mgr.GetRESTMapper(), &intentv1alpha1.ClusterNimbusPolicy{}, handler.OnlyControllerOwner())))
+		if err != nil {
+			return err
+		}
+	}
+	list := &intentv1alpha1.ClusterNimbusPolicyList{}
+	if err := r.client.List(ctx, list); err != nil {
+		return err
+	}
+	go func() {
+		for i := range list.Items {
+			r.all <- event.GenericEvent{Object: &list.Items[i]}
+		}
+	}()
+	return nil
+}
+
+// Reconcile brings one ClusterNimbusPolicy's cluster-wide policies to what its rules generate.
+func (r *clusterPolicyReconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	cnp := &intentv1alpha1.ClusterNimbusPolicy{}
+	if err := r.client.Get(ctx, req.NamespacedName, cnp); err != nil {
+		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
+	if !cnp.DeletionTimestamp.IsZero() {
+		return reconcile.Result{}, nil
+	}
+	before := cnp.DeepCopy()
+	a, err := r.applyPolicies(ctx, cnp.UID, intent.ForClusterNimbusPolicy(cnp), "", clusterKinds)
+	o := r.report(cnp, &cnp.Status, cnp.Generation, a, err, intent.Unenforced(cnp.Spec.NimbusRules, true))
+	if err := r.writeStatus(ctx, cnp, !equality.Semantic.DeepEqual(before.Status, cnp.Status)); err != nil {
+		return reconcile.Result{}, err
+	}
+	return o.Result()
+}

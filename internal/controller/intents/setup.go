@@ -1,0 +1,179 @@
+package intents
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/client-go/util/workqueue"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	ctrl "sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	intentv1alpha1 "github.com/quartermaster-dev/quartermaster/api/intent/v1alpha1"
+	"github.com/quartermaster-dev/quartermaster/internal/controller/status"
+	"github.com/quartermaster-dev/quartermaster/internal/intent"
+)
+
+// +kubebuilder:rbac:groups=intent.security.nimbus.com,resources=securityintents;securityintentbindings;clustersecurityintentbindings,verbs=get;list;watch
+// +kubebuilder:rbac:groups=intent.security.nimbus.com,resources=securityintents/status;securityintentbindings/status;clustersecurityintentbindings/status;nimbuspolicies/status;clusternimbuspolicies/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=intent.security.nimbus.com,resources=nimbuspolicies;clusternimbuspolicies,verbs=get;list;watch;create;update;patch;delete
+// Generated objects are owned with blockOwnerDeletion, which needs update on the owners' finalizers.
+// +kubebuilder:rbac:groups=intent.security.nimbus.com,resources=securityintentbindings/finalizers;clustersecurityintentbindings/finalizers;nimbuspolicies/finalizers;clusternimbuspolicies/finalizers,verbs=update
+// +kubebuilder:rbac:groups="",resources=namespaces;nodes,verbs=get;list;watch
+// +kubebuilder:rbac:groups=security.kubearmor.com,resources=kubearmorpolicies,verbs=get;list;watch;create;update;delete
+// +kubebuilder:rbac:groups=networking.k8s.io,resources=networkpolicies,verbs=get;list;watch;create;update;delete
+// +kubebuilder:rbac:groups=kyverno.io,resources=policies;clusterpolicies,verbs=get;list;watch;create;update;delete
+// +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
+
+// Field indexes of the shared cache.
+const (
+	// indexIntents indexes bindings by the SecurityIntent names they list.
+	indexIntents = "spec.intents.name"
+	// indexController indexes NimbusPolicies by their controller's UID.
+	indexController = "metadata.controllerUID"
+)
+
+// base is what the reconcilers share.
+type base struct {
+	client     client.Client // the manager's, guarded against reading our own writes stale
+	apiReader  client.Reader
+	namespaces cache.Cache // Namespaces' metadata, a cache of the controller's own
+	nodes      cache.Cache // Nodes, a cache of the controller's own (their pod CIDRs)
+	objects    cache.Cache // the engines' policies, a cache of the controller's own
+	recorder   events.EventRecorder
+	engines    *engines
+	now        func() metav1.Time
+}
+
+// Setup registers the intents controllers with the manager.
+func Setup(mgr ctrl.Manager, o Options) error {
+	return setup(mgr, o, enginePollInterval)
+}
+
+// setup is Setup with the interval at which engines are looked for (tests shorten it).
+func setup(mgr ctrl.Manager, o Options, engineInterval time.Duration) error {
+	if _, _, err := mgr.GetScheme().ObjectKinds(&intentv1alpha1.NimbusPolicy{}); err != nil {
+		return errors.New("the manager's scheme lacks intent.security.nimbus.com/v1alpha1 (add intentv1alpha1.AddToScheme)")
+	}
+	b := &base{
+		client: status.NewClient(mgr.GetClient(),
+			&intentv1alpha1.SecurityIntent{}, &intentv1alpha1.SecurityIntentBinding{}, &intentv1alpha1.ClusterSecurityIntentBinding{},
+			&intentv1alpha1.NimbusPolicy{}, &intentv1alpha1.ClusterNimbusPolicy{}),
+		apiReader: mgr.GetAPIReader(),
+		recorder:  mgr.GetEventRecorder("quartermaster-intents"),
+		now:       metav1.Now,
+	}
+	// Caches of the controller's own: the shared cache may be narrowed to another controller's
+	// Namespaces and NetworkPolicies (the namespaces controller's labels).
+	for _, c := range []*cache.Cache{&b.namespaces, &b.nodes} {
+		own, err := newCache(mgr)
+		if err != nil {
+			return err
+		}
+		*c = own
+	}
+	objects, err := newCache(mgr)
+	if err != nil {
+		return err
+	}
+	b.objects = objects
+	dc, err := discovery.NewDiscoveryClientForConfig(mgr.GetConfig())
+	if err != nil {
+		return err
+	}
+	b.engines = &engines{discovery: dc, interval: engineInterval, log: mgr.GetLogger().WithName("intents"), present: map[intent.Engine]bool{}}
+	if err := index(mgr); err != nil {
+		return err
+	}
+	opts := controller.Options{
+		MaxConcurrentReconciles: o.Concurrency,
+		RateLimiter:             workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](200*time.Millisecond, 2*time.Minute),
+	}
+	if err := (&intentReconciler{base: b}).setup(mgr, opts); err != nil {
+		return err
+	}
+	if err := (&bindingReconciler{base: b}).setup(mgr, opts); err != nil {
+		return err
+	}
+	if err := (&clusterBindingReconciler{base: b}).setup(mgr, opts); err != nil {
+		return err
+	}
+	policies := &policyReconciler{base: b}
+	policyCtrl, err := policies.setup(mgr, opts)
+	if err != nil {
+		return err
+	}
+	clusterPolicies := &clusterPolicyReconciler{base: b}
+	clusterPolicyCtrl, err := clusterPolicies.setup(mgr, opts)
+	if err != nil {
+		return err
+	}
+	b.engines.appeared = func(ctx context.Context, e intent.Engine) error {
+		if err := policies.watchEngine(ctx, mgr, policyCtrl, e); err != nil {
+			return err
+		}
+		return clusterPolicies.watchEngine(ctx, mgr, clusterPolicyCtrl, e)
+	}
+	// NetworkPolicy is always there.
+	if err := policies.watchEngine(context.Background(), mgr, policyCtrl, intent.NetworkPolicy); err != nil {
+		return err
+	}
+	return mgr.Add(b.engines)
+}
+
+func newCache(mgr ctrl.Manager) (cache.Cache, error) {
+	c, err := cache.New(mgr.GetConfig(), cache.Options{
+		Scheme: mgr.GetScheme(), Mapper: mgr.GetRESTMapper(),
+		DefaultTransform: cache.TransformStripManagedFields(),
+	})
+	if err != nil {
+		return nil, err
+	}
+	return c, mgr.Add(c)
+}
+
+func index(mgr ctrl.Manager) error {
+	ctx := context.Background()
+	names := func(intents []intentv1alpha1.MatchIntent) []string {
+		out := make([]string, 0, len(intents))
+		for _, m := range intents {
+			out = append(out, m.Name)
+		}
+		return out
+	}
+	if err := mgr.GetFieldIndexer().IndexField(ctx, &intentv1alpha1.SecurityIntentBinding{}, indexIntents, func(o client.Object) []string {
+		return names(o.(*intentv1alpha1.SecurityIntentBinding).Spec.Intents)
+	}); err != nil {
+		return err
+	}
+	if err := mgr.GetFieldIndexer().IndexField(ctx, &intentv1alpha1.ClusterSecurityIntentBinding{}, indexIntents, func(o client.Object) []string {
+		return names(o.(*intentv1alpha1.ClusterSecurityIntentBinding).Spec.Intents)
+	}); err != nil {
+		return err
+	}
+	return mgr.GetFieldIndexer().IndexField(ctx, &intentv1alpha1.NimbusPolicy{}, indexController, func(o client.Object) []string {
+		if ref := metav1.GetControllerOf(o); ref != nil {
+			return []string{string(ref.UID)}
+		}
+		return nil
+	})
+}
+
+func namespaceMetadata() *metav1.PartialObjectMetadata {
+	ns := &metav1.PartialObjectMetadata{}
+	ns.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Namespace"))
+	return ns
+}
+
+func namespaceMetadataList() *metav1.PartialObjectMetadataList {
+	l := &metav1.PartialObjectMetadataList{}
+	l.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("NamespaceList"))
+	return l
+}

@@ -1,0 +1,156 @@
+package intents
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	ctrl "sigs.k8s.io/controller-runtime/pkg/manager"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/yaml"
+
+	intentv1alpha1 "github.com/quartermaster-dev/quartermaster/api/intent/v1alpha1"
+	"github.com/quartermaster-dev/quartermaster/internal/manager"
+	"github.com/quartermaster-dev/quartermaster/internal/testing/enginecrds"
+	"github.com/quartermaster-dev/quartermaster/internal/testing/testenv"
+)
+
+// fixture is one envtest API server with KubeArmor's CRDs (Kyverno's are installed by a test,
+// late) and the intents controller running.
+type fixture struct {
+	env    *testenv.Env
+	c      client.Client
+	scheme *runtime.Scheme
+	logs   *testenv.LogBuffer
+}
+
+func start(t *testing.T) *fixture {
+	t.Helper()
+	f := &fixture{logs: &testenv.LogBuffer{}}
+	logf.SetLogger(zap.New(zap.UseDevMode(true), zap.WriteTo(f.logs)))
+	f.env = testenv.Start(t, enginecrds.Dir(t, enginecrds.KubeArmorModule, enginecrds.KubeArmor))
+	f.scheme = manager.Scheme(intentv1alpha1.AddToScheme, apiextensionsv1.AddToScheme)
+	c, err := client.New(f.env.Config, client.Options{Scheme: f.scheme})
+	must(t, err)
+	f.c = c
+	mgr, err := ctrl.New(f.env.Config, ctrl.Options{
+		Scheme:     f.scheme,
+		Cache:      cache.Options{DefaultTransform: cache.TransformStripManagedFields()},
+		Metrics:    metricsserver.Options{BindAddress: "0"},
+		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
+	})
+	must(t, err)
+	must(t, setup(mgr, Options{Concurrency: 4}, 200*time.Millisecond))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("manager: %v", err)
+		}
+		if t.Failed() {
+			t.Logf("controller logs (last 20 kB):\n%s", f.logs.Tail(20000))
+		}
+	})
+	return f
+}
+
+// installKyverno installs Kyverno's CRDs, as a cluster admin installing the engine late would.
+func (f *fixture) installKyverno(t *testing.T) {
+	t.Helper()
+	dir := enginecrds.Dir(t, enginecrds.KyvernoModule, enginecrds.Kyverno)
+	for _, file := range enginecrds.Kyverno {
+		b, err := os.ReadFile(filepath.Join(dir, filepath.Base(file)))
+		must(t, err)
+		crd := &apiextensionsv1.CustomResourceDefinition{}
+		must(t, yaml.Unmarshal(b, crd))
+		must(t, f.c.Create(context.Background(), crd))
+	}
+}
+
+func (f *fixture) namespace(t *testing.T, name string) {
+	t.Helper()
+	must(t, f.c.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}))
+}
+
+func (f *fixture) intent(t *testing.T, name, id string, params map[string]intentv1alpha1.ParamValues) *intentv1alpha1.SecurityIntent {
+	t.Helper()
+	si := &intentv1alpha1.SecurityIntent{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec:       intentv1alpha1.SecurityIntentSpec{Intent: intentv1alpha1.Intent{ID: id, Action: "Block", Description: "about " + id, Params: params}},
+	}
+	must(t, f.c.Create(context.Background(), si))
+	return si
+}
+
+func (f *fixture) binding(t *testing.T, ns, name string, labels map[string]string, intents ...string) *intentv1alpha1.SecurityIntentBinding {
+	t.Helper()
+	sib := &intentv1alpha1.SecurityIntentBinding{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: map[string]string{"team": "web"}},
+		Spec:       intentv1alpha1.SecurityIntentBindingSpec{Selector: intentv1alpha1.MatchWorkloads{WorkloadSelector: intentv1alpha1.LabelSelector{MatchLabels: labels}}},
+	}
+	for _, i := range intents {
+		sib.Spec.Intents = append(sib.Spec.Intents, intentv1alpha1.MatchIntent{Name: i})
+	}
+	must(t, f.c.Create(context.Background(), sib))
+	return sib
+}
+
+// get reads obj again.
+func (f *fixture) get(t *testing.T, obj client.Object) {
+	t.Helper()
+	must(t, f.c.Get(context.Background(), client.ObjectKeyFromObject(obj), obj))
+}
+
+// engineObject reads an engine policy.
+func (f *fixture) engineObject(kind, ns, name string) (*unstructured.Unstructured, error) {
+	u := &unstructured.Unstructured{}
+	group := map[string]string{"KubeArmorPolicy": "security.kubearmor.com/v1", "NetworkPolicy": "networking.k8s.io/v1",
+		"Policy": "kyverno.io/v1", "ClusterPolicy": "kyverno.io/v1"}[kind]
+	u.SetAPIVersion(group)
+	u.SetKind(kind)
+	return u, f.c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, u)
+}
+
+// eventually polls cond until it holds.
+func eventually(t *testing.T, what string, cond func() (bool, string)) {
+	t.Helper()
+	testenv.Eventually(t, what, cond)
+}
+
+// waitPolicyStatus waits until the NimbusPolicy lists exactly entries and has Ready reason.
+func (f *fixture) waitPolicyStatus(t *testing.T, np *intentv1alpha1.NimbusPolicy, reason string, entries ...string) {
+	t.Helper()
+	eventually(t, fmt.Sprintf("NimbusPolicy %s/%s %s with %v", np.Namespace, np.Name, reason, entries), func() (bool, string) {
+		if err := f.c.Get(context.Background(), client.ObjectKeyFromObject(np), np); err != nil {
+			return false, err.Error()
+		}
+		c := meta.FindStatusCondition(np.Status.Conditions, "Ready")
+		got := fmt.Sprintf("%v %v", np.Status.Policies, c)
+		return c != nil && c.Reason == reason && c.ObservedGeneration == np.Generation &&
+			fmt.Sprint(np.Status.Policies) == fmt.Sprint(entries) && int(np.Status.NumberOfAdapterPolicies) == len(entries), got
+	})
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}

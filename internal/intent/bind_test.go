@@ -1,0 +1,104 @@
+package intent
+
+import (
+	"slices"
+	"testing"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	intentv1alpha1 "github.com/quartermaster-dev/quartermaster/api/intent/v1alpha1"
+)
+
+func TestRulesInBindingOrderSkippingMissing(t *testing.T) {
+	si := func(id string) *intentv1alpha1.SecurityIntent {
+		return &intentv1alpha1.SecurityIntent{Spec: intentv1alpha1.SecurityIntentSpec{Intent: intentv1alpha1.Intent{
+			ID: id, Action: "Block", Description: "d", Severity: "High", Tags: []string{"t"},
+			Params: map[string]intentv1alpha1.ParamValues{"psaLevel": {"restricted"}},
+		}}}
+	}
+	intents := map[string]*intentv1alpha1.SecurityIntent{"b": si(EscapeToHost), "a": si(DNSManipulation)}
+	rules, bound, missing := Rules([]intentv1alpha1.MatchIntent{{Name: "b"}, {Name: "gone"}, {Name: "a"}}, intents)
+	if !slices.Equal(bound, []string{"b", "a"}) || !slices.Equal(missing, []string{"gone"}) {
+		t.Errorf("bound %v, missing %v", bound, missing)
+	}
+	if len(rules) != 2 || rules[0].ID != EscapeToHost || rules[1].ID != DNSManipulation ||
+		rules[0].Description != "d" || rules[0].Rule.RuleAction != "Block" || rules[0].Rule.Params["psaLevel"][0] != "restricted" || rules[0].Type != "" {
+		t.Errorf("rules %+v", rules)
+	}
+	rules[0].Rule.Params["psaLevel"][0] = "changed"
+	if intents["b"].Spec.Intent.Params["psaLevel"][0] != "restricted" {
+		t.Error("the rules share the intent's params")
+	}
+}
+
+func TestSelectNamespaces(t *testing.T) {
+	all := []Namespace{{Name: "kube-system"}, {Name: "b"}, {Name: "a"}, {Name: "going", Terminating: true}, {Name: "spire"}}
+	for _, tc := range []struct {
+		name string
+		sel  intentv1alpha1.NamespaceSelector
+		want []string
+	}{
+		{"every one", intentv1alpha1.NamespaceSelector{MatchNames: []string{"*"}}, []string{"a", "b", "spire"}},
+		{"named, missing ones skipped", intentv1alpha1.NamespaceSelector{MatchNames: []string{"spire", "nope", "kube-system"}}, []string{"spire"}},
+		{"all but excluded", intentv1alpha1.NamespaceSelector{ExcludeNames: []string{"spire"}}, []string{"a", "b"}},
+		{"* but excluded", intentv1alpha1.NamespaceSelector{MatchNames: []string{"*"}, ExcludeNames: []string{"a"}}, []string{"b", "spire"}},
+		{"nothing selected", intentv1alpha1.NamespaceSelector{}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := SelectNamespaces(tc.sel, all); !slices.Equal(got, tc.want) {
+				t.Errorf("got %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestMatches(t *testing.T) {
+	np := &intentv1alpha1.NimbusPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "shop", UID: "np-uid"},
+		Spec: intentv1alpha1.NimbusPolicySpec{
+			Selector:    intentv1alpha1.LabelSelector{MatchLabels: map[string]string{"app": "nginx"}},
+			NimbusRules: []intentv1alpha1.NimbusRules{rule(EscapeToHost, "Block", nil)},
+		},
+	}
+	desired := ForNimbusPolicy(np, Inputs{})[3].Object // the Kyverno Policy
+	stored := func(edit func(spec map[string]any)) *unstructured.Unstructured {
+		s := desired.DeepCopy()
+		spec := s.Object["spec"].(map[string]any)
+		// What the API server and Kyverno's CRD defaults add.
+		spec["admission"] = true
+		r := spec["rules"].([]any)[0].(map[string]any)
+		r["skipBackgroundRequests"] = true
+		r["exclude"] = map[string]any{"resources": map[string]any{}}
+		r["generate"] = map[string]any{"clone": map[string]any{}, "cloneList": map[string]any{}}
+		r["mutate"] = map[string]any{}
+		r["match"].(map[string]any)["resources"] = map[string]any{}
+		s.SetResourceVersion("42")
+		s.SetAnnotations(map[string]string{managedBy: "nimbus-kyverno", "policies.kyverno.io/description": "desc of escapeToHost", "note": "someone's"})
+		if edit != nil {
+			edit(spec)
+		}
+		return s
+	}
+	if !Matches(desired, stored(nil)) {
+		t.Error("the stored copy with server defaults does not match")
+	}
+	for name, edit := range map[string]func(map[string]any){
+		"action changed": func(s map[string]any) { s["validationFailureAction"] = "Audit" },
+		"rule added":     func(s map[string]any) { s["rules"] = append(s["rules"].([]any), map[string]any{"name": "x"}) },
+		"field added":    func(s map[string]any) { s["schemaValidation"] = false; s["failurePolicy"] = "Ignore" },
+		"level weakened": func(s map[string]any) {
+			s["rules"].([]any)[0].(map[string]any)["validate"] = map[string]any{"podSecurity": map[string]any{"level": "privileged", "version": "latest"}}
+		},
+		"field removed": func(s map[string]any) { delete(s, "background") },
+	} {
+		if Matches(desired, stored(edit)) {
+			t.Errorf("%s: still matches", name)
+		}
+	}
+	other := stored(nil)
+	other.SetOwnerReferences([]metav1.OwnerReference{{Kind: "NimbusPolicy", UID: "someone-else", Controller: new(true)}})
+	if Matches(desired, other) {
+		t.Error("a copy controlled by another owner matches")
+	}
+}

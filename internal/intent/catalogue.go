@@ -1,0 +1,165 @@
+package intent
+
+import (
+	"strings"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+
+	intentv1alpha1 "github.com/quartermaster-dev/quartermaster/api/intent/v1alpha1"
+)
+
+// The intent ids of the catalogue.
+const (
+	DNSManipulation           = "dnsManipulation"
+	SwDeploymentTools         = "swDeploymentTools"
+	UnAuthorizedSaTokenAccess = "unAuthorizedSaTokenAccess"
+	PreventExecFromTempOrLogs = "preventExecutionFromTempOrLogsFolders"
+	EscapeToHost              = "escapeToHost"
+	DenyExternalNetworkAccess = "denyExternalNetworkAccess"
+)
+
+// Engine is a policy engine the catalogue generates for, by the kinds it must have served.
+type Engine string
+
+// The engines, in the order their policies are listed for one rule.
+const (
+	KubeArmor     Engine = "KubeArmor"
+	NetworkPolicy Engine = "NetworkPolicy"
+	Kyverno       Engine = "Kyverno"
+)
+
+// Kinds the engines are detected by (NetworkPolicy is built into Kubernetes).
+var (
+	KubeArmorPolicyKind      = schema.GroupVersionKind{Group: "security.kubearmor.com", Version: "v1", Kind: "KubeArmorPolicy"}
+	NetworkPolicyKind        = schema.GroupVersionKind{Group: "networking.k8s.io", Version: "v1", Kind: "NetworkPolicy"}
+	KyvernoPolicyKind        = schema.GroupVersionKind{Group: "kyverno.io", Version: "v1", Kind: "Policy"}
+	KyvernoClusterPolicyKind = schema.GroupVersionKind{Group: "kyverno.io", Version: "v1", Kind: "ClusterPolicy"}
+)
+
+// EngineKinds maps each engine to the kinds it generates.
+var EngineKinds = map[Engine][]schema.GroupVersionKind{
+	KubeArmor:     {KubeArmorPolicyKind},
+	NetworkPolicy: {NetworkPolicyKind},
+	Kyverno:       {KyvernoPolicyKind, KyvernoClusterPolicyKind},
+}
+
+// Implementations lists, per intent id, the engines that enforce it on a NimbusPolicy.
+var Implementations = map[string][]Engine{
+	DNSManipulation:           {KubeArmor, NetworkPolicy},
+	SwDeploymentTools:         {KubeArmor},
+	UnAuthorizedSaTokenAccess: {KubeArmor},
+	PreventExecFromTempOrLogs: {KubeArmor},
+	EscapeToHost:              {KubeArmor, Kyverno},
+	DenyExternalNetworkAccess: {NetworkPolicy},
+}
+
+// ClusterImplementations lists, per intent id, the engines that enforce it on a
+// ClusterNimbusPolicy directly (the others act through the per-namespace NimbusPolicies).
+var ClusterImplementations = map[string][]Engine{
+	EscapeToHost: {Kyverno},
+}
+
+// Policy is one generated engine object.
+type Policy struct {
+	Engine Engine
+	Object *unstructured.Unstructured
+	// Entry is how the parent's status.adapterPolicies lists it (Kind/name, Nimbus's spelling).
+	Entry string
+}
+
+// Inputs are the cluster facts some policies need.
+type Inputs struct {
+	// PodCIDRs of the nodes, in node order: NetworkPolicies allow traffic to and from them.
+	PodCIDRs []string
+}
+
+// managedBy is the annotation every generated object carries, naming the Nimbus adapter that would
+// have made it (tools that select Nimbus's objects by it keep working).
+const managedBy = "app.kubernetes.io/managed-by"
+
+// ForNimbusPolicy returns the engine policies of a NimbusPolicy, rule by rule in its order and,
+// within a rule, engine by engine.
+func ForNimbusPolicy(np *intentv1alpha1.NimbusPolicy, in Inputs) []Policy {
+	owner := ownerRef(intentv1alpha1.GroupVersion.WithKind("NimbusPolicy"), np.Name, np.UID)
+	var out []Policy
+	for _, r := range np.Spec.NimbusRules {
+		p := parent{name: np.Name, namespace: np.Namespace, owner: owner, labels: np.Spec.Selector.MatchLabels}
+		for _, e := range Implementations[r.ID] {
+			switch e {
+			case KubeArmor:
+				out = append(out, kubeArmorPolicies(p, r)...)
+			case NetworkPolicy:
+				out = append(out, networkPolicy(p, r, in.PodCIDRs))
+			case Kyverno:
+				out = append(out, kyvernoPolicy(p, r))
+			}
+		}
+	}
+	return out
+}
+
+// ForClusterNimbusPolicy returns the cluster-wide engine policies of a ClusterNimbusPolicy.
+func ForClusterNimbusPolicy(cnp *intentv1alpha1.ClusterNimbusPolicy) []Policy {
+	owner := ownerRef(intentv1alpha1.GroupVersion.WithKind("ClusterNimbusPolicy"), cnp.Name, cnp.UID)
+	var out []Policy
+	for _, r := range cnp.Spec.NimbusRules {
+		for _, e := range ClusterImplementations[r.ID] {
+			if e == Kyverno {
+				out = append(out, kyvernoClusterPolicy(cnp, owner, r))
+			}
+		}
+	}
+	return out
+}
+
+// Unenforced returns the rule ids of rules no engine implements.
+func Unenforced(rules []intentv1alpha1.NimbusRules, cluster bool) []string {
+	var out []string
+	for _, r := range rules {
+		if len(Implementations[r.ID]) == 0 && (!cluster || len(ClusterImplementations[r.ID]) == 0) {
+			out = append(out, r.ID)
+		}
+	}
+	return out
+}
+
+// parent is what a namespaced engine policy takes from its NimbusPolicy.
+type parent struct {
+	name, namespace string
+	owner           map[string]any
+	labels          map[string]string
+}
+
+// ownerRef is the controller reference every generated object carries to its parent.
+func ownerRef(gvk schema.GroupVersionKind, name string, uid types.UID) map[string]any {
+	return map[string]any{
+		"apiVersion": gvk.GroupVersion().String(), "kind": gvk.Kind, "name": name, "uid": string(uid),
+		"controller": true, "blockOwnerDeletion": true,
+	}
+}
+
+// object assembles an engine object.
+func object(gvk schema.GroupVersionKind, name, namespace string, annotations map[string]any, owner map[string]any, spec map[string]any) *unstructured.Unstructured {
+	meta := map[string]any{"name": name, "annotations": annotations, "ownerReferences": []any{owner}}
+	if namespace != "" {
+		meta["namespace"] = namespace
+	}
+	return &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": gvk.GroupVersion().String(), "kind": gvk.Kind, "metadata": meta, "spec": spec,
+	}}
+}
+
+// PolicyName is Nimbus's name of an engine policy: the parent's name and the lowercased id.
+func PolicyName(parent, id string) string {
+	return parent + "-" + strings.ToLower(id)
+}
+
+func matchLabels(labels map[string]string) map[string]any {
+	out := map[string]any{}
+	for k, v := range labels {
+		out[k] = v
+	}
+	return out
+}

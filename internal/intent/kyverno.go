@@ -1,0 +1,109 @@
+package intent
+
+import (
+	"slices"
+
+	intentv1alpha1 "github.com/quartermaster-dev/quartermaster/api/intent/v1alpha1"
+)
+
+// Pod security levels escapeToHost enforces (k8s.io/pod-security-admission's names).
+const (
+	PSABaseline   = "baseline"
+	PSARestricted = "restricted"
+)
+
+// psaLevel is the rule's own psaLevel param (psa_level, the spelling of Nimbus's docs, too):
+// restricted, or baseline by default. (Nimbus reads the first rule's params for every rule.)
+func psaLevel(r intentv1alpha1.NimbusRules) string {
+	for _, key := range []string{"psaLevel", "psa_level"} {
+		if v := r.Rule.Params[key]; len(v) > 0 {
+			if v[0] == PSARestricted {
+				return PSARestricted
+			}
+			return PSABaseline
+		}
+	}
+	return PSABaseline
+}
+
+// validationFailureAction maps an intent's action to Kyverno's: Block enforces, anything else
+// audits.
+func validationFailureAction(action string) string {
+	if action == intentv1alpha1.ActionBlock {
+		return "Enforce"
+	}
+	return "Audit"
+}
+
+func kyvernoAnnotations(r intentv1alpha1.NimbusRules) map[string]any {
+	return map[string]any{managedBy: "nimbus-kyverno", "policies.kyverno.io/description": r.Description}
+}
+
+// podResources are Kyverno's match resources for pods, optionally in namespaces and by labels.
+// The labels are one selector (all must match, as for the other engines; Nimbus writes one filter
+// per label, which matches pods carrying any of them).
+func podResources(namespaces []string, labels map[string]string) map[string]any {
+	res := map[string]any{"kinds": []any{"v1/Pod"}}
+	if len(namespaces) > 0 {
+		res["namespaces"] = anyList(namespaces)
+	}
+	if len(labels) > 0 {
+		res["selector"] = map[string]any{"matchLabels": matchLabels(labels)}
+	}
+	return map[string]any{"resources": res}
+}
+
+func anyList(ss []string) []any {
+	out := make([]any, 0, len(ss))
+	for _, s := range ss {
+		out = append(out, s)
+	}
+	return out
+}
+
+func podSecurityRule(r intentv1alpha1.NimbusRules, match, exclude map[string]any) map[string]any {
+	rule := map[string]any{
+		"name":     "pod-security-standard",
+		"match":    match,
+		"validate": map[string]any{"podSecurity": map[string]any{"level": psaLevel(r), "version": "latest"}},
+	}
+	if exclude != nil {
+		rule["exclude"] = exclude
+	}
+	return rule
+}
+
+// kyvernoPolicy is escapeToHost's Kyverno Policy: the pod security standard at the rule's
+// psaLevel for the NimbusPolicy's pods.
+func kyvernoPolicy(p parent, r intentv1alpha1.NimbusRules) Policy {
+	name := PolicyName(p.name, r.ID)
+	spec := map[string]any{
+		"background":              true,
+		"validationFailureAction": validationFailureAction(r.Rule.RuleAction),
+		"rules":                   []any{podSecurityRule(r, map[string]any{"any": []any{podResources(nil, p.labels)}}, nil)},
+	}
+	obj := object(KyvernoPolicyKind, name, p.namespace, kyvernoAnnotations(r), p.owner, spec)
+	return Policy{Engine: Kyverno, Object: obj, Entry: "KyvernoPolicy/" + name}
+}
+
+// kyvernoClusterPolicy is escapeToHost's Kyverno ClusterPolicy for a ClusterNimbusPolicy: its
+// namespaces (never kube-system) and workloads.
+func kyvernoClusterPolicy(cnp *intentv1alpha1.ClusterNimbusPolicy, owner map[string]any, r intentv1alpha1.NimbusRules) Policy {
+	name := PolicyName(cnp.Name, r.ID)
+	sel := cnp.Spec.NsSelector
+	exclude := []any{map[string]any{"resources": map[string]any{"namespaces": []any{NeverSelected}}}}
+	var namespaces []string
+	if len(sel.MatchNames) > 0 && !slices.Equal(sel.MatchNames, []string{"*"}) {
+		namespaces = sel.MatchNames
+	} else if len(sel.ExcludeNames) > 0 {
+		exclude = append(exclude, map[string]any{"resources": map[string]any{"namespaces": anyList(sel.ExcludeNames)}})
+	}
+	match := map[string]any{"any": []any{podResources(namespaces, cnp.Spec.WorkloadSelector.MatchLabels)}}
+	spec := map[string]any{
+		"background":              true,
+		"validationFailureAction": validationFailureAction(r.Rule.RuleAction),
+		"rules":                   []any{podSecurityRule(r, match, map[string]any{"any": exclude})},
+	}
+	obj := object(KyvernoClusterPolicyKind, name, "", kyvernoAnnotations(r), owner, spec)
+	return Policy{Engine: Kyverno, Object: obj, Entry: "KyvernoClusterPolicy/" + name}
+}

@@ -1,0 +1,52 @@
+// Package enginecrds installs the policy engines' own CustomResourceDefinitions in test API
+// servers, so every generated KubeArmor and Kyverno policy is validated against the engine's
+// schema. The CRDs come from the engines' Go modules at the versions Nimbus pins, downloaded
+// through the Go module proxy (nothing is copied into this repository).
+package enginecrds
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+)
+
+// The pinned engine modules and the CRD files inside them.
+const (
+	KubeArmorModule = "github.com/kubearmor/KubeArmor/pkg/KubeArmorController@v0.0.0-20240509053911-a5f584c38ee7"
+	KyvernoModule   = "github.com/kyverno/kyverno@v1.11.4"
+)
+
+var (
+	// KubeArmor are the KubeArmorPolicy CRD's files in its module.
+	KubeArmor = []string{"config/crd/bases/security.kubearmor.com_kubearmorpolicies.yaml"}
+	// Kyverno are the Policy and ClusterPolicy CRDs' files in its module.
+	Kyverno = []string{"config/crds/kyverno.io_policies.yaml", "config/crds/kyverno.io_clusterpolicies.yaml"}
+)
+
+// Dir downloads module (cached by the go command) and copies the named files into a new folder,
+// for envtest's CRDDirectoryPaths.
+func Dir(t testing.TB, module string, files []string) string {
+	t.Helper()
+	out, err := exec.Command("go", "mod", "download", "-json", module).Output()
+	if err != nil {
+		t.Fatalf("go mod download %s: %v", module, err)
+	}
+	var m struct{ Dir, Error string }
+	if err := json.Unmarshal(out, &m); err != nil || m.Dir == "" {
+		t.Fatalf("go mod download %s: %s %v", module, m.Error, err)
+	}
+	dir := t.TempDir()
+	for _, f := range files {
+		b, err := os.ReadFile(filepath.Join(m.Dir, f))
+		if err != nil {
+			t.Fatal(fmt.Errorf("%s has no %s: %w", module, f, err))
+		}
+		if err := os.WriteFile(filepath.Join(dir, filepath.Base(f)), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
