@@ -1,8 +1,10 @@
 package intent
 
 import (
+	"slices"
 	"strings"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
@@ -18,6 +20,9 @@ const (
 	PreventExecFromTempOrLogs = "preventExecutionFromTempOrLogsFolders"
 	EscapeToHost              = "escapeToHost"
 	DenyExternalNetworkAccess = "denyExternalNetworkAccess"
+	CocoWorkload              = "cocoWorkload"
+	VirtualPatch              = "virtualPatch"
+	AssessTLS                 = "assessTLS"
 )
 
 // Engine is a policy engine the catalogue generates for, by the kinds it must have served.
@@ -28,14 +33,20 @@ const (
 	KubeArmor     Engine = "KubeArmor"
 	NetworkPolicy Engine = "NetworkPolicy"
 	Kyverno       Engine = "Kyverno"
+	// K8TLS is the TLS scanner nimbus-k8tls deploys: its kinds are built in, so it is there when
+	// its namespace (K8TLSNamespace) and ServiceAccount (K8TLSServiceAccount) are.
+	K8TLS Engine = "K8TLS"
 )
 
-// Kinds the engines are detected by (NetworkPolicy is built into Kubernetes).
+// Kinds the engines generate and are detected by (NetworkPolicy, CronJob and ConfigMap are built
+// into Kubernetes).
 var (
 	KubeArmorPolicyKind      = schema.GroupVersionKind{Group: "security.kubearmor.com", Version: "v1", Kind: "KubeArmorPolicy"}
 	NetworkPolicyKind        = schema.GroupVersionKind{Group: "networking.k8s.io", Version: "v1", Kind: "NetworkPolicy"}
 	KyvernoPolicyKind        = schema.GroupVersionKind{Group: "kyverno.io", Version: "v1", Kind: "Policy"}
 	KyvernoClusterPolicyKind = schema.GroupVersionKind{Group: "kyverno.io", Version: "v1", Kind: "ClusterPolicy"}
+	CronJobKind              = schema.GroupVersionKind{Group: "batch", Version: "v1", Kind: "CronJob"}
+	ConfigMapKind            = schema.GroupVersionKind{Version: "v1", Kind: "ConfigMap"}
 )
 
 // EngineKinds maps each engine to the kinds it generates.
@@ -43,6 +54,7 @@ var EngineKinds = map[Engine][]schema.GroupVersionKind{
 	KubeArmor:     {KubeArmorPolicyKind},
 	NetworkPolicy: {NetworkPolicyKind},
 	Kyverno:       {KyvernoPolicyKind, KyvernoClusterPolicyKind},
+	K8TLS:         {CronJobKind, ConfigMapKind},
 }
 
 // Implementations lists, per intent id, the engines that enforce it on a NimbusPolicy.
@@ -53,19 +65,25 @@ var Implementations = map[string][]Engine{
 	PreventExecFromTempOrLogs: {KubeArmor},
 	EscapeToHost:              {KubeArmor, Kyverno},
 	DenyExternalNetworkAccess: {NetworkPolicy},
+	CocoWorkload:              {Kyverno},
+	VirtualPatch:              {Kyverno},
 }
 
 // ClusterImplementations lists, per intent id, the engines that enforce it on a
 // ClusterNimbusPolicy directly (the others act through the per-namespace NimbusPolicies).
+// virtualPatch has none: Nimbus makes an empty, invalid ClusterPolicy of it.
 var ClusterImplementations = map[string][]Engine{
 	EscapeToHost: {Kyverno},
+	CocoWorkload: {Kyverno},
+	AssessTLS:    {K8TLS},
 }
 
 // Policy is one generated engine object.
 type Policy struct {
 	Engine Engine
 	Object *unstructured.Unstructured
-	// Entry is how the parent's status.adapterPolicies lists it (Kind/name, Nimbus's spelling).
+	// Entry is how the parent's status.adapterPolicies lists it (Kind/name, Nimbus's spelling);
+	// empty for an object the status does not list (assessTLS's ConfigMap).
 	Entry string
 }
 
@@ -73,6 +91,15 @@ type Policy struct {
 type Inputs struct {
 	// PodCIDRs of the nodes, in node order: NetworkPolicies allow traffic to and from them.
 	PodCIDRs []string
+	// Deployments of the NimbusPolicy's namespace, in any order: cocoWorkload moves the existing
+	// ones its selector picks to the RuntimeClass.
+	Deployments []Workload
+}
+
+// Workload is what the catalogue needs of a workload object.
+type Workload struct {
+	Name   string
+	Labels map[string]string
 }
 
 // managedBy is the annotation every generated object carries, naming the Nimbus adapter that would
@@ -80,34 +107,68 @@ type Inputs struct {
 const managedBy = "app.kubernetes.io/managed-by"
 
 // ForNimbusPolicy returns the engine policies of a NimbusPolicy, rule by rule in its order and,
-// within a rule, engine by engine.
+// within a rule, engine by engine. A NimbusPolicy a cluster binding made gets no Kyverno policies:
+// the cluster binding's ClusterNimbusPolicy has the ClusterPolicy for every namespace (as in Nimbus).
 func ForNimbusPolicy(np *intentv1alpha1.NimbusPolicy, in Inputs) []Policy {
 	owner := ownerRef(intentv1alpha1.GroupVersion.WithKind("NimbusPolicy"), np.Name, np.UID)
+	cluster := ClusterGenerated(np)
 	var out []Policy
 	for _, r := range np.Spec.NimbusRules {
 		p := parent{name: np.Name, namespace: np.Namespace, owner: owner, labels: np.Spec.Selector.MatchLabels}
 		for _, e := range Implementations[r.ID] {
+			if cluster && slices.Contains(ClusterImplementations[r.ID], e) {
+				continue
+			}
 			switch e {
 			case KubeArmor:
 				out = append(out, kubeArmorPolicies(p, r)...)
 			case NetworkPolicy:
 				out = append(out, networkPolicy(p, r, in.PodCIDRs))
 			case Kyverno:
-				out = append(out, kyvernoPolicy(p, r))
+				out = append(out, kyvernoPolicies(p, r, in)...)
 			}
 		}
 	}
 	return out
 }
 
-// ForClusterNimbusPolicy returns the cluster-wide engine policies of a ClusterNimbusPolicy.
+// ClusterGenerated reports whether a cluster binding made the NimbusPolicy.
+func ClusterGenerated(np *intentv1alpha1.NimbusPolicy) bool {
+	ref := metav1.GetControllerOf(np)
+	return ref != nil && ref.Kind == "ClusterSecurityIntentBinding"
+}
+
+// kyvernoPolicies are a rule's Kyverno Policies on a NimbusPolicy.
+func kyvernoPolicies(p parent, r intentv1alpha1.NimbusRules, in Inputs) []Policy {
+	switch r.ID {
+	case EscapeToHost:
+		return []Policy{kyvernoPolicy(p, r)}
+	case CocoWorkload:
+		return cocoWorkloadPolicies(p, r, in.Deployments)
+	case VirtualPatch:
+		return virtualPatchPolicies(p, r)
+	}
+	return nil
+}
+
+// ForClusterNimbusPolicy returns the cluster-wide engine policies of a ClusterNimbusPolicy (and
+// the objects assessTLS makes in K8TLSNamespace), rule by rule in its order.
 func ForClusterNimbusPolicy(cnp *intentv1alpha1.ClusterNimbusPolicy) []Policy {
 	owner := ownerRef(intentv1alpha1.GroupVersion.WithKind("ClusterNimbusPolicy"), cnp.Name, cnp.UID)
 	var out []Policy
+	assessed := false
 	for _, r := range cnp.Spec.NimbusRules {
 		for _, e := range ClusterImplementations[r.ID] {
-			if e == Kyverno {
+			switch {
+			case e == Kyverno && r.ID == EscapeToHost:
 				out = append(out, kyvernoClusterPolicy(cnp, owner, r))
+			case e == Kyverno && r.ID == CocoWorkload:
+				out = append(out, cocoWorkloadClusterPolicy(cnp, owner, r))
+			case e == K8TLS && !assessed:
+				// One CronJob name per ClusterNimbusPolicy: the first assessTLS rule is the one
+				// that runs, as in Nimbus.
+				out = append(out, assessTLSObjects(cnp, owner, r)...)
+				assessed = true
 			}
 		}
 	}

@@ -259,12 +259,52 @@ spec:
 }
 
 func TestUnenforced(t *testing.T) {
-	rules := []intentv1alpha1.NimbusRules{rule(DNSManipulation, "Block", nil), rule("netSegment", "Block", nil)}
-	if got := Unenforced(rules, false); !reflect.DeepEqual(got, []string{"netSegment"}) {
+	rules := []intentv1alpha1.NimbusRules{rule(DNSManipulation, "Block", nil), rule("netSegment", "Block", nil),
+		rule(CocoWorkload, "Block", nil), rule(VirtualPatch, "Block", nil), rule(AssessTLS, "Audit", nil)}
+	if got := Unenforced(rules, false); !reflect.DeepEqual(got, []string{"netSegment", AssessTLS}) {
 		t.Errorf("Unenforced = %v", got)
+	}
+	if got := Unenforced(rules, true); !reflect.DeepEqual(got, []string{"netSegment"}) {
+		t.Errorf("Unenforced(cluster) = %v", got)
 	}
 	if got := ForNimbusPolicy(nimbusPolicy(rule("netSegment", "Block", nil)), Inputs{}); len(got) != 0 {
 		t.Errorf("policies for an id nothing implements: %v", got)
+	}
+}
+
+// TestObjectsAreJSONValues generates every intent and checks each object holds only JSON values,
+// integers as int64 (what DeepCopy, the client and the comparison expect).
+func TestObjectsAreJSONValues(t *testing.T) {
+	var all []intentv1alpha1.NimbusRules
+	for id := range Implementations {
+		all = append(all, rule(id, "Block", map[string]intentv1alpha1.ParamValues{"cveList": {"CVE-2024-4439"}}))
+	}
+	for id := range ClusterImplementations {
+		all = append(all, rule(id, "Block", map[string]intentv1alpha1.ParamValues{"external_addresses": {"google.com:443"}}))
+	}
+	cnp := &intentv1alpha1.ClusterNimbusPolicy{ObjectMeta: metav1.ObjectMeta{Name: "all", Labels: map[string]string{"a": "b"}},
+		Spec: intentv1alpha1.ClusterNimbusPolicySpec{NimbusRules: all}}
+	policies := append(ForNimbusPolicy(nimbusPolicy(all...), Inputs{PodCIDRs: []string{"10.0.0.0/24"}, Deployments: []Workload{{Name: "d", Labels: map[string]string{"app": "nginx"}}}}),
+		ForClusterNimbusPolicy(cnp)...)
+	for _, p := range policies {
+		var check func(path string, v any)
+		check = func(path string, v any) {
+			switch x := v.(type) {
+			case map[string]any:
+				for k, e := range x {
+					check(path+"."+k, e)
+				}
+			case []any:
+				for _, e := range x {
+					check(path+"[]", e)
+				}
+			case string, bool, int64, nil:
+			default:
+				t.Errorf("%s: %s is a %T", p.Object.GetName(), path, v)
+			}
+		}
+		check("", p.Object.Object)
+		_ = p.Object.DeepCopy()
 	}
 }
 

@@ -9,6 +9,18 @@ import (
 var serverDefaults = map[string]any{
 	"admission":              true, // Kyverno
 	"skipBackgroundRequests": true, // Kyverno
+	"background":             true, // Kyverno, where Nimbus leaves it out (the cluster cocoWorkload policy)
+	// CronJob, Job and Pod defaults (assessTLS's CronJob).
+	"concurrencyPolicy":             "Allow",
+	"successfulJobsHistoryLimit":    int64(3),
+	"failedJobsHistoryLimit":        int64(1),
+	"dnsPolicy":                     "ClusterFirst",
+	"schedulerName":                 "default-scheduler",
+	"terminationGracePeriodSeconds": int64(30),
+	"terminationMessagePath":        "/dev/termination-log",
+	"terminationMessagePolicy":      "File",
+	"defaultMode":                   int64(420),
+	"serviceAccount":                K8TLSServiceAccount, // the deprecated copy of serviceAccountName
 }
 
 // Matches reports whether a stored engine object still says what the generated one says: its spec
@@ -16,8 +28,15 @@ var serverDefaults = map[string]any{
 // server fills in (empty objects and the engines' defaults); its annotations include the generated
 // ones and its controller is the generated owner. Anything else is a hand edit to revert.
 func Matches(desired, actual *unstructured.Unstructured) bool {
-	if !covers(desired.Object["spec"], actual.Object["spec"]) {
-		return false
+	for _, field := range []string{"spec", "data"} { // data: a ConfigMap's
+		if !covers(desired.Object[field], actual.Object[field]) {
+			return false
+		}
+	}
+	for k, v := range desired.GetLabels() {
+		if actual.GetLabels()[k] != v {
+			return false
+		}
 	}
 	have := actual.GetAnnotations()
 	for k, v := range desired.GetAnnotations() {
@@ -116,5 +135,5 @@ func empty(v any) bool {
 
 func isDefault(key string, v any) bool {
 	d, ok := serverDefaults[key]
-	return ok && d == v
+	return ok && covers(d, v)
 }

@@ -1,8 +1,6 @@
 package intent
 
 import (
-	"slices"
-
 	intentv1alpha1 "github.com/quartermaster-dev/quartermaster/api/intent/v1alpha1"
 )
 
@@ -39,11 +37,17 @@ func kyvernoAnnotations(r intentv1alpha1.NimbusRules) map[string]any {
 	return map[string]any{managedBy: "nimbus-kyverno", "policies.kyverno.io/description": r.Description}
 }
 
-// podResources are Kyverno's match resources for pods, optionally in namespaces and by labels.
+// Kyverno's names of the kinds policies match.
+const (
+	podKind        = "v1/Pod"
+	deploymentKind = "apps/v1/Deployment"
+)
+
+// kindResources are Kyverno's match resources for a kind, optionally in namespaces and by labels.
 // The labels are one selector (all must match, as for the other engines; Nimbus writes one filter
-// per label, which matches pods carrying any of them).
-func podResources(namespaces []string, labels map[string]string) map[string]any {
-	res := map[string]any{"kinds": []any{"v1/Pod"}}
+// per label, which matches workloads carrying any of them).
+func kindResources(kind string, namespaces []string, labels map[string]string) map[string]any {
+	res := map[string]any{"kinds": []any{kind}}
 	if len(namespaces) > 0 {
 		res["namespaces"] = anyList(namespaces)
 	}
@@ -80,7 +84,7 @@ func kyvernoPolicy(p parent, r intentv1alpha1.NimbusRules) Policy {
 	spec := map[string]any{
 		"background":              true,
 		"validationFailureAction": validationFailureAction(r.Rule.RuleAction),
-		"rules":                   []any{podSecurityRule(r, map[string]any{"any": []any{podResources(nil, p.labels)}}, nil)},
+		"rules":                   []any{podSecurityRule(r, map[string]any{"any": []any{kindResources(podKind, nil, p.labels)}}, nil)},
 	}
 	obj := object(KyvernoPolicyKind, name, p.namespace, kyvernoAnnotations(r), p.owner, spec)
 	return Policy{Engine: Kyverno, Object: obj, Entry: "KyvernoPolicy/" + name}
@@ -90,19 +94,11 @@ func kyvernoPolicy(p parent, r intentv1alpha1.NimbusRules) Policy {
 // namespaces (never kube-system) and workloads.
 func kyvernoClusterPolicy(cnp *intentv1alpha1.ClusterNimbusPolicy, owner map[string]any, r intentv1alpha1.NimbusRules) Policy {
 	name := PolicyName(cnp.Name, r.ID)
-	sel := cnp.Spec.NsSelector
-	exclude := []any{map[string]any{"resources": map[string]any{"namespaces": []any{NeverSelected}}}}
-	var namespaces []string
-	if len(sel.MatchNames) > 0 && !slices.Equal(sel.MatchNames, []string{"*"}) {
-		namespaces = sel.MatchNames
-	} else if len(sel.ExcludeNames) > 0 {
-		exclude = append(exclude, map[string]any{"resources": map[string]any{"namespaces": anyList(sel.ExcludeNames)}})
-	}
-	match := map[string]any{"any": []any{podResources(namespaces, cnp.Spec.WorkloadSelector.MatchLabels)}}
+	match, exclude := clusterSelection(cnp, podKind)
 	spec := map[string]any{
 		"background":              true,
 		"validationFailureAction": validationFailureAction(r.Rule.RuleAction),
-		"rules":                   []any{podSecurityRule(r, match, map[string]any{"any": exclude})},
+		"rules":                   []any{podSecurityRule(r, match, exclude)},
 	}
 	obj := object(KyvernoClusterPolicyKind, name, "", kyvernoAnnotations(r), owner, spec)
 	return Policy{Engine: Kyverno, Object: obj, Entry: "KyvernoClusterPolicy/" + name}

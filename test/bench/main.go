@@ -51,6 +51,7 @@ var cases = []benchCase{
 	{name: "namespaces/1000-requests", run: namespacesBench},
 	{name: "vmgroups/50-replicas", run: vmgroupsBench},
 	{name: "iam/500-serviceaccounts", run: iamBench},
+	{name: "intents/1000-bindings", run: intentsBench},
 }
 
 func main() {

@@ -47,7 +47,7 @@ func (b *base) applyPolicies(ctx context.Context, parent types.UID, desired []in
 		if err != nil {
 			return a, fmt.Errorf("%s: %w", p.Entry, err)
 		}
-		if ok {
+		if ok && p.Entry != "" {
 			a.entries = append(a.entries, p.Entry)
 		}
 	}
@@ -104,7 +104,20 @@ func (b *base) applyPolicy(ctx context.Context, parent types.UID, p intent.Polic
 		return true, nil
 	}
 	upd := cur.DeepCopy()
-	upd.Object["spec"] = p.Object.DeepCopy().Object["spec"]
+	want := p.Object.DeepCopy()
+	for _, field := range []string{"spec", "data"} {
+		if v, ok := want.Object[field]; ok {
+			upd.Object[field] = v
+		} else {
+			delete(upd.Object, field)
+		}
+	}
+	labels := upd.GetLabels()
+	if labels == nil {
+		labels = map[string]string{}
+	}
+	maps.Copy(labels, want.GetLabels())
+	upd.SetLabels(labels)
 	annotations := upd.GetAnnotations()
 	if annotations == nil {
 		annotations = map[string]string{}

@@ -3,18 +3,25 @@ package intents
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/yaml"
 
 	intentv1alpha1 "github.com/quartermaster-dev/quartermaster/api/intent/v1alpha1"
+	"github.com/quartermaster-dev/quartermaster/internal/testing/testenv"
 )
 
 // TestIntents shares one API server between its steps, which run in order.
@@ -27,6 +34,9 @@ func TestIntents(t *testing.T) {
 		{"validation at admission", testValidation},
 		{"a binding generates its engine policies", testBinding},
 		{"cluster bindings", testClusterBinding},
+		{"a reconcile of what is right writes nothing", testNoOpWritesNothing},
+		{"the samples", testSamples},
+		{"Kyverno mutate and generate intents", testMutateAndGenerate},
 	} {
 		if !t.Run(s.name, func(t *testing.T) { s.run(t, f) }) {
 			return
@@ -239,7 +249,7 @@ func testClusterBinding(t *testing.T, f *fixture) {
 		np := &intentv1alpha1.NimbusPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: "c-a", Name: generated}}
 		f.waitPolicyStatus(t, np, "Generated",
 			"KubeArmorPolicy/"+generated+"-escapetohost-disallowchroot", "KubeArmorPolicy/"+generated+"-escapetohost-disallowcapabilities",
-			"KubeArmorPolicy/"+generated+"-escapetohost-swdeploymenttools", "KyvernoPolicy/"+generated+"-escapetohost")
+			"KubeArmorPolicy/"+generated+"-escapetohost-swdeploymenttools") // Kyverno: the ClusterPolicy, below
 		if !metav1.IsControlledBy(np, csib) || np.Labels["team"] != "sec" {
 			t.Errorf("NimbusPolicy %+v", np.ObjectMeta)
 		}
@@ -273,5 +283,129 @@ func testClusterBinding(t *testing.T, f *fixture) {
 			err := f.c.Get(ctx, client.ObjectKey{Namespace: "c-new", Name: generated}, &intentv1alpha1.NimbusPolicy{})
 			return apierrors.IsNotFound(err), fmt.Sprint(err)
 		})
+	})
+}
+
+func testNoOpWritesNothing(t *testing.T, f *fixture) {
+	ctx := context.Background()
+	const generated = "nimbus-ctlr-gen-all"
+	f.waitPolicyStatus(t, &intentv1alpha1.NimbusPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: "c-b", Name: generated}}, "Generated",
+		"KubeArmorPolicy/"+generated+"-escapetohost-disallowchroot", "KubeArmorPolicy/"+generated+"-escapetohost-disallowcapabilities",
+		"KubeArmorPolicy/"+generated+"-escapetohost-swdeploymenttools")
+	cfg, counter := testenv.Counting(f.env.Config)
+	// Reads from the running manager's cache, writes counted.
+	c, err := client.New(cfg, client.Options{Scheme: f.scheme, Cache: &client.CacheOptions{Reader: f.mgr.GetCache()}})
+	must(t, err)
+	b := *f.base
+	b.client = c
+	reconcilers := map[string]func(context.Context, reconcile.Request) (reconcile.Result, error){
+		"shop/late":                  (&bindingReconciler{base: &b}).Reconcile,
+		"/all":                       (&clusterBindingReconciler{base: &b}).Reconcile,
+		"np shop/late":               (&policyReconciler{base: &b}).Reconcile,
+		"np c-b/nimbus-ctlr-gen-all": (&policyReconciler{base: &b}).Reconcile,
+		"cwnp /all":                  (&clusterPolicyReconciler{base: &b}).Reconcile,
+		"si /later":                  (&intentReconciler{base: &b}).Reconcile,
+	}
+	for key, r := range reconcilers {
+		name := key[strings.LastIndex(key, " ")+1:]
+		ns, n, _ := strings.Cut(name, "/")
+		counter.Reset()
+		if _, err := r(ctx, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: ns, Name: n}}); err != nil {
+			t.Fatalf("%s: %v", key, err)
+		}
+		if w := counter.Writes(); w != 0 {
+			t.Errorf("%s: a reconcile of what is right wrote %d times: %v", key, w, counter.Log())
+		}
+	}
+}
+
+// testSamples applies config/samples/intents as kubectl would and checks what each generates.
+func testSamples(t *testing.T, f *fixture) {
+	ctx := context.Background()
+	f.namespace(t, "samples")
+	f.namespace(t, "prod")
+	dir := filepath.Join(testenv.RepoRoot(), "config", "samples", "intents")
+	files, err := filepath.Glob(filepath.Join(dir, "*.yaml"))
+	must(t, err)
+	for _, file := range files {
+		if filepath.Base(file) == "kustomization.yaml" {
+			continue
+		}
+		b, err := os.ReadFile(file)
+		must(t, err)
+		for _, doc := range strings.Split(string(b), "\n---\n") {
+			obj := &unstructured.Unstructured{}
+			must(t, yaml.Unmarshal([]byte(doc), &obj.Object))
+			if obj.GetKind() == "SecurityIntentBinding" {
+				obj.SetNamespace("samples")
+			}
+			if err := f.c.Create(ctx, obj); err != nil {
+				t.Fatalf("%s: %s %s: %v", filepath.Base(file), obj.GetKind(), obj.GetName(), err)
+			}
+		}
+	}
+	np := func(ns, name string) *intentv1alpha1.NimbusPolicy {
+		return &intentv1alpha1.NimbusPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}
+	}
+	f.waitPolicyStatus(t, np("samples", "dns-manipulation-binding"), "Generated",
+		"KubeArmorPolicy/dns-manipulation-binding-dnsmanipulation", "NetworkPolicy/dns-manipulation-binding-dnsmanipulation")
+	f.waitPolicyStatus(t, np("samples", "multiple-sis-binding"), "Generated",
+		"KubeArmorPolicy/multiple-sis-binding-swdeploymenttools", "KubeArmorPolicy/multiple-sis-binding-unauthorizedsatokenaccess",
+		"KubeArmorPolicy/multiple-sis-binding-dnsmanipulation", "NetworkPolicy/multiple-sis-binding-dnsmanipulation")
+	f.waitPolicyStatus(t, np("samples", "escape-to-host-binding"), "Generated",
+		"KubeArmorPolicy/escape-to-host-binding-escapetohost-disallowchroot", "KubeArmorPolicy/escape-to-host-binding-escapetohost-disallowcapabilities",
+		"KubeArmorPolicy/escape-to-host-binding-escapetohost-swdeploymenttools", "KyvernoPolicy/escape-to-host-binding-escapetohost")
+	const gen = "nimbus-ctlr-gen-"
+	f.waitPolicyStatus(t, np("prod", gen+"deny-ext-nw-access-foo-binding"), "Generated",
+		"NetworkPolicy/"+gen+"deny-ext-nw-access-foo-binding-denyexternalnetworkaccess")
+	f.waitPolicyStatus(t, np("samples", gen+"escape-to-host-cluster-binding"), "Generated",
+		"KubeArmorPolicy/"+gen+"escape-to-host-cluster-binding-escapetohost-disallowchroot",
+		"KubeArmorPolicy/"+gen+"escape-to-host-cluster-binding-escapetohost-disallowcapabilities",
+		"KubeArmorPolicy/"+gen+"escape-to-host-cluster-binding-escapetohost-swdeploymenttools")
+	if _, err := f.engineObject("ClusterPolicy", "", "escape-to-host-cluster-binding-escapetohost"); err != nil {
+		t.Errorf("the cluster binding's Kyverno ClusterPolicy: %v", err)
+	}
+}
+
+func testMutateAndGenerate(t *testing.T, f *fixture) {
+	ctx := context.Background()
+	f.namespace(t, "coco")
+	deployment := func(name string, labels map[string]string) *appsv1.Deployment {
+		return &appsv1.Deployment{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "coco", Name: name, Labels: labels},
+			Spec: appsv1.DeploymentSpec{
+				Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"pod": name}},
+				Template: corev1.PodTemplateSpec{
+					ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"pod": name}},
+					Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "nginx:latest"}}},
+				},
+			},
+		}
+	}
+	f.intent(t, "coco", "cocoWorkload", map[string]intentv1alpha1.ParamValues{"runtimeClass": {"kata-qemu"}})
+	f.binding(t, "coco", "coco-binding", map[string]string{"app": "coco"}, "coco")
+	np := &intentv1alpha1.NimbusPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: "coco", Name: "coco-binding"}}
+	t.Run("cocoWorkload: new Deployments now, existing ones once there are", func(t *testing.T) {
+		f.waitPolicyStatus(t, np, "Generated", "KyvernoPolicy/coco-binding-mutateoncreate")
+		must(t, f.c.Create(ctx, deployment("web", map[string]string{"app": "coco"})))
+		must(t, f.c.Create(ctx, deployment("other", map[string]string{"app": "else"})))
+		f.waitPolicyStatus(t, np, "Generated", "KyvernoPolicy/coco-binding-mutateexisting", "KyvernoPolicy/coco-binding-mutateoncreate")
+		p, err := f.engineObject("Policy", "coco", "coco-binding-mutateexisting")
+		must(t, err)
+		rules, _, _ := unstructured.NestedSlice(p.Object, "spec", "rules")
+		mutate := fmt.Sprint(rules[0].(map[string]any)["mutate"])
+		if !strings.Contains(mutate, "name:web") || strings.Contains(mutate, "other") || !strings.Contains(mutate, "kata-qemu") {
+			t.Errorf("mutateexisting's mutate = %s, want Deployment web alone to kata-qemu", mutate)
+		}
+	})
+	t.Run("virtualPatch: generate policies for the known CVE, the unknown one reported", func(t *testing.T) {
+		f.intent(t, "vp", "virtualPatch", map[string]intentv1alpha1.ParamValues{"cveList": {"CVE-2024-4439", "CVE-2099-0001"}})
+		f.binding(t, "coco", "vp-binding", map[string]string{"app": "prod"}, "vp")
+		vp := &intentv1alpha1.NimbusPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: "coco", Name: "vp-binding"}}
+		f.waitPolicyStatus(t, vp, "Generated", "KyvernoPolicy/vp-binding-cve-2024-4439-karmor-1",
+			"KyvernoPolicy/vp-binding-cve-2024-4439-kyverno-1", "KyvernoPolicy/vp-binding-cve-2024-4439-netpol-1")
+		if c := meta.FindStatusCondition(vp.Status.Conditions, "Ready"); !strings.Contains(c.Message, "CVE-2099-0001") {
+			t.Errorf("Ready message %q does not name the CVE nothing patches", c.Message)
+		}
 	})
 }

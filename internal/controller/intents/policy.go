@@ -50,7 +50,10 @@ func (r *policyReconciler) setup(mgr ctrl.Manager, opts controller.Options) (con
 		WatchesRawSource(source.Channel(r.all, &handler.EnqueueRequestForObject{})).
 		// A node's pod range is in the NetworkPolicies.
 		WatchesRawSource(source.Kind[client.Object](r.nodes, &corev1.Node{},
-			handler.EnqueueRequestsFromMapFunc(r.usingNodes), podCIDRChanged())).
+			handler.EnqueueRequestsFromMapFunc(r.needing(needsNodes)), podCIDRChanged())).
+		// A Deployment that appears, goes or changes labels is or is no longer a cocoWorkload target.
+		WatchesRawSource(source.Kind[client.Object](r.deployments, deploymentMetadata(),
+			handler.EnqueueRequestsFromMapFunc(r.needing(needsDeployments)), predicate.Or[client.Object](predicate.LabelChangedPredicate{}, createOrDelete()))).
 		WithOptions(opts).
 		Build(r)
 }
@@ -90,19 +93,26 @@ func (r *policyReconciler) wakeAll(ctx context.Context) error {
 	return nil
 }
 
-// usingNodes maps a Node to the NimbusPolicies whose NetworkPolicies list the nodes' pod ranges.
-func (r *policyReconciler) usingNodes(ctx context.Context, _ client.Object) []reconcile.Request {
-	list := &intentv1alpha1.NimbusPolicyList{}
-	if err := r.client.List(ctx, list); err != nil {
-		return nil
-	}
-	var reqs []reconcile.Request
-	for _, np := range list.Items {
-		if needsNodes(np.Spec.NimbusRules) {
-			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&np)})
+// needing maps an object to the NimbusPolicies (of its namespace, or every one for a
+// cluster-scoped object) whose rules need it.
+func (r *policyReconciler) needing(needs func([]intentv1alpha1.NimbusRules) bool) handler.MapFunc {
+	return func(ctx context.Context, obj client.Object) []reconcile.Request {
+		list := &intentv1alpha1.NimbusPolicyList{}
+		if err := r.client.List(ctx, list, client.InNamespace(obj.GetNamespace())); err != nil {
+			return nil
 		}
+		var reqs []reconcile.Request
+		for _, np := range list.Items {
+			if needs(np.Spec.NimbusRules) {
+				reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&np)})
+			}
+		}
+		return reqs
 	}
-	return reqs
+}
+
+func createOrDelete() predicate.Predicate {
+	return predicate.Funcs{UpdateFunc: func(event.UpdateEvent) bool { return false }}
 }
 
 func podCIDRChanged() predicate.Predicate {
@@ -110,6 +120,11 @@ func podCIDRChanged() predicate.Predicate {
 		o, n := e.ObjectOld.(*corev1.Node), e.ObjectNew.(*corev1.Node)
 		return o.Spec.PodCIDR != n.Spec.PodCIDR
 	}}
+}
+
+// needsDeployments: cocoWorkload moves the namespace's existing Deployments to its RuntimeClass.
+func needsDeployments(rules []intentv1alpha1.NimbusRules) bool {
+	return slices.ContainsFunc(rules, func(r intentv1alpha1.NimbusRules) bool { return r.ID == intent.CocoWorkload })
 }
 
 func needsNodes(rules []intentv1alpha1.NimbusRules) bool {
@@ -128,32 +143,52 @@ func (r *policyReconciler) Reconcile(ctx context.Context, req reconcile.Request)
 		return reconcile.Result{}, nil // its policies go with it (garbage collection)
 	}
 	before := np.DeepCopy()
-	in, err := r.inputs(ctx, np.Spec.NimbusRules)
+	in, err := r.inputs(ctx, np.Namespace, np.Spec.NimbusRules)
 	var a applied
 	if err == nil {
 		a, err = r.applyPolicies(ctx, np.UID, intent.ForNimbusPolicy(np, in), np.Namespace, namespacedKinds)
 	}
-	o := r.report(np, &np.Status, np.Generation, a, err, intent.Unenforced(np.Spec.NimbusRules, false))
+	o := r.report(np, &np.Status, np.Generation, a, err, unenforced(np.Spec.NimbusRules, intent.ClusterGenerated(np)))
 	if err := r.writeStatus(ctx, np, !equality.Semantic.DeepEqual(before.Status, np.Status)); err != nil {
 		return reconcile.Result{}, err
 	}
 	return o.Result()
 }
 
+// unenforced lists what nothing enforces: ids no engine implements, and CVEs the built-in virtual
+// patches do not cover.
+func unenforced(rules []intentv1alpha1.NimbusRules, cluster bool) []string {
+	out := intent.Unenforced(rules, cluster)
+	for _, r := range rules {
+		for _, cve := range intent.UnpatchedCVEs(r) {
+			out = append(out, "virtualPatch "+cve+" (no virtual patch known)")
+		}
+	}
+	return out
+}
+
 // inputs are the cluster facts the rules' policies need: the nodes' pod ranges for
 // NetworkPolicies.
-func (r *policyReconciler) inputs(ctx context.Context, rules []intentv1alpha1.NimbusRules) (intent.Inputs, error) {
-	if !needsNodes(rules) {
-		return intent.Inputs{}, nil
-	}
-	nodes := &corev1.NodeList{}
-	if err := r.nodes.List(ctx, nodes); err != nil {
-		return intent.Inputs{}, err
-	}
-	slices.SortFunc(nodes.Items, func(a, b corev1.Node) int { return strings.Compare(a.Name, b.Name) })
+func (r *policyReconciler) inputs(ctx context.Context, namespace string, rules []intentv1alpha1.NimbusRules) (intent.Inputs, error) {
 	var in intent.Inputs
-	for _, n := range nodes.Items {
-		in.PodCIDRs = append(in.PodCIDRs, n.Spec.PodCIDR)
+	if needsNodes(rules) {
+		nodes := &corev1.NodeList{}
+		if err := r.nodes.List(ctx, nodes); err != nil {
+			return in, err
+		}
+		slices.SortFunc(nodes.Items, func(a, b corev1.Node) int { return strings.Compare(a.Name, b.Name) })
+		for _, n := range nodes.Items {
+			in.PodCIDRs = append(in.PodCIDRs, n.Spec.PodCIDR)
+		}
+	}
+	if needsDeployments(rules) {
+		list := deploymentMetadataList()
+		if err := r.deployments.List(ctx, list, client.InNamespace(namespace)); err != nil {
+			return in, err
+		}
+		for _, d := range list.Items {
+			in.Deployments = append(in.Deployments, intent.Workload{Name: d.Name, Labels: d.Labels})
+		}
 	}
 	return in, nil
 }
@@ -250,7 +285,7 @@ func (r *clusterPolicyReconciler) Reconcile(ctx context.Context, req reconcile.R
 	}
 	before := cnp.DeepCopy()
 	a, err := r.applyPolicies(ctx, cnp.UID, intent.ForClusterNimbusPolicy(cnp), "", clusterKinds)
-	o := r.report(cnp, &cnp.Status, cnp.Generation, a, err, intent.Unenforced(cnp.Spec.NimbusRules, true))
+	o := r.report(cnp, &cnp.Status, cnp.Generation, a, err, unenforced(cnp.Spec.NimbusRules, true))
 	if err := r.writeStatus(ctx, cnp, !equality.Semantic.DeepEqual(before.Status, cnp.Status)); err != nil {
 		return reconcile.Result{}, err
 	}

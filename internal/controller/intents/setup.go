@@ -5,6 +5,7 @@ import (
 	"errors"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/discovery"
@@ -27,6 +28,7 @@ import (
 // Generated objects are owned with blockOwnerDeletion, which needs update on the owners' finalizers.
 // +kubebuilder:rbac:groups=intent.security.nimbus.com,resources=securityintentbindings/finalizers;clustersecurityintentbindings/finalizers;nimbuspolicies/finalizers;clusternimbuspolicies/finalizers,verbs=update
 // +kubebuilder:rbac:groups="",resources=namespaces;nodes,verbs=get;list;watch
+// +kubebuilder:rbac:groups=apps,resources=deployments,verbs=get;list;watch
 // +kubebuilder:rbac:groups=security.kubearmor.com,resources=kubearmorpolicies,verbs=get;list;watch;create;update;delete
 // +kubebuilder:rbac:groups=networking.k8s.io,resources=networkpolicies,verbs=get;list;watch;create;update;delete
 // +kubebuilder:rbac:groups=kyverno.io,resources=policies;clusterpolicies,verbs=get;list;watch;create;update;delete
@@ -46,21 +48,25 @@ type base struct {
 	apiReader  client.Reader
 	namespaces cache.Cache // Namespaces' metadata, a cache of the controller's own
 	nodes      cache.Cache // Nodes, a cache of the controller's own (their pod CIDRs)
-	objects    cache.Cache // the engines' policies, a cache of the controller's own
-	recorder   events.EventRecorder
-	engines    *engines
-	now        func() metav1.Time
+	// Deployments' metadata, a cache of the controller's own (cocoWorkload's targets).
+	deployments cache.Cache
+	objects     cache.Cache // the engines' policies, a cache of the controller's own
+	recorder    events.EventRecorder
+	engines     *engines
+	now         func() metav1.Time
 }
 
 // Setup registers the intents controllers with the manager.
 func Setup(mgr ctrl.Manager, o Options) error {
-	return setup(mgr, o, enginePollInterval)
+	_, err := setup(mgr, o, enginePollInterval)
+	return err
 }
 
-// setup is Setup with the interval at which engines are looked for (tests shorten it).
-func setup(mgr ctrl.Manager, o Options, engineInterval time.Duration) error {
+// setup is Setup with the interval at which engines are looked for (tests shorten it); it returns
+// what the reconcilers share, for tests.
+func setup(mgr ctrl.Manager, o Options, engineInterval time.Duration) (*base, error) {
 	if _, _, err := mgr.GetScheme().ObjectKinds(&intentv1alpha1.NimbusPolicy{}); err != nil {
-		return errors.New("the manager's scheme lacks intent.security.nimbus.com/v1alpha1 (add intentv1alpha1.AddToScheme)")
+		return nil, errors.New("the manager's scheme lacks intent.security.nimbus.com/v1alpha1 (add intentv1alpha1.AddToScheme)")
 	}
 	b := &base{
 		client: status.NewClient(mgr.GetClient(),
@@ -72,48 +78,48 @@ func setup(mgr ctrl.Manager, o Options, engineInterval time.Duration) error {
 	}
 	// Caches of the controller's own: the shared cache may be narrowed to another controller's
 	// Namespaces and NetworkPolicies (the namespaces controller's labels).
-	for _, c := range []*cache.Cache{&b.namespaces, &b.nodes} {
+	for _, c := range []*cache.Cache{&b.namespaces, &b.nodes, &b.deployments} {
 		own, err := newCache(mgr)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		*c = own
 	}
 	objects, err := newCache(mgr)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	b.objects = objects
 	dc, err := discovery.NewDiscoveryClientForConfig(mgr.GetConfig())
 	if err != nil {
-		return err
+		return nil, err
 	}
 	b.engines = &engines{discovery: dc, interval: engineInterval, log: mgr.GetLogger().WithName("intents"), present: map[intent.Engine]bool{}}
 	if err := index(mgr); err != nil {
-		return err
+		return nil, err
 	}
 	opts := controller.Options{
 		MaxConcurrentReconciles: o.Concurrency,
 		RateLimiter:             workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](200*time.Millisecond, 2*time.Minute),
 	}
 	if err := (&intentReconciler{base: b}).setup(mgr, opts); err != nil {
-		return err
+		return nil, err
 	}
 	if err := (&bindingReconciler{base: b}).setup(mgr, opts); err != nil {
-		return err
+		return nil, err
 	}
 	if err := (&clusterBindingReconciler{base: b}).setup(mgr, opts); err != nil {
-		return err
+		return nil, err
 	}
 	policies := &policyReconciler{base: b}
 	policyCtrl, err := policies.setup(mgr, opts)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	clusterPolicies := &clusterPolicyReconciler{base: b}
 	clusterPolicyCtrl, err := clusterPolicies.setup(mgr, opts)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	b.engines.appeared = func(ctx context.Context, e intent.Engine) error {
 		if err := policies.watchEngine(ctx, mgr, policyCtrl, e); err != nil {
@@ -123,9 +129,9 @@ func setup(mgr ctrl.Manager, o Options, engineInterval time.Duration) error {
 	}
 	// NetworkPolicy is always there.
 	if err := policies.watchEngine(context.Background(), mgr, policyCtrl, intent.NetworkPolicy); err != nil {
-		return err
+		return nil, err
 	}
-	return mgr.Add(b.engines)
+	return b, mgr.Add(b.engines)
 }
 
 func newCache(mgr ctrl.Manager) (cache.Cache, error) {
@@ -170,6 +176,18 @@ func namespaceMetadata() *metav1.PartialObjectMetadata {
 	ns := &metav1.PartialObjectMetadata{}
 	ns.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Namespace"))
 	return ns
+}
+
+func deploymentMetadata() *metav1.PartialObjectMetadata {
+	d := &metav1.PartialObjectMetadata{}
+	d.SetGroupVersionKind(appsv1.SchemeGroupVersion.WithKind("Deployment"))
+	return d
+}
+
+func deploymentMetadataList() *metav1.PartialObjectMetadataList {
+	l := &metav1.PartialObjectMetadataList{}
+	l.SetGroupVersionKind(appsv1.SchemeGroupVersion.WithKind("DeploymentList"))
+	return l
 }
 
 func namespaceMetadataList() *metav1.PartialObjectMetadataList {

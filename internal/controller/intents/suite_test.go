@@ -37,6 +37,8 @@ type fixture struct {
 	c      client.Client
 	scheme *runtime.Scheme
 	logs   *testenv.LogBuffer
+	mgr    ctrl.Manager
+	base   *base // the running controllers' shared parts
 }
 
 func start(t *testing.T) *fixture {
@@ -55,7 +57,9 @@ func start(t *testing.T) *fixture {
 		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
 	})
 	must(t, err)
-	must(t, setup(mgr, Options{Concurrency: 4}, 200*time.Millisecond))
+	f.mgr = mgr
+	f.base, err = setup(mgr, Options{Concurrency: 4}, 200*time.Millisecond)
+	must(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- mgr.Start(ctx) }()

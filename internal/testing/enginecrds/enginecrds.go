@@ -30,23 +30,31 @@ var (
 // for envtest's CRDDirectoryPaths.
 func Dir(t testing.TB, module string, files []string) string {
 	t.Helper()
+	dir := t.TempDir()
+	if err := Copy(module, files, dir); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// Copy downloads module (cached by the go command) and copies the named files into dir.
+func Copy(module string, files []string, dir string) error {
 	out, err := exec.Command("go", "mod", "download", "-json", module).Output()
 	if err != nil {
-		t.Fatalf("go mod download %s: %v", module, err)
+		return fmt.Errorf("go mod download %s: %w", module, err)
 	}
 	var m struct{ Dir, Error string }
 	if err := json.Unmarshal(out, &m); err != nil || m.Dir == "" {
-		t.Fatalf("go mod download %s: %s %v", module, m.Error, err)
+		return fmt.Errorf("go mod download %s: %s: %w", module, m.Error, err)
 	}
-	dir := t.TempDir()
 	for _, f := range files {
 		b, err := os.ReadFile(filepath.Join(m.Dir, f))
 		if err != nil {
-			t.Fatal(fmt.Errorf("%s has no %s: %w", module, f, err))
+			return fmt.Errorf("%s has no %s: %w", module, f, err)
 		}
 		if err := os.WriteFile(filepath.Join(dir, filepath.Base(f)), b, 0o600); err != nil {
-			t.Fatal(err)
+			return err
 		}
 	}
-	return dir
+	return nil
 }

@@ -1,0 +1,77 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/quartermaster-dev/quartermaster/internal/testing/enginecrds"
+	"github.com/quartermaster-dev/quartermaster/internal/testing/testenv"
+)
+
+// TestSecurityIntentsOnTheLocalCluster installs KubeArmor's and Kyverno's own CRDs, runs the
+// manager (as its ServiceAccount) with the intents controller, applies the samples, and follows
+// the generated policies through real garbage collection.
+func TestSecurityIntentsOnTheLocalCluster(t *testing.T) {
+	ctx := context.Background()
+	for _, dir := range []string{
+		enginecrds.Dir(t, enginecrds.KubeArmorModule, enginecrds.KubeArmor),
+		enginecrds.Dir(t, enginecrds.KyvernoModule, enginecrds.Kyverno),
+	} {
+		kubectlOK(t, "apply", "--server-side", "-f", dir)
+	}
+	kubectlOK(t, "wait", "--for=condition=Established", "crd/kubearmorpolicies.security.kubearmor.com",
+		"crd/policies.kyverno.io", "crd/clusterpolicies.kyverno.io", "--timeout=60s")
+	mgr := startManager(t, "--controllers=intents", "--health-probe-bind-address=0")
+
+	ns := newNamespace(t)
+	samples := filepath.Join(testenv.RepoRoot(), "config", "samples", "intents")
+	for _, f := range []string{"escape-to-host.yaml", "multiple-intents.yaml"} {
+		kubectlOK(t, "apply", "-n", ns, "-f", filepath.Join(samples, f))
+	}
+	waitIntents := func(kind string) {
+		t.Helper()
+		if out, err := cluster.Kubectl(ctx, "wait", "-n", ns, kind, "--all", "--for=condition=Ready", "--timeout=120s"); err != nil {
+			objects, _ := cluster.Kubectl(ctx, "get", "-n", ns, kind, "-o", "yaml")
+			t.Fatalf("%s: %v\n%s\nmanager logs:\n%s", out, err, objects, mgr.logs.String())
+		}
+	}
+	waitIntents("sib")
+	waitIntents("np")
+
+	t.Run("kubectl shows what Nimbus shows", func(t *testing.T) {
+		out := kubectlOK(t, "get", "-n", ns, "sib", "multiple-sis-binding")
+		for _, col := range []string{"STATUS", "INTENTS", "NIMBUSPOLICY", "Created", "3", "multiple-sis-binding"} {
+			if !strings.Contains(out, col) {
+				t.Errorf("kubectl get sib lacks %q:\n%s", col, out)
+			}
+		}
+		out = kubectlOK(t, "get", "-n", ns, "np", "escape-to-host-binding", "-o", "jsonpath={.status.adapterPolicies}")
+		for _, p := range []string{"KubeArmorPolicy/escape-to-host-binding-escapetohost-disallowchroot", "KyvernoPolicy/escape-to-host-binding-escapetohost"} {
+			if !strings.Contains(out, p) {
+				t.Errorf("adapterPolicies %s lack %s", out, p)
+			}
+		}
+		out = kubectlOK(t, "get", "-n", ns, "kubearmorpolicies", "-o", "name")
+		if n := strings.Count(out, "\n"); n != 3+3 {
+			t.Errorf("%d KubeArmorPolicies, want 3 for escapeToHost and 3 for the three intents:\n%s", n, out)
+		}
+		level := kubectlOK(t, "get", "-n", ns, "policies.kyverno.io", "escape-to-host-binding-escapetohost",
+			"-o", "jsonpath={.spec.rules[0].validate.podSecurity.level} {.spec.validationFailureAction}")
+		if level != "restricted Enforce" {
+			t.Errorf("Kyverno Policy level and action %q, want restricted Enforce", level)
+		}
+	})
+
+	t.Run("deleting a binding deletes its policies (garbage collection)", func(t *testing.T) {
+		kubectlOK(t, "delete", "-n", ns, "sib", "escape-to-host-binding", "--wait=true")
+		eventually(t, "the escapeToHost policies to be collected", func() bool {
+			out, err := cluster.Kubectl(ctx, "get", "-n", ns, "kubearmorpolicies,policies.kyverno.io,nimbuspolicies", "-o", "name")
+			return err == nil && !strings.Contains(out, "escapetohost") && !strings.Contains(out, "nimbuspolicy.intent.security.nimbus.com/escape-to-host-binding")
+		})
+	})
+	mgr.stop(t)
+}
