@@ -74,7 +74,7 @@ func TestMatches(t *testing.T) {
 		r["mutate"] = map[string]any{}
 		r["match"].(map[string]any)["resources"] = map[string]any{}
 		s.SetResourceVersion("42")
-		s.SetAnnotations(map[string]string{managedBy: "nimbus-kyverno", "policies.kyverno.io/description": "desc of escapeToHost", "note": "someone's"})
+		s.SetAnnotations(map[string]string{ManagedBy: "nimbus-kyverno", "policies.kyverno.io/description": "desc of escapeToHost", "note": "someone's"})
 		if edit != nil {
 			edit(spec)
 		}

@@ -102,9 +102,9 @@ type Workload struct {
 	Labels map[string]string
 }
 
-// managedBy is the annotation every generated object carries, naming the Nimbus adapter that would
+// ManagedBy is the annotation every generated object carries, naming the Nimbus adapter that would
 // have made it (tools that select Nimbus's objects by it keep working).
-const managedBy = "app.kubernetes.io/managed-by"
+const ManagedBy = "app.kubernetes.io/managed-by"
 
 // ForNimbusPolicy returns the engine policies of a NimbusPolicy, rule by rule in its order and,
 // within a rule, engine by engine. A NimbusPolicy a cluster binding made gets no Kyverno policies:

@@ -97,7 +97,7 @@ func assessTLSObjects(cnp *intentv1alpha1.ClusterNimbusPolicy, owner map[string]
 	if len(cnp.Labels) > 0 {
 		cj.SetLabels(cnp.Labels)
 	}
-	cj.SetAnnotations(map[string]string{managedBy: "nimbus-k8tls"})
+	cj.SetAnnotations(map[string]string{ManagedBy: "nimbus-k8tls"})
 	cj.Object["spec"] = map[string]any{
 		"schedule": firstParam(r, "schedule", DefaultTLSSchedule),
 		"jobTemplate": map[string]any{"spec": map[string]any{

@@ -100,6 +100,6 @@ func kubeArmorPolicy(p parent, r intentv1alpha1.NimbusRules, name string, rules 
 	if r.Description != "" {
 		spec["message"] = r.Description
 	}
-	obj := object(KubeArmorPolicyKind, name, p.namespace, map[string]any{managedBy: "nimbus-kubearmor"}, p.owner, spec)
+	obj := object(KubeArmorPolicyKind, name, p.namespace, map[string]any{ManagedBy: "nimbus-kubearmor"}, p.owner, spec)
 	return Policy{Engine: KubeArmor, Object: obj, Entry: "KubeArmorPolicy/" + name}
 }

@@ -34,7 +34,7 @@ func validationFailureAction(action string) string {
 }
 
 func kyvernoAnnotations(r intentv1alpha1.NimbusRules) map[string]any {
-	return map[string]any{managedBy: "nimbus-kyverno", "policies.kyverno.io/description": r.Description}
+	return map[string]any{ManagedBy: "nimbus-kyverno", "policies.kyverno.io/description": r.Description}
 }
 
 // Kyverno's names of the kinds policies match.

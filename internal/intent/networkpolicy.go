@@ -58,6 +58,6 @@ func networkPolicy(p parent, r intentv1alpha1.NimbusRules, podCIDRs []string) Po
 		}
 		spec["policyTypes"] = []any{"Egress", "Ingress"}
 	}
-	obj := object(NetworkPolicyKind, name, p.namespace, map[string]any{managedBy: "nimbus-netpol"}, p.owner, spec)
+	obj := object(NetworkPolicyKind, name, p.namespace, map[string]any{ManagedBy: "nimbus-netpol"}, p.owner, spec)
 	return Policy{Engine: NetworkPolicy, Object: obj, Entry: "NetworkPolicy/" + name}
 }

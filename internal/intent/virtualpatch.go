@@ -155,7 +155,12 @@ func generatorRule(p parent, e patchEngine, cve, image string, raw json.RawMessa
 	}
 	delete(manifest, "apiVersion")
 	delete(manifest, "kind")
-	meta["ownerReferences"] = []any{maps.Clone(p.owner)}
+	// What Kyverno generates is collected with the NimbusPolicy, but is not its controlled object:
+	// a controller reference would make it look like a generated policy no longer wanted (and
+	// blockOwnerDeletion would need Kyverno to update the NimbusPolicy's finalizers).
+	owner := maps.Clone(p.owner)
+	owner["controller"], owner["blockOwnerDeletion"] = false, false
+	meta["ownerReferences"] = []any{owner}
 
 	runsImage := map[string]any{"key": image, "operator": "AnyIn", "value": "{{ request.object.spec.containers[].image }}"}
 	podName := contextVariable("podName", "request.object.metadata.name")

@@ -7,7 +7,8 @@ import (
 	intentv1alpha1 "github.com/quartermaster-dev/quartermaster/api/intent/v1alpha1"
 )
 
-const npRef = `{apiVersion: intent.security.nimbus.com/v1alpha1, kind: NimbusPolicy, name: web, uid: np-uid, controller: true, blockOwnerDeletion: true}`
+// npRef is the owner of what Kyverno generates: not its controller (see generatorRule).
+const npRef = `{apiVersion: intent.security.nimbus.com/v1alpha1, kind: NimbusPolicy, name: web, uid: np-uid, controller: false, blockOwnerDeletion: false}`
 
 const runsNginx = `{all: [{key: 'nginx:latest', operator: AnyIn, value: '{{ request.object.spec.containers[].image }}'}]}`
 

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 
+	"golang.org/x/sync/errgroup"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -23,6 +24,7 @@ type applied struct {
 	conflicts []string // objects in the way that the parent does not control
 	missing   []intent.Engine
 	changes   []string // what was created, updated, deleted: one Event says it
+	shadowed  []string // policies an earlier rule of the same id already makes
 }
 
 // applyPolicies creates the generated policies that are missing, reverts the ones edited by hand,
@@ -31,6 +33,7 @@ type applied struct {
 func (b *base) applyPolicies(ctx context.Context, parent types.UID, desired []intent.Policy, namespace string, kinds []schema.GroupVersionKind) (applied, error) {
 	var a applied
 	wanted := map[schema.GroupVersionKind]map[string]bool{}
+	var present []intent.Policy
 	for _, p := range desired {
 		if !b.engines.has(p.Engine) {
 			if !slices.Contains(a.missing, p.Engine) {
@@ -42,13 +45,39 @@ func (b *base) applyPolicies(ctx context.Context, parent types.UID, desired []in
 		if wanted[gvk] == nil {
 			wanted[gvk] = map[string]bool{}
 		}
-		wanted[gvk][p.Object.GetName()] = true
-		ok, err := b.applyPolicy(ctx, parent, p, &a)
-		if err != nil {
-			return a, fmt.Errorf("%s: %w", p.Entry, err)
+		if wanted[gvk][p.Object.GetName()] {
+			// Two rules of one id (the same intent twice, or Block and Audit of it): the first
+			// rule's policy is made, or the two would overwrite each other for ever.
+			a.shadowed = append(a.shadowed, p.Entry)
+			continue
 		}
-		if ok && p.Entry != "" {
-			a.entries = append(a.entries, p.Entry)
+		wanted[gvk][p.Object.GetName()] = true
+		present = append(present, p)
+	}
+	// The policies are independent objects: written at once, reported in order.
+	results := make([]policyResult, len(present))
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(policyWriters)
+	for i, p := range present {
+		g.Go(func() error {
+			results[i] = b.applyPolicy(gctx, parent, p)
+			if results[i].err != nil {
+				return fmt.Errorf("%s: %w", p.Entry, results[i].err)
+			}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return a, err
+	}
+	for i, r := range results {
+		if r.change != "" {
+			a.changes = append(a.changes, r.change)
+		}
+		if !r.controlled {
+			a.conflicts = append(a.conflicts, r.conflict)
+		} else if present[i].Entry != "" {
+			a.entries = append(a.entries, present[i].Entry)
 		}
 	}
 	for _, gvk := range kinds {
@@ -62,7 +91,8 @@ func (b *base) applyPolicies(ctx context.Context, parent types.UID, desired []in
 		}
 		for i := range list.Items {
 			obj := &list.Items[i]
-			if ref := metav1.GetControllerOf(obj); ref == nil || ref.UID != parent || wanted[gvk][obj.GetName()] {
+			ref := metav1.GetControllerOf(obj)
+			if ref == nil || ref.UID != parent || wanted[gvk][obj.GetName()] || !strings.HasPrefix(obj.GetAnnotations()[intent.ManagedBy], "nimbus-") {
 				continue
 			}
 			if err := b.client.Delete(ctx, obj, client.Preconditions{UID: new(obj.GetUID())}); client.IgnoreNotFound(err) != nil {
@@ -74,9 +104,19 @@ func (b *base) applyPolicies(ctx context.Context, parent types.UID, desired []in
 	return a, nil
 }
 
-// applyPolicy brings one generated policy about; false when an object it does not control is in
-// the way.
-func (b *base) applyPolicy(ctx context.Context, parent types.UID, p intent.Policy, a *applied) (bool, error) {
+// policyWriters bounds the writes one reconcile makes at once.
+const policyWriters = 8
+
+// policyResult is what applying one generated policy found and did.
+type policyResult struct {
+	controlled bool   // the object is the parent's (false: conflict names what is in the way)
+	conflict   string // the object in the way
+	change     string // created or reverted, for the Event
+	err        error
+}
+
+// applyPolicy brings one generated policy about.
+func (b *base) applyPolicy(ctx context.Context, parent types.UID, p intent.Policy) policyResult {
 	cur := &unstructured.Unstructured{}
 	cur.SetGroupVersionKind(p.Object.GroupVersionKind())
 	key := client.ObjectKeyFromObject(p.Object)
@@ -84,24 +124,22 @@ func (b *base) applyPolicy(ctx context.Context, parent types.UID, p intent.Polic
 	if apierrors.IsNotFound(err) {
 		err = b.client.Create(ctx, p.Object.DeepCopy())
 		if err == nil {
-			a.changes = append(a.changes, "created "+p.Object.GetKind()+" "+p.Object.GetName())
-			return true, nil
+			return policyResult{controlled: true, change: "created " + p.Object.GetKind() + " " + p.Object.GetName()}
 		}
 		if !apierrors.IsAlreadyExists(err) {
-			return false, err
+			return policyResult{err: err}
 		}
 		// Created by a reconcile the cache does not show yet, or by someone else: look.
 		err = b.apiReader.Get(ctx, key, cur)
 	}
 	if err != nil {
-		return false, err
+		return policyResult{err: err}
 	}
 	if ref := metav1.GetControllerOf(cur); ref == nil || ref.UID != parent {
-		a.conflicts = append(a.conflicts, p.Object.GetKind()+" "+key.String())
-		return false, nil
+		return policyResult{conflict: p.Object.GetKind() + " " + key.String()}
 	}
 	if intent.Matches(p.Object, cur) {
-		return true, nil
+		return policyResult{controlled: true}
 	}
 	upd := cur.DeepCopy()
 	want := p.Object.DeepCopy()
@@ -122,14 +160,13 @@ func (b *base) applyPolicy(ctx context.Context, parent types.UID, p intent.Polic
 	if annotations == nil {
 		annotations = map[string]string{}
 	}
-	maps.Copy(annotations, p.Object.GetAnnotations())
+	maps.Copy(annotations, want.GetAnnotations())
 	upd.SetAnnotations(annotations)
-	upd.SetOwnerReferences(p.Object.GetOwnerReferences())
+	upd.SetOwnerReferences(want.GetOwnerReferences())
 	if err := b.client.Update(ctx, upd); err != nil {
-		return false, err
+		return policyResult{err: err}
 	}
-	a.changes = append(a.changes, "reverted "+p.Object.GetKind()+" "+p.Object.GetName())
-	return true, nil
+	return policyResult{controlled: true, change: "reverted " + p.Object.GetKind() + " " + p.Object.GetName()}
 }
 
 func engineOf(gvk schema.GroupVersionKind) intent.Engine {
@@ -150,6 +187,9 @@ func (a applied) summary(unenforced []string) string {
 			names = append(names, string(e))
 		}
 		msg += "; not installed (its policies are generated once it is): " + strings.Join(names, ", ")
+	}
+	if len(a.shadowed) > 0 {
+		msg += "; an earlier rule of the same intent id makes " + strings.Join(a.shadowed, ", ")
 	}
 	if len(unenforced) > 0 {
 		msg += "; no engine implements " + strings.Join(unenforced, ", ") + ": nothing enforces it"

@@ -171,10 +171,6 @@ func (r *bindingReconciler) Reconcile(ctx context.Context, req reconcile.Request
 }
 
 func (r *bindingReconciler) bind(ctx context.Context, sib *intentv1alpha1.SecurityIntentBinding) (status.Outcome, error) {
-	if len(sib.Spec.CEL) > 0 {
-		return status.WaitsForPerson("CELNotSupported",
-			"spec.cel is not supported yet: select the workloads with selector.workloadSelector.matchLabels", 0), nil
-	}
 	intents, err := r.intentsOf(ctx, sib.Spec.Intents)
 	if err != nil {
 		return status.Outcome{}, err
@@ -187,7 +183,8 @@ func (r *bindingReconciler) bind(ctx context.Context, sib *intentv1alpha1.Securi
 		}
 		st.Status, st.NimbusPolicy, st.BoundIntents, st.NumberOfBoundIntents = intentv1alpha1.StatusCreated, policy, bound, int32(len(bound))
 	}
-	if len(rules) == 0 {
+	if len(rules) == 0 || len(sib.Spec.CEL) > 0 {
+		// Nothing to bind (or nothing it can bind yet): what was generated before goes.
 		np := &intentv1alpha1.NimbusPolicy{}
 		err := r.client.Get(ctx, client.ObjectKey{Namespace: sib.Namespace, Name: sib.Name}, np)
 		if err == nil && metav1.IsControlledBy(np, sib) {
@@ -196,6 +193,12 @@ func (r *bindingReconciler) bind(ctx context.Context, sib *intentv1alpha1.Securi
 			}
 		} else if client.IgnoreNotFound(err) != nil {
 			return status.Outcome{}, err
+		}
+		if len(sib.Spec.CEL) > 0 {
+			bound = nil
+			setBound("")
+			return status.WaitsForPerson("CELNotSupported",
+				"spec.cel is not supported yet: select the workloads with selector.workloadSelector.matchLabels", 0), nil
 		}
 		setBound("")
 		return status.Progressing("IntentNotFound", fmt.Sprintf(

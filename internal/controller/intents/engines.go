@@ -25,8 +25,9 @@ type engines struct {
 	discovery discovery.DiscoveryInterface
 	interval  time.Duration
 	log       logr.Logger
-	// appeared is called, once per engine, when it is first seen.
-	appeared func(ctx context.Context, e intent.Engine) error
+	// appeared is called, once per engine, when it is first seen (wake: reconcile every policy,
+	// false before the controllers have started and reconcile everything anyway).
+	appeared func(ctx context.Context, e intent.Engine, wake bool) error
 
 	mu      sync.RWMutex
 	present map[intent.Engine]bool
@@ -51,7 +52,11 @@ func (e *engines) Start(ctx context.Context) error {
 	return nil
 }
 
-func (e *engines) detect(ctx context.Context) {
+func (e *engines) detect(ctx context.Context) { e.detectWaking(ctx, true) }
+
+// detectWaking marks the installed engines present before their watches and wake-ups, so a
+// policy reconciled for the new engine sees it.
+func (e *engines) detectWaking(ctx context.Context, wake bool) {
 	for _, en := range []intent.Engine{intent.KubeArmor, intent.Kyverno} {
 		if e.has(en) {
 			continue
@@ -64,13 +69,16 @@ func (e *engines) detect(ctx context.Context) {
 		if !served {
 			continue
 		}
-		if err := e.appeared(ctx, en); err != nil {
-			e.log.Error(err, "watching a policy engine's kinds; retrying", "engine", en)
-			continue
-		}
 		e.mu.Lock()
 		e.present[en] = true
 		e.mu.Unlock()
+		if err := e.appeared(ctx, en, wake); err != nil {
+			e.mu.Lock()
+			e.present[en] = false
+			e.mu.Unlock()
+			e.log.Error(err, "watching a policy engine's kinds; retrying", "engine", en)
+			continue
+		}
 		e.log.Info("policy engine installed: generating its policies", "engine", en)
 	}
 }

@@ -37,6 +37,7 @@ func TestIntents(t *testing.T) {
 		{"a reconcile of what is right writes nothing", testNoOpWritesNothing},
 		{"the samples", testSamples},
 		{"Kyverno mutate and generate intents", testMutateAndGenerate},
+		{"edge cases", testEdgeCases},
 	} {
 		if !t.Run(s.name, func(t *testing.T) { s.run(t, f) }) {
 			return
@@ -406,6 +407,56 @@ func testMutateAndGenerate(t *testing.T, f *fixture) {
 			"KyvernoPolicy/vp-binding-cve-2024-4439-kyverno-1", "KyvernoPolicy/vp-binding-cve-2024-4439-netpol-1")
 		if c := meta.FindStatusCondition(vp.Status.Conditions, "Ready"); !strings.Contains(c.Message, "CVE-2099-0001") {
 			t.Errorf("Ready message %q does not name the CVE nothing patches", c.Message)
+		}
+	})
+}
+
+func testEdgeCases(t *testing.T, f *fixture) {
+	ctx := context.Background()
+	f.namespace(t, "edge")
+	t.Run("two intents of one id: the first rule's policies, no tug of war", func(t *testing.T) {
+		f.intent(t, "dns-block", "dnsManipulation", nil)
+		audit := &intentv1alpha1.SecurityIntent{ObjectMeta: metav1.ObjectMeta{Name: "dns-audit"},
+			Spec: intentv1alpha1.SecurityIntentSpec{Intent: intentv1alpha1.Intent{ID: "dnsManipulation", Action: "Audit"}}}
+		must(t, f.c.Create(ctx, audit))
+		f.binding(t, "edge", "twice", map[string]string{"app": "x"}, "dns-block", "dns-audit")
+		np := &intentv1alpha1.NimbusPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: "edge", Name: "twice"}}
+		f.waitPolicyStatus(t, np, "Generated", "KubeArmorPolicy/twice-dnsmanipulation", "NetworkPolicy/twice-dnsmanipulation")
+		ksp, err := f.engineObject("KubeArmorPolicy", "edge", "twice-dnsmanipulation")
+		must(t, err)
+		rv := ksp.GetResourceVersion()
+		if action, _, _ := unstructured.NestedString(ksp.Object, "spec", "action"); action != "Block" {
+			t.Errorf("action %s, want the first rule's Block", action)
+		}
+		// Settled: a reconcile now (woken by a label change) rewrites nothing.
+		sib := &intentv1alpha1.SecurityIntentBinding{ObjectMeta: metav1.ObjectMeta{Namespace: "edge", Name: "twice"}}
+		f.get(t, sib)
+		sib.Labels["touched"] = "yes"
+		must(t, f.c.Update(ctx, sib))
+		eventually(t, "the label on the NimbusPolicy", func() (bool, string) {
+			f.get(t, np)
+			return np.Labels["touched"] == "yes", fmt.Sprint(np.Labels)
+		})
+		f.waitPolicyStatus(t, np, "Generated", "KubeArmorPolicy/twice-dnsmanipulation", "NetworkPolicy/twice-dnsmanipulation")
+		ksp, err = f.engineObject("KubeArmorPolicy", "edge", "twice-dnsmanipulation")
+		must(t, err)
+		if ksp.GetResourceVersion() != rv {
+			t.Errorf("the KubeArmorPolicy was rewritten (%s → %s)", rv, ksp.GetResourceVersion())
+		}
+	})
+	t.Run("a hand-made NimbusPolicy generates nothing", func(t *testing.T) {
+		np := &intentv1alpha1.NimbusPolicy{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "edge", Name: "handmade"},
+			Spec: intentv1alpha1.NimbusPolicySpec{Selector: intentv1alpha1.LabelSelector{MatchLabels: map[string]string{"app": "y"}},
+				NimbusRules: []intentv1alpha1.NimbusRules{{ID: "dnsManipulation", Rule: intentv1alpha1.Rule{RuleAction: "Block"}}}},
+		}
+		must(t, f.c.Create(ctx, np))
+		// A binding's policy made after it is generated, so the hand-made one had its turn.
+		f.binding(t, "edge", "after", map[string]string{"app": "z"}, "dns-block")
+		f.waitPolicyStatus(t, &intentv1alpha1.NimbusPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: "edge", Name: "after"}}, "Generated",
+			"KubeArmorPolicy/after-dnsmanipulation", "NetworkPolicy/after-dnsmanipulation")
+		if _, err := f.engineObject("KubeArmorPolicy", "edge", "handmade-dnsmanipulation"); !apierrors.IsNotFound(err) {
+			t.Errorf("a policy was generated for a hand-made NimbusPolicy: %v", err)
 		}
 	})
 }

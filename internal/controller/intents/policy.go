@@ -9,6 +9,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
@@ -25,6 +26,10 @@ import (
 	"github.com/quartermaster-dev/quartermaster/internal/controller/status"
 	"github.com/quartermaster-dev/quartermaster/internal/intent"
 )
+
+// engineRecheck is how often a policy waiting for an engine looks again, besides being woken when
+// the engine is detected.
+const engineRecheck = 5 * time.Minute
 
 // conflictRetry is how often a policy blocked by an object it does not control looks again.
 const conflictRetry = 5 * time.Minute
@@ -61,7 +66,7 @@ func (r *policyReconciler) setup(mgr ctrl.Manager, opts controller.Options) (con
 // watchEngine watches the engine's namespaced kinds (an edit or deletion of a generated policy
 // reconciles its NimbusPolicy) and reconciles every NimbusPolicy, whose policies for the engine
 // can be made now.
-func (r *policyReconciler) watchEngine(ctx context.Context, mgr ctrl.Manager, c controller.Controller, e intent.Engine) error {
+func (r *policyReconciler) watchEngine(ctx context.Context, mgr ctrl.Manager, c controller.Controller, e intent.Engine, wake bool) error {
 	for _, gvk := range intent.EngineKinds[e] {
 		if !slices.Contains(namespacedKinds, gvk) {
 			continue
@@ -74,7 +79,7 @@ func (r *policyReconciler) watchEngine(ctx context.Context, mgr ctrl.Manager, c 
 			return err
 		}
 	}
-	if e == intent.NetworkPolicy {
+	if !wake {
 		return nil
 	}
 	return r.wakeAll(ctx)
@@ -142,6 +147,9 @@ func (r *policyReconciler) Reconcile(ctx context.Context, req reconcile.Request)
 	if !np.DeletionTimestamp.IsZero() {
 		return reconcile.Result{}, nil // its policies go with it (garbage collection)
 	}
+	if !madeByBinding(np, "SecurityIntentBinding", "ClusterSecurityIntentBinding") {
+		return reconcile.Result{}, nil // hand-made: as Nimbus's adapters, generate nothing for it
+	}
 	before := np.DeepCopy()
 	in, err := r.inputs(ctx, np.Namespace, np.Spec.NimbusRules)
 	var a applied
@@ -153,6 +161,14 @@ func (r *policyReconciler) Reconcile(ctx context.Context, req reconcile.Request)
 		return reconcile.Result{}, err
 	}
 	return o.Result()
+}
+
+// madeByBinding reports whether a binding of one of the kinds controls obj: only what bindings make
+// becomes engine policies, so whoever may create a NimbusPolicy cannot have the controller write
+// Kyverno or NetworkPolicies for them.
+func madeByBinding(obj metav1.Object, kinds ...string) bool {
+	ref := metav1.GetControllerOf(obj)
+	return ref != nil && ref.APIVersion == intentv1alpha1.GroupVersion.String() && slices.Contains(kinds, ref.Kind)
 }
 
 // unenforced lists what nothing enforces: ids no engine implements, and CVEs the built-in virtual
@@ -204,7 +220,7 @@ func (b *base) report(obj client.Object, st *intentv1alpha1.NimbusPolicyStatus, 
 		o = status.WaitsForPerson("Conflict", fmt.Sprintf("%s exist and were not generated from this policy; they are left alone (delete or rename them)",
 			strings.Join(a.conflicts, ", ")), conflictRetry)
 	case len(a.missing) > 0:
-		o = status.WaitsForPerson("EngineNotInstalled", a.summary(unenforced), 0)
+		o = status.WaitsForPerson("EngineNotInstalled", a.summary(unenforced), engineRecheck)
 	default:
 		o = status.Healthy("Generated", a.summary(unenforced), 0)
 	}
@@ -249,7 +265,7 @@ func (r *clusterPolicyReconciler) setup(mgr ctrl.Manager, opts controller.Option
 		Build(r)
 }
 
-func (r *clusterPolicyReconciler) watchEngine(ctx context.Context, mgr ctrl.Manager, c controller.Controller, e intent.Engine) error {
+func (r *clusterPolicyReconciler) watchEngine(ctx context.Context, mgr ctrl.Manager, c controller.Controller, e intent.Engine, wake bool) error {
 	for _, gvk := range intent.EngineKinds[e] {
 		if !slices.Contains(clusterKinds, gvk) {
 			continue
@@ -261,6 +277,9 @@ func (r *clusterPolicyReconciler) watchEngine(ctx context.Context, mgr ctrl.Mana
 		if err != nil {
 			return err
 		}
+	}
+	if !wake {
+		return nil
 	}
 	list := &intentv1alpha1.ClusterNimbusPolicyList{}
 	if err := r.client.List(ctx, list); err != nil {
@@ -280,7 +299,7 @@ func (r *clusterPolicyReconciler) Reconcile(ctx context.Context, req reconcile.R
 	if err := r.client.Get(ctx, req.NamespacedName, cnp); err != nil {
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
-	if !cnp.DeletionTimestamp.IsZero() {
+	if !cnp.DeletionTimestamp.IsZero() || !madeByBinding(cnp, "ClusterSecurityIntentBinding") {
 		return reconcile.Result{}, nil
 	}
 	before := cnp.DeepCopy()

@@ -121,16 +121,17 @@ func setup(mgr ctrl.Manager, o Options, engineInterval time.Duration) (*base, er
 	if err != nil {
 		return nil, err
 	}
-	b.engines.appeared = func(ctx context.Context, e intent.Engine) error {
-		if err := policies.watchEngine(ctx, mgr, policyCtrl, e); err != nil {
+	b.engines.appeared = func(ctx context.Context, e intent.Engine, wake bool) error {
+		if err := policies.watchEngine(ctx, mgr, policyCtrl, e, wake); err != nil {
 			return err
 		}
-		return clusterPolicies.watchEngine(ctx, mgr, clusterPolicyCtrl, e)
+		return clusterPolicies.watchEngine(ctx, mgr, clusterPolicyCtrl, e, wake)
 	}
-	// NetworkPolicy is always there.
-	if err := policies.watchEngine(context.Background(), mgr, policyCtrl, intent.NetworkPolicy); err != nil {
+	// NetworkPolicy is always there; the others are looked for now, so the first reconciles know.
+	if err := policies.watchEngine(context.Background(), mgr, policyCtrl, intent.NetworkPolicy, false); err != nil {
 		return nil, err
 	}
+	b.engines.detectWaking(context.Background(), false)
 	return b, mgr.Add(b.engines)
 }
 
