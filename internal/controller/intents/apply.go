@@ -1,6 +1,7 @@
 package intents
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"maps"
@@ -8,6 +9,7 @@ import (
 	"strings"
 
 	"golang.org/x/sync/errgroup"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -25,6 +27,18 @@ type applied struct {
 	missing   []intent.Engine
 	changes   []string // what was created, updated, deleted: one Event says it
 	shadowed  []string // policies an earlier rule of the same id already makes
+	rejected  []string // policies the API server (or an engine's webhook) refuses as they are
+}
+
+// rejected reports an answer that retrying the same object cannot change: the object is invalid
+// or an admission webhook refuses it.
+func rejected(err error) bool {
+	return apierrors.IsInvalid(err) || apierrors.IsBadRequest(err)
+}
+
+// inTerminatingNamespace reports the API server's refusal to create in a namespace being deleted.
+func inTerminatingNamespace(err error) bool {
+	return apierrors.IsForbidden(err) && apierrors.HasStatusCause(err, corev1.NamespaceTerminatingCause)
 }
 
 // applyPolicies creates the generated policies that are missing, reverts the ones edited by hand,
@@ -54,30 +68,33 @@ func (b *base) applyPolicies(ctx context.Context, parent types.UID, desired []in
 		wanted[gvk][p.Object.GetName()] = true
 		present = append(present, p)
 	}
-	// The policies are independent objects: written at once, reported in order.
+	// The policies are independent objects: written at once, reported in order. One that fails
+	// does not hold back the others, nor the deletions below.
 	results := make([]policyResult, len(present))
-	g, gctx := errgroup.WithContext(ctx)
+	var g errgroup.Group
 	g.SetLimit(policyWriters)
 	for i, p := range present {
 		g.Go(func() error {
-			results[i] = b.applyPolicy(gctx, parent, p)
-			if results[i].err != nil {
-				return fmt.Errorf("%s: %w", p.Entry, results[i].err)
-			}
+			results[i] = b.applyPolicy(ctx, parent, p)
 			return nil
 		})
 	}
-	if err := g.Wait(); err != nil {
-		return a, err
-	}
+	_ = g.Wait()
+	var transient error
 	for i, r := range results {
+		switch {
+		case r.err != nil && rejected(r.err):
+			a.rejected = append(a.rejected, fmt.Sprintf("%s: %s", present[i].Entry, r.err))
+		case r.err != nil:
+			transient = cmp.Or(transient, fmt.Errorf("%s: %w", present[i].Entry, r.err))
+		case r.skipped:
+		case !r.controlled:
+			a.conflicts = append(a.conflicts, r.conflict)
+		case present[i].Entry != "":
+			a.entries = append(a.entries, present[i].Entry)
+		}
 		if r.change != "" {
 			a.changes = append(a.changes, r.change)
-		}
-		if !r.controlled {
-			a.conflicts = append(a.conflicts, r.conflict)
-		} else if present[i].Entry != "" {
-			a.entries = append(a.entries, present[i].Entry)
 		}
 	}
 	for _, gvk := range kinds {
@@ -96,12 +113,12 @@ func (b *base) applyPolicies(ctx context.Context, parent types.UID, desired []in
 				continue
 			}
 			if err := b.client.Delete(ctx, obj, client.Preconditions{UID: new(obj.GetUID())}); client.IgnoreNotFound(err) != nil {
-				return a, err
+				return a, cmp.Or(transient, err)
 			}
 			a.changes = append(a.changes, "deleted "+gvk.Kind+" "+obj.GetName())
 		}
 	}
-	return a, nil
+	return a, transient
 }
 
 // policyWriters bounds the writes one reconcile makes at once.
@@ -109,6 +126,7 @@ const policyWriters = 8
 
 // policyResult is what applying one generated policy found and did.
 type policyResult struct {
+	skipped    bool   // its namespace is being deleted: nothing to make there
 	controlled bool   // the object is the parent's (false: conflict names what is in the way)
 	conflict   string // the object in the way
 	change     string // created or reverted, for the Event
@@ -125,6 +143,9 @@ func (b *base) applyPolicy(ctx context.Context, parent types.UID, p intent.Polic
 		err = b.client.Create(ctx, p.Object.DeepCopy())
 		if err == nil {
 			return policyResult{controlled: true, change: "created " + p.Object.GetKind() + " " + p.Object.GetName()}
+		}
+		if inTerminatingNamespace(err) {
+			return policyResult{skipped: true}
 		}
 		if !apierrors.IsAlreadyExists(err) {
 			return policyResult{err: err}

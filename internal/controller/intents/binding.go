@@ -111,10 +111,15 @@ func (b *base) bindingsOf(list client.ObjectList) handler.MapFunc {
 func (b *base) ensurePolicy(ctx context.Context, want, cur client.Object, owner metav1.Object, same func() bool, copySpec func()) (bool, string, error) {
 	err := b.client.Get(ctx, client.ObjectKeyFromObject(want), cur)
 	if apierrors.IsNotFound(err) {
-		if err := b.client.Create(ctx, want); err != nil {
+		err = b.client.Create(ctx, want)
+		if err == nil {
+			return true, "created", nil
+		}
+		if !apierrors.IsAlreadyExists(err) {
 			return false, "", err
 		}
-		return true, "created", nil
+		// Made by a reconcile the cache does not show yet: compare with the API server's copy.
+		err = b.apiReader.Get(ctx, client.ObjectKeyFromObject(want), cur)
 	}
 	if err != nil {
 		return false, "", err
@@ -215,6 +220,10 @@ func (r *bindingReconciler) bind(ctx context.Context, sib *intentv1alpha1.Securi
 	ok, did, err := r.ensurePolicy(ctx, want, cur, sib,
 		func() bool { return equality.Semantic.DeepEqual(cur.Spec, want.Spec) },
 		func() { cur.Spec = want.Spec })
+	if inTerminatingNamespace(err) {
+		setBound("")
+		return status.Progressing("NamespaceTerminating", "the namespace is being deleted", 0), nil
+	}
 	if err != nil {
 		return status.Outcome{}, err
 	}

@@ -6,7 +6,6 @@ import (
 	"slices"
 	"strings"
 
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -223,7 +222,7 @@ func (r *clusterBindingReconciler) ensureNamespacePolicies(ctx context.Context, 
 		ok, _, err := r.ensurePolicy(ctx, want, cur, csib,
 			func() bool { return equality.Semantic.DeepEqual(cur.Spec, want.Spec) },
 			func() { cur.Spec = want.Spec })
-		if apierrors.IsNotFound(err) || apierrors.IsForbidden(err) && apierrors.HasStatusCause(err, corev1.NamespaceTerminatingCause) {
+		if apierrors.IsNotFound(err) || inTerminatingNamespace(err) {
 			continue // the namespace went meanwhile
 		}
 		if err != nil {

@@ -444,6 +444,15 @@ func testEdgeCases(t *testing.T, f *fixture) {
 			t.Errorf("the KubeArmorPolicy was rewritten (%s → %s)", rv, ksp.GetResourceVersion())
 		}
 	})
+	t.Run("a policy the API server refuses stalls, naming it, without holding back the others", func(t *testing.T) {
+		long := strings.Repeat("a", 245) // a valid binding name, but <name>-dnsmanipulation is over 253
+		f.binding(t, "edge", long, map[string]string{"app": "x"}, "dns-block")
+		np := &intentv1alpha1.NimbusPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: "edge", Name: long}}
+		f.waitPolicyStatus(t, np, "Rejected")
+		if c := meta.FindStatusCondition(np.Status.Conditions, "Stalled"); c == nil || c.Status != "True" || !strings.Contains(c.Message, "KubeArmorPolicy/"+long) {
+			t.Errorf("Stalled = %+v", c)
+		}
+	})
 	t.Run("a hand-made NimbusPolicy generates nothing", func(t *testing.T) {
 		np := &intentv1alpha1.NimbusPolicy{
 			ObjectMeta: metav1.ObjectMeta{Namespace: "edge", Name: "handmade"},

@@ -219,6 +219,8 @@ func (b *base) report(obj client.Object, st *intentv1alpha1.NimbusPolicyStatus, 
 	case len(a.conflicts) > 0:
 		o = status.WaitsForPerson("Conflict", fmt.Sprintf("%s exist and were not generated from this policy; they are left alone (delete or rename them)",
 			strings.Join(a.conflicts, ", ")), conflictRetry)
+	case len(a.rejected) > 0:
+		o = status.WaitsForPerson("Rejected", "refused by the API server: "+strings.Join(a.rejected, "; "), conflictRetry)
 	case len(a.missing) > 0:
 		o = status.WaitsForPerson("EngineNotInstalled", a.summary(unenforced), engineRecheck)
 	default:

@@ -23,8 +23,8 @@ import (
 )
 
 // +kubebuilder:rbac:groups=intent.security.nimbus.com,resources=securityintents;securityintentbindings;clustersecurityintentbindings,verbs=get;list;watch
-// +kubebuilder:rbac:groups=intent.security.nimbus.com,resources=securityintents/status;securityintentbindings/status;clustersecurityintentbindings/status;nimbuspolicies/status;clusternimbuspolicies/status,verbs=get;update;patch
-// +kubebuilder:rbac:groups=intent.security.nimbus.com,resources=nimbuspolicies;clusternimbuspolicies,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=intent.security.nimbus.com,resources=securityintents/status;securityintentbindings/status;clustersecurityintentbindings/status;nimbuspolicies/status;clusternimbuspolicies/status,verbs=update
+// +kubebuilder:rbac:groups=intent.security.nimbus.com,resources=nimbuspolicies;clusternimbuspolicies,verbs=get;list;watch;create;update;delete
 // Generated objects are owned with blockOwnerDeletion, which needs update on the owners' finalizers.
 // +kubebuilder:rbac:groups=intent.security.nimbus.com,resources=securityintentbindings/finalizers;clustersecurityintentbindings/finalizers;nimbuspolicies/finalizers;clusternimbuspolicies/finalizers,verbs=update
 // +kubebuilder:rbac:groups="",resources=namespaces;nodes,verbs=get;list;watch
