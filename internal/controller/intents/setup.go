@@ -139,11 +139,21 @@ func newCache(mgr ctrl.Manager) (cache.Cache, error) {
 	c, err := cache.New(mgr.GetConfig(), cache.Options{
 		Scheme: mgr.GetScheme(), Mapper: mgr.GetRESTMapper(),
 		DefaultTransform: cache.TransformStripManagedFields(),
+		// Of a Node only its pod range is read: its status (images, conditions) is most of its size.
+		ByObject: map[client.Object]cache.ByObject{&corev1.Node{}: {Transform: nodeSpecOnly}},
 	})
 	if err != nil {
 		return nil, err
 	}
 	return c, mgr.Add(c)
+}
+
+func nodeSpecOnly(obj any) (any, error) {
+	if n, ok := obj.(*corev1.Node); ok {
+		n.Status = corev1.NodeStatus{}
+		n.ManagedFields = nil
+	}
+	return obj, nil
 }
 
 func index(mgr ctrl.Manager) error {
