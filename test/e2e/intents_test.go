@@ -23,8 +23,14 @@ func TestSecurityIntentsOnTheLocalCluster(t *testing.T) {
 	} {
 		kubectlOK(t, "apply", "--server-side", "-f", dir)
 	}
-	kubectlOK(t, "wait", "--for=condition=Established", "crd/kubearmorpolicies.security.kubearmor.com",
-		"crd/policies.kyverno.io", "crd/clusterpolicies.kyverno.io", "--timeout=60s")
+	// Polled rather than kubectl wait: a CRD just created may have no conditions yet, which
+	// kubectl wait reports as an error instead of waiting.
+	for _, crd := range []string{"kubearmorpolicies.security.kubearmor.com", "policies.kyverno.io", "clusterpolicies.kyverno.io"} {
+		eventually(t, crd+" Established", func() bool {
+			out, err := cluster.Kubectl(ctx, "get", "crd", crd, "-o", `jsonpath={.status.conditions[?(@.type=="Established")].status}`)
+			return err == nil && out == "True"
+		})
+	}
 	mgr := startManager(t, "--controllers=intents", "--health-probe-bind-address=0")
 
 	ns := newNamespace(t)
