@@ -164,12 +164,20 @@ func (r *bindingReconciler) Reconcile(ctx context.Context, req reconcile.Request
 	}
 	before := sib.DeepCopy()
 	o, err := r.bind(ctx, sib)
+	return r.reportBinding(ctx, sib, &sib.Status.ObservedGeneration, &sib.Status.Conditions, o, err,
+		func() bool { return !equality.Semantic.DeepEqual(before.Status, sib.Status) })
+}
+
+// reportBinding ends a binding's reconcile: an error shows as Error (and backs off), the outcome
+// goes into the conditions, and the status is written when changed says it changed.
+func (b *base) reportBinding(ctx context.Context, obj client.Object, observed *int64, conds *[]metav1.Condition,
+	o status.Outcome, err error, changed func() bool) (reconcile.Result, error) {
 	if err != nil {
 		o = status.Transient("Error", err.Error(), err)
 	}
-	sib.Status.ObservedGeneration = sib.Generation
-	status.Report(r.recorder, sib, &sib.Status.Conditions, sib.Generation, o)
-	if err := r.writeStatus(ctx, sib, !equality.Semantic.DeepEqual(before.Status, sib.Status)); err != nil {
+	*observed = obj.GetGeneration()
+	status.Report(b.recorder, obj, conds, obj.GetGeneration(), o)
+	if err := b.writeStatus(ctx, obj, changed()); err != nil {
 		return reconcile.Result{}, err
 	}
 	return o.Result()

@@ -76,15 +76,8 @@ func (r *clusterBindingReconciler) Reconcile(ctx context.Context, req reconcile.
 	}
 	before := csib.DeepCopy()
 	o, err := r.bind(ctx, csib)
-	if err != nil {
-		o = status.Transient("Error", err.Error(), err)
-	}
-	csib.Status.ObservedGeneration = csib.Generation
-	status.Report(r.recorder, csib, &csib.Status.Conditions, csib.Generation, o)
-	if err := r.writeStatus(ctx, csib, !equality.Semantic.DeepEqual(before.Status, csib.Status)); err != nil {
-		return reconcile.Result{}, err
-	}
-	return o.Result()
+	return r.reportBinding(ctx, csib, &csib.Status.ObservedGeneration, &csib.Status.Conditions, o, err,
+		func() bool { return !equality.Semantic.DeepEqual(before.Status, csib.Status) })
 }
 
 func (r *clusterBindingReconciler) bind(ctx context.Context, csib *intentv1alpha1.ClusterSecurityIntentBinding) (status.Outcome, error) {

@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/event"
@@ -43,12 +44,11 @@ var (
 // policyReconciler generates the engine policies of each NimbusPolicy.
 type policyReconciler struct {
 	*base
-	// all wakes every NimbusPolicy (an engine installed, a node's pod range changed).
-	all chan event.GenericEvent
+	engineWatch
 }
 
 func (r *policyReconciler) setup(mgr ctrl.Manager, opts controller.Options) (controller.Controller, error) {
-	r.all = make(chan event.GenericEvent, 64)
+	r.engineWatch = newEngineWatch(namespacedKinds, &intentv1alpha1.NimbusPolicy{}, &intentv1alpha1.NimbusPolicyList{})
 	return builder.ControllerManagedBy(mgr).
 		Named("nimbuspolicy").
 		For(&intentv1alpha1.NimbusPolicy{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
@@ -63,18 +63,31 @@ func (r *policyReconciler) setup(mgr ctrl.Manager, opts controller.Options) (con
 		Build(r)
 }
 
-// watchEngine watches the engine's namespaced kinds (an edit or deletion of a generated policy
-// reconciles its NimbusPolicy) and reconciles every NimbusPolicy, whose policies for the engine
-// can be made now.
-func (r *policyReconciler) watchEngine(ctx context.Context, mgr ctrl.Manager, c controller.Controller, e intent.Engine, wake bool) error {
+// engineWatch is how a policy reconciler follows the engines: it watches the kinds it generates
+// (an edit or deletion of a generated policy reconciles its owner) and, when an engine appears,
+// reconciles every owner, whose policies for the engine can be made now.
+type engineWatch struct {
+	kinds []schema.GroupVersionKind
+	owner client.Object     // the (Cluster)NimbusPolicy kind that controls them
+	list  client.ObjectList // a list of owners
+	all   chan event.GenericEvent
+}
+
+func newEngineWatch(kinds []schema.GroupVersionKind, owner client.Object, list client.ObjectList) engineWatch {
+	return engineWatch{kinds: kinds, owner: owner, list: list, all: make(chan event.GenericEvent, 64)}
+}
+
+// watchEngine adds c's watches on the engine's kinds among w's, from the cache objects, and with
+// wake reconciles every owner.
+func (w *engineWatch) watchEngine(ctx context.Context, mgr ctrl.Manager, c controller.Controller, objects cache.Cache, reader client.Reader, e intent.Engine, wake bool) error {
 	for _, gvk := range intent.EngineKinds[e] {
-		if !slices.Contains(namespacedKinds, gvk) {
+		if !slices.Contains(w.kinds, gvk) {
 			continue
 		}
 		obj := &unstructured.Unstructured{}
 		obj.SetGroupVersionKind(gvk)
-		err := c.Watch(source.Kind[client.Object](r.objects, obj,
-			handler.EnqueueRequestForOwner(mgr.GetScheme(), mgr.GetRESTMapper(), &intentv1alpha1.NimbusPolicy{}, handler.OnlyControllerOwner())))
+		err := c.Watch(source.Kind[client.Object](objects, obj,
+			handler.EnqueueRequestForOwner(mgr.GetScheme(), mgr.GetRESTMapper(), w.owner, handler.OnlyControllerOwner())))
 		if err != nil {
 			return err
 		}
@@ -82,18 +95,12 @@ func (r *policyReconciler) watchEngine(ctx context.Context, mgr ctrl.Manager, c 
 	if !wake {
 		return nil
 	}
-	return r.wakeAll(ctx)
-}
-
-func (r *policyReconciler) wakeAll(ctx context.Context) error {
-	list := &intentv1alpha1.NimbusPolicyList{}
-	if err := r.client.List(ctx, list); err != nil {
+	list := w.list.DeepCopyObject().(client.ObjectList)
+	if err := reader.List(ctx, list); err != nil {
 		return err
 	}
 	go func() {
-		for i := range list.Items {
-			r.all <- event.GenericEvent{Object: &list.Items[i]}
-		}
+		_ = forEach(list, func(o client.Object) { w.all <- event.GenericEvent{Object: o} })
 	}()
 	return nil
 }
@@ -254,45 +261,17 @@ func (b *base) writeStatus(ctx context.Context, obj client.Object, changed bool)
 // clusterPolicyReconciler generates the cluster-wide engine policies of each ClusterNimbusPolicy.
 type clusterPolicyReconciler struct {
 	*base
-	all chan event.GenericEvent
+	engineWatch
 }
 
 func (r *clusterPolicyReconciler) setup(mgr ctrl.Manager, opts controller.Options) (controller.Controller, error) {
-	r.all = make(chan event.GenericEvent, 64)
+	r.engineWatch = newEngineWatch(clusterKinds, &intentv1alpha1.ClusterNimbusPolicy{}, &intentv1alpha1.ClusterNimbusPolicyList{})
 	return builder.ControllerManagedBy(mgr).
 		Named("clusternimbuspolicy").
 		For(&intentv1alpha1.ClusterNimbusPolicy{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		WatchesRawSource(source.Channel(r.all, &handler.EnqueueRequestForObject{})).
 		WithOptions(opts).
 		Build(r)
-}
-
-func (r *clusterPolicyReconciler) watchEngine(ctx context.Context, mgr ctrl.Manager, c controller.Controller, e intent.Engine, wake bool) error {
-	for _, gvk := range intent.EngineKinds[e] {
-		if !slices.Contains(clusterKinds, gvk) {
-			continue
-		}
-		obj := &unstructured.Unstructured{}
-		obj.SetGroupVersionKind(gvk)
-		err := c.Watch(source.Kind[client.Object](r.objects, obj,
-			handler.EnqueueRequestForOwner(mgr.GetScheme(), mgr.GetRESTMapper(), &intentv1alpha1.ClusterNimbusPolicy{}, handler.OnlyControllerOwner())))
-		if err != nil {
-			return err
-		}
-	}
-	if !wake {
-		return nil
-	}
-	list := &intentv1alpha1.ClusterNimbusPolicyList{}
-	if err := r.client.List(ctx, list); err != nil {
-		return err
-	}
-	go func() {
-		for i := range list.Items {
-			r.all <- event.GenericEvent{Object: &list.Items[i]}
-		}
-	}()
-	return nil
 }
 
 // Reconcile brings one ClusterNimbusPolicy's cluster-wide policies to what its rules generate.

@@ -122,13 +122,13 @@ func setup(mgr ctrl.Manager, o Options, engineInterval time.Duration) (*base, er
 		return nil, err
 	}
 	b.engines.appeared = func(ctx context.Context, e intent.Engine, wake bool) error {
-		if err := policies.watchEngine(ctx, mgr, policyCtrl, e, wake); err != nil {
+		if err := policies.watchEngine(ctx, mgr, policyCtrl, b.objects, b.client, e, wake); err != nil {
 			return err
 		}
-		return clusterPolicies.watchEngine(ctx, mgr, clusterPolicyCtrl, e, wake)
+		return clusterPolicies.watchEngine(ctx, mgr, clusterPolicyCtrl, b.objects, b.client, e, wake)
 	}
 	// NetworkPolicy is always there; the others are looked for now, so the first reconciles know.
-	if err := policies.watchEngine(context.Background(), mgr, policyCtrl, intent.NetworkPolicy, false); err != nil {
+	if err := policies.watchEngine(context.Background(), mgr, policyCtrl, b.objects, b.client, intent.NetworkPolicy, false); err != nil {
 		return nil, err
 	}
 	b.engines.detectWaking(context.Background(), false)
