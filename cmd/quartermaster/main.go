@@ -2,6 +2,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 
@@ -10,8 +11,10 @@ import (
 	computev1alpha1 "github.com/quartermaster-dev/quartermaster/api/compute/v1alpha1"
 	iamv1alpha1 "github.com/quartermaster-dev/quartermaster/api/iam/v1alpha1"
 	intentv1alpha1 "github.com/quartermaster-dev/quartermaster/api/intent/v1alpha1"
+	registryv1alpha1 "github.com/quartermaster-dev/quartermaster/api/registry/v1alpha1"
 	"github.com/quartermaster-dev/quartermaster/internal/controller/iam"
 	"github.com/quartermaster-dev/quartermaster/internal/controller/intents"
+	"github.com/quartermaster-dev/quartermaster/internal/controller/mirrors"
 	"github.com/quartermaster-dev/quartermaster/internal/controller/namespaces"
 	"github.com/quartermaster-dev/quartermaster/internal/controller/vmgroups"
 	"github.com/quartermaster-dev/quartermaster/internal/manager"
@@ -24,12 +27,27 @@ func controllers() []registry.Controller {
 		namespaces.Controller(),
 		vmgroups.Controller(),
 		iam.Controller(),
+		mirrors.Controller(),
 		intents.Controller(),
 	}
 }
 
+// subcommands are the other programs of the suite that ship in the same binary and image (the
+// registry mirror's cache and its node agent); each file that defines one adds it in init. The
+// manager runs when the first argument names none of them.
+var subcommands = map[string]func(ctx context.Context, args []string) error{}
+
 func main() {
-	scheme := manager.Scheme(computev1alpha1.AddToScheme, iamv1alpha1.AddToScheme, intentv1alpha1.AddToScheme)
+	if len(os.Args) > 1 {
+		if run, ok := subcommands[os.Args[1]]; ok {
+			if err := run(ctrl.SetupSignalHandler(), os.Args[2:]); err != nil {
+				fmt.Fprintf(os.Stderr, "quartermaster %s: %v\n", os.Args[1], err)
+				os.Exit(1)
+			}
+			return
+		}
+	}
+	scheme := manager.Scheme(computev1alpha1.AddToScheme, iamv1alpha1.AddToScheme, intentv1alpha1.AddToScheme, registryv1alpha1.AddToScheme)
 	if err := manager.Run(ctrl.SetupSignalHandler(), os.Args[1:], controllers(), scheme, os.Stderr); err != nil {
 		fmt.Fprintln(os.Stderr, "quartermaster:", err)
 		os.Exit(1)

@@ -60,9 +60,9 @@ func iamBench(ctx context.Context, e *env) ([]result, error) {
 		if _, err := e.cluster.Kubectl(ctx, "apply", "--server-side", "-f", path); err != nil {
 			return nil, err
 		}
-		if _, err := e.cluster.Kubectl(ctx, "wait", "--for=condition=Established", "--timeout=60s", "crd/"+crd+".iam.quartermaster.dev"); err != nil {
-			return nil, err
-		}
+	}
+	if err := waitEstablished(ctx, e); err != nil {
+		return nil, err
 	}
 
 	emu := iamemulator.New(iamemulator.Options{Seed: 1})

@@ -192,8 +192,7 @@ func installIntentCRDs(ctx context.Context, e *env) error {
 	if _, err := e.cluster.Kubectl(ctx, "apply", "--server-side", "-f", dir); err != nil {
 		return err
 	}
-	_, err = e.cluster.Kubectl(ctx, "wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
-	return err
+	return waitEstablished(ctx, e)
 }
 
 // createAll creates objs with 16 writers.

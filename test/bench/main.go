@@ -52,6 +52,7 @@ var cases = []benchCase{
 	{name: "vmgroups/50-replicas", run: vmgroupsBench},
 	{name: "iam/500-serviceaccounts", run: iamBench},
 	{name: "intents/1000-bindings", run: intentsBench},
+	{name: "mirrors/50-mirrors", run: mirrorsBench},
 }
 
 func main() {

@@ -46,7 +46,7 @@ func vmgroupsBench(ctx context.Context, e *env) ([]result, error) {
 	if _, err := e.cluster.Kubectl(ctx, "apply", "--server-side", "-f", crd); err != nil {
 		return nil, err
 	}
-	if _, err := e.cluster.Kubectl(ctx, "wait", "--for=condition=Established", "--timeout=60s", "crd/vmgroups.compute.quartermaster.dev"); err != nil {
+	if err := waitEstablished(ctx, e); err != nil {
 		return nil, err
 	}
 

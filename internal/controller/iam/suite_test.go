@@ -10,6 +10,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/aws/retry"
 	"github.com/aws/aws-sdk-go-v2/credentials"
+	"go.uber.org/zap/zapcore"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -52,12 +53,16 @@ type fixture struct {
 
 	cancel context.CancelFunc
 	done   chan error
+	// stuck is the goroutines still busy when a manager missed its grace period: printed last, so
+	// a failure's tail names them.
+	stuck string
 }
 
 func start(t *testing.T) *fixture {
 	t.Helper()
 	f := &fixture{logs: &testenv.LogBuffer{}}
-	logf.SetLogger(zap.New(zap.UseDevMode(true), zap.WriteTo(f.logs)))
+	// No stack traces: the tail printed on failure should hold log lines, not frames.
+	logf.SetLogger(zap.New(zap.UseDevMode(true), zap.WriteTo(f.logs), zap.StacktraceLevel(zapcore.PanicLevel)))
 	f.env = testenv.Start(t)
 	f.scheme = manager.Scheme(iamv1alpha1.AddToScheme)
 	c, err := client.New(f.env.Config, client.Options{Scheme: f.scheme})
@@ -87,6 +92,9 @@ func start(t *testing.T) *fixture {
 		f.stop(t)
 		if t.Failed() {
 			t.Logf("controller logs (last 20 kB):\n%s", f.logs.Tail(20000))
+		}
+		if f.stuck != "" {
+			t.Logf("goroutines of ours still running when the manager missed its grace period:\n%s", f.stuck)
 		}
 	})
 	return f
@@ -124,6 +132,9 @@ func (f *fixture) stop(t *testing.T) {
 	f.cancel()
 	if err := <-f.done; err != nil {
 		t.Errorf("manager: %v", err)
+		if f.stuck == "" {
+			f.stuck = testenv.OurGoroutines()
+		}
 	}
 	f.cancel = nil
 }

@@ -1,0 +1,83 @@
+// Package mirrors is the "mirrors" controller: each RegistryMirror becomes, in the operator's
+// namespace, a pull-through cache of its upstream (a StatefulSet behind two Services, with its
+// configuration Secret and a PodDisruptionBudget) and a DaemonSet of the node agent that points
+// every node's containerd at it.
+package mirrors
+
+import (
+	"errors"
+	"flag"
+	"time"
+
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/validation"
+	ctrl "sigs.k8s.io/controller-runtime/pkg/manager"
+
+	registryv1alpha1 "github.com/quartermaster-dev/quartermaster/api/registry/v1alpha1"
+	"github.com/quartermaster-dev/quartermaster/internal/registry"
+)
+
+// Name is the controller's name in --controllers.
+const Name = "mirrors"
+
+// Options are the controller's flags.
+type Options struct {
+	Namespace           string
+	Image               string
+	AgentServiceAccount string
+	Concurrency         int
+	Resync              time.Duration
+	// CheckUpstream: the controller asks each upstream whether the mirror's credentials work.
+	CheckUpstream bool
+}
+
+// AddFlags registers the controller's flags on fs.
+func (o *Options) AddFlags(fs *flag.FlagSet) {
+	fs.StringVar(&o.Namespace, "mirrors-namespace", "quartermaster-mirrors", "Namespace of every mirror's cache, node agent and credentials Secret.")
+	fs.StringVar(&o.Image, "mirrors-image", "quartermaster:dev", "Image of the mirrors' cache and node agent: Quartermaster's own image (they are its registry-mirror and node-agent subcommands).")
+	fs.StringVar(&o.AgentServiceAccount, "mirrors-agent-service-account", "quartermaster-node-agent", "ServiceAccount of the node agents, in --mirrors-namespace (installed with the operator).")
+	fs.IntVar(&o.Concurrency, "mirrors-concurrency", 4, "RegistryMirrors reconciled in parallel.")
+	fs.DurationVar(&o.Resync, "mirrors-resync", 10*time.Minute, "How often a ready mirror's objects and upstream are checked again.")
+	fs.BoolVar(&o.CheckUpstream, "mirrors-check-upstream", true, "Ask each upstream whether the mirror's credentials are accepted (a 401 stalls the mirror with a clear reason). Turn off where the operator has no egress.")
+}
+
+func (o *Options) validate() error {
+	var errs []error
+	if msgs := validation.IsDNS1123Label(o.Namespace); len(msgs) > 0 {
+		errs = append(errs, errors.New("--mirrors-namespace: "+msgs[0]))
+	}
+	if o.Image == "" {
+		errs = append(errs, errors.New("--mirrors-image must name Quartermaster's image"))
+	}
+	if msgs := validation.IsDNS1123Subdomain(o.AgentServiceAccount); len(msgs) > 0 {
+		errs = append(errs, errors.New("--mirrors-agent-service-account: "+msgs[0]))
+	}
+	if o.Concurrency < 1 {
+		errs = append(errs, errors.New("--mirrors-concurrency must be at least 1"))
+	}
+	if o.Resync < time.Minute {
+		errs = append(errs, errors.New("--mirrors-resync must be at least 1m"))
+	}
+	return errors.Join(errs...)
+}
+
+// Kinds are the API kinds the controller serves.
+var Kinds = []schema.GroupVersionKind{registryv1alpha1.GroupVersion.WithKind("RegistryMirror")}
+
+// Controller returns the registry entry of the mirrors controller. Its namespaced objects live in
+// a cache of its own (one namespace), so it narrows no shared cache.
+func Controller() registry.Controller {
+	o := &Options{}
+	return registry.Controller{
+		Name:       Name,
+		Requires:   Kinds,
+		AddFlags:   o.AddFlags,
+		Configured: o.validate,
+		Setup: func(mgr ctrl.Manager) error {
+			if err := o.validate(); err != nil {
+				return err
+			}
+			return Setup(mgr, *o)
+		},
+	}
+}

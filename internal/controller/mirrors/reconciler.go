@@ -1,0 +1,262 @@
+package mirrors
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/tools/events"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	registryv1alpha1 "github.com/quartermaster-dev/quartermaster/api/registry/v1alpha1"
+	"github.com/quartermaster-dev/quartermaster/internal/controller/status"
+	"github.com/quartermaster-dev/quartermaster/internal/mirror"
+)
+
+// Ready reasons of a RegistryMirror.
+const (
+	ReasonReady              = "Ready"
+	ReasonStarting           = "Starting"
+	ReasonInvalidSpec        = "InvalidSpec"
+	ReasonDuplicateHost      = "DuplicateMirrorHost"
+	ReasonCredentials        = "CredentialsSecretInvalid"
+	ReasonUnauthorized       = "UpstreamUnauthorized"
+	ReasonNameTaken          = "NameTaken"
+	ReasonWaitingForEndpoint = "WaitingForEndpoint"
+)
+
+const statusTimeout = 10 * time.Second
+
+// Reconciler keeps each RegistryMirror's objects as its spec says.
+type Reconciler struct {
+	client    client.Client // RegistryMirrors, from the shared cache, never older than our writes
+	objects   client.Client // the mirrors' namespaced objects, from the controller's own cache
+	apiReader client.Reader
+	scheme    *runtime.Scheme
+	recorder  events.EventRecorder
+	install   mirror.Install
+	upstream  *upstreamChecker // nil: upstreams are not asked
+	resync    time.Duration
+	slowRetry time.Duration
+}
+
+// Reconcile brings one mirror's objects to its spec and reports what they show.
+func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	rm := &registryv1alpha1.RegistryMirror{}
+	if err := r.client.Get(ctx, req.NamespacedName, rm); err != nil {
+		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
+	if !rm.DeletionTimestamp.IsZero() {
+		// The objects are owned: the garbage collector removes them, and the node agents remove
+		// their hosts.toml once they see the mirror going.
+		return reconcile.Result{}, nil
+	}
+	before := rm.DeepCopy()
+	o, err := r.reconcile(ctx, rm)
+	if err != nil {
+		o = status.Transient("Error", err.Error(), err)
+	}
+	rm.Status.ObservedGeneration = rm.Generation
+	status.Report(r.recorder, rm, &rm.Status.Conditions, rm.Generation, o)
+	if !equality.Semantic.DeepEqual(before.Status, rm.Status) {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), statusTimeout)
+		defer cancel()
+		if err := r.client.Status().Patch(sctx, rm, client.MergeFrom(before)); err != nil {
+			return reconcile.Result{}, client.IgnoreNotFound(err)
+		}
+	}
+	return o.Result()
+}
+
+func (r *Reconciler) reconcile(ctx context.Context, rm *registryv1alpha1.RegistryMirror) (status.Outcome, error) {
+	spec, err := mirror.Resolve(rm)
+	if err != nil {
+		return status.WaitsForPerson(ReasonInvalidSpec, err.Error(), r.slowRetry), nil
+	}
+	rm.Status.MirrorHost = spec.MirrorHost
+	if o, stop, err := r.checkUnique(ctx, rm, spec); stop || err != nil {
+		return o, err
+	}
+	creds, credsProblem, err := r.credentials(ctx, spec)
+	if err != nil {
+		return status.Outcome{}, err
+	}
+	config, err := mirror.CacheConfig(mirror.CacheParams{UpstreamURL: spec.UpstreamURL, TTL: spec.TTL})
+	if err != nil {
+		return status.WaitsForPerson(ReasonInvalidSpec, err.Error(), r.slowRetry), nil
+	}
+	secret := mirror.CacheSecret(r.install, spec, config, creds)
+	refused := ""
+	if credsProblem == "" && r.upstream != nil {
+		refused = r.upstream.check(ctx, spec.UpstreamURL, creds)
+	}
+	switch {
+	case credsProblem != "":
+		// The running cache keeps its last good credentials; a mirror that never had any waits
+		// for them rather than pulling anonymously.
+		kept, err := r.keepCredentials(ctx, secret, nil)
+		if err != nil {
+			return status.Outcome{}, err
+		}
+		if !kept {
+			return status.WaitsForPerson(ReasonCredentials, credsProblem, r.slowRetry), nil
+		}
+		credsProblem += "; the cache keeps its last good credentials"
+	case refused != "" && creds != nil:
+		// New credentials the upstream refuses do not replace ones it still accepts.
+		kept, err := r.keepCredentials(ctx, secret, func(old *mirror.Credentials) bool {
+			return *old != *creds && r.upstream.check(ctx, spec.UpstreamURL, old) == ""
+		})
+		if err != nil {
+			return status.Outcome{}, err
+		}
+		if kept {
+			refused += "; the cache keeps its previous credentials, which the upstream accepts"
+		}
+	}
+
+	a := &applier{r: r, owner: rm}
+	state, err := a.applyAll(ctx, spec, secret)
+	if err != nil {
+		return status.Outcome{}, err
+	}
+	if a.taken != "" {
+		return status.WaitsForPerson(ReasonNameTaken, a.taken, r.slowRetry), nil
+	}
+	r.observe(rm, state)
+	switch {
+	case credsProblem != "":
+		return status.WaitsForPerson(ReasonCredentials, credsProblem, r.slowRetry), nil
+	case refused != "":
+		return status.WaitsForPerson(ReasonUnauthorized, refused, r.slowRetry), nil
+	}
+	return r.readiness(state), nil
+}
+
+// checkUnique stops a mirror whose host an older mirror already serves, and removes its node
+// agent if it had one (two agents must not write the same hosts.toml).
+func (r *Reconciler) checkUnique(ctx context.Context, rm *registryv1alpha1.RegistryMirror, spec mirror.Spec) (status.Outcome, bool, error) {
+	list := &registryv1alpha1.RegistryMirrorList{}
+	if err := r.client.List(ctx, list, client.MatchingFields{indexMirrorHost: spec.MirrorHost}); err != nil {
+		return status.Outcome{}, true, err
+	}
+	for i := range list.Items {
+		other := &list.Items[i]
+		if other.Name == rm.Name || !other.DeletionTimestamp.IsZero() || !olderThan(other, rm) {
+			continue
+		}
+		ds := &appsv1.DaemonSet{}
+		ds.Namespace, ds.Name = r.install.Namespace, mirror.AgentName(rm.Name)
+		if err := r.objects.Get(ctx, client.ObjectKeyFromObject(ds), ds); err == nil && ownedBy(ds, rm) {
+			if err := r.objects.Delete(ctx, ds); client.IgnoreNotFound(err) != nil {
+				return status.Outcome{}, true, err
+			}
+		} else if client.IgnoreNotFound(err) != nil {
+			return status.Outcome{}, true, err
+		}
+		msg := fmt.Sprintf("RegistryMirror %q already mirrors %s: one mirror per host (change mirrorHost, or delete one of them)", other.Name, spec.MirrorHost)
+		return status.WaitsForPerson(ReasonDuplicateHost, msg, r.slowRetry), true, nil
+	}
+	return status.Outcome{}, false, nil
+}
+
+// olderThan orders mirrors of one host: the first created serves it (the name breaks ties).
+func olderThan(a, b *registryv1alpha1.RegistryMirror) bool {
+	if !a.CreationTimestamp.Equal(&b.CreationTimestamp) {
+		return a.CreationTimestamp.Before(&b.CreationTimestamp)
+	}
+	return a.Name < b.Name
+}
+
+// credentials reads the user's credentials Secret. A problem a person must fix comes back as a
+// message naming the Secret; an error is a failed read.
+func (r *Reconciler) credentials(ctx context.Context, spec mirror.Spec) (*mirror.Credentials, string, error) {
+	if spec.CredentialsSecret == "" {
+		return nil, "", nil
+	}
+	ref := r.install.Namespace + "/" + spec.CredentialsSecret
+	s := &corev1.Secret{}
+	err := r.objects.Get(ctx, client.ObjectKey{Namespace: r.install.Namespace, Name: spec.CredentialsSecret}, s)
+	switch {
+	case apierrors.IsNotFound(err):
+		return nil, fmt.Sprintf("credentials Secret %s not found", ref), nil
+	case err != nil:
+		return nil, "", err
+	}
+	user, pass := s.Data[mirror.UsernameKey], s.Data[mirror.PasswordKey]
+	switch {
+	case len(user) == 0 && len(pass) == 0:
+		return nil, fmt.Sprintf("credentials Secret %s has no %q and %q keys", ref, mirror.UsernameKey, mirror.PasswordKey), nil
+	case len(user) == 0:
+		return nil, fmt.Sprintf("credentials Secret %s has an empty or missing %q key", ref, mirror.UsernameKey), nil
+	case len(pass) == 0:
+		return nil, fmt.Sprintf("credentials Secret %s has an empty or missing %q key", ref, mirror.PasswordKey), nil
+	}
+	return &mirror.Credentials{Username: string(user), Password: string(pass)}, "", nil
+}
+
+// keepCredentials copies the credentials of the cache Secret in place into desired when it has
+// some and keep (if not nil) agrees, and reports whether it did.
+func (r *Reconciler) keepCredentials(ctx context.Context, desired *corev1.Secret, keep func(*mirror.Credentials) bool) (bool, error) {
+	current := &corev1.Secret{}
+	err := r.objects.Get(ctx, client.ObjectKeyFromObject(desired), current)
+	if apierrors.IsNotFound(err) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	user, pass := current.Data[mirror.UsernameKey], current.Data[mirror.PasswordKey]
+	if len(user) == 0 || len(pass) == 0 {
+		return false, nil
+	}
+	if keep != nil && !keep(&mirror.Credentials{Username: string(user), Password: string(pass)}) {
+		return false, nil
+	}
+	desired.Data[mirror.UsernameKey], desired.Data[mirror.PasswordKey] = user, pass
+	return true, nil
+}
+
+// observe copies what the cache and the agents report into the mirror's status.
+func (r *Reconciler) observe(rm *registryv1alpha1.RegistryMirror, st observed) {
+	rm.Status.Endpoint = st.endpoint
+	rm.Status.ReadyReplicas = 0
+	rm.Status.NodesConfigured, rm.Status.NodesDesired = 0, 0
+	if st.cache != nil {
+		rm.Status.ReadyReplicas = st.cache.Status.ReadyReplicas
+	}
+	if st.agent != nil {
+		rm.Status.NodesConfigured = st.agent.Status.NumberReady
+		rm.Status.NodesDesired = st.agent.Status.DesiredNumberScheduled
+	}
+}
+
+// readiness is Ready when every cache pod of the current spec serves and every node it applies
+// to is configured; otherwise the mirror is still starting (watches on the StatefulSet and the
+// DaemonSet bring the next look).
+func (r *Reconciler) readiness(st observed) status.Outcome {
+	if st.endpoint == "" {
+		return status.Progressing(ReasonWaitingForEndpoint, "waiting for the Service's address", 0)
+	}
+	sts, ds := st.cache, st.agent
+	want := int32(1)
+	if sts.Spec.Replicas != nil {
+		want = *sts.Spec.Replicas
+	}
+	cacheDone := sts.Status.ObservedGeneration >= sts.Generation && sts.Status.ReadyReplicas >= want &&
+		sts.Status.UpdatedReplicas >= want
+	nodesDone := ds.Status.ObservedGeneration >= ds.Generation && ds.Status.NumberReady >= ds.Status.DesiredNumberScheduled &&
+		ds.Status.UpdatedNumberScheduled >= ds.Status.DesiredNumberScheduled
+	msg := fmt.Sprintf("cache %d/%d ready at %s; %d/%d nodes configured",
+		sts.Status.ReadyReplicas, want, st.endpoint, ds.Status.NumberReady, ds.Status.DesiredNumberScheduled)
+	if cacheDone && nodesDone {
+		return status.Healthy(ReasonReady, msg, r.resync)
+	}
+	return status.Progressing(ReasonStarting, msg, 0)
+}

@@ -1,0 +1,184 @@
+package mirrors
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"go.uber.org/zap/zapcore"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	ctrl "sigs.k8s.io/controller-runtime/pkg/manager"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	registryv1alpha1 "github.com/quartermaster-dev/quartermaster/api/registry/v1alpha1"
+	"github.com/quartermaster-dev/quartermaster/internal/manager"
+	"github.com/quartermaster-dev/quartermaster/internal/mirror"
+	"github.com/quartermaster-dev/quartermaster/internal/testing/testenv"
+)
+
+const testNamespace = "quartermaster-mirrors"
+
+// fixture is one envtest API server with the mirrors controller running as it would in the
+// operator, its API requests counted, and two loopback upstreams: one open to anonymous pulls
+// and one that wants the user "puller" with the password "right" (or "rotated").
+type fixture struct {
+	env     *testenv.Env
+	c       client.Client
+	logs    *testenv.LogBuffer
+	r       *Reconciler
+	api     *testenv.RequestCounter
+	open    string // the open upstream's URL
+	guarded string // the upstream that wants credentials
+}
+
+func start(t *testing.T) *fixture {
+	t.Helper()
+	f := &fixture{logs: &testenv.LogBuffer{}}
+	logf.SetLogger(zap.New(zap.UseDevMode(true), zap.WriteTo(f.logs), zap.StacktraceLevel(zapcore.PanicLevel)))
+	f.env = testenv.Start(t)
+	scheme := manager.Scheme(registryv1alpha1.AddToScheme)
+	c, err := client.New(f.env.Config, client.Options{Scheme: scheme})
+	must(t, err)
+	f.c = c
+	must(t, c.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: testNamespace}}))
+	f.open, f.guarded = upstreams(t)
+
+	cfg, api := testenv.Counting(f.env.Config)
+	f.api = api
+	mgr, err := ctrl.New(cfg, ctrl.Options{
+		Scheme:     scheme,
+		Cache:      cache.Options{DefaultTransform: cache.TransformStripManagedFields()},
+		Metrics:    metricsserver.Options{BindAddress: "0"},
+		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
+	})
+	must(t, err)
+	o := Options{
+		Namespace: testNamespace, Image: "quartermaster:test", AgentServiceAccount: "quartermaster-node-agent",
+		Concurrency: 4, Resync: time.Hour, CheckUpstream: true,
+	}
+	must(t, o.validate())
+	f.r, err = setup(mgr, o)
+	must(t, err)
+	f.r.slowRetry = time.Second
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("manager: %v", err)
+		}
+		if t.Failed() {
+			t.Logf("controller logs (last 20 kB):\n%s", f.logs.Tail(20000))
+		}
+	})
+	return f
+}
+
+// upstreams serves /v2/ as registries do: the open one to anyone, the guarded one with a Basic
+// challenge to anyone but puller with the password right or rotated.
+func upstreams(t *testing.T) (open, guarded string) {
+	t.Helper()
+	o := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Docker-Distribution-API-Version", "registry/2.0")
+		_, _ = w.Write([]byte("{}"))
+	}))
+	t.Cleanup(o.Close)
+	g := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if u, p, ok := r.BasicAuth(); !ok || u != "puller" || (p != "right" && p != "rotated") {
+			w.Header().Set("WWW-Authenticate", `Basic realm="registry"`)
+			w.WriteHeader(http.StatusUnauthorized)
+			return
+		}
+		_, _ = w.Write([]byte("{}"))
+	}))
+	t.Cleanup(g.Close)
+	return o.URL, g.URL
+}
+
+// mirrorOf is a RegistryMirror of upstream for host.
+func mirrorOf(name, upstream, host string) *registryv1alpha1.RegistryMirror {
+	return &registryv1alpha1.RegistryMirror{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec:       registryv1alpha1.RegistryMirrorSpec{UpstreamURL: upstream, MirrorHost: host},
+	}
+}
+
+func (f *fixture) create(t *testing.T, obj client.Object) {
+	t.Helper()
+	must(t, f.c.Create(context.Background(), obj))
+}
+
+// waitReason waits until the mirror's Ready condition has reason for its current generation and
+// returns the mirror as read.
+func (f *fixture) waitReason(t *testing.T, name, reason string) *registryv1alpha1.RegistryMirror {
+	t.Helper()
+	rm := &registryv1alpha1.RegistryMirror{}
+	testenv.Eventually(t, fmt.Sprintf("RegistryMirror %s Ready reason %s", name, reason), func() (bool, string) {
+		if err := f.c.Get(context.Background(), client.ObjectKey{Name: name}, rm); err != nil {
+			return false, err.Error()
+		}
+		c := meta.FindStatusCondition(rm.Status.Conditions, registryv1alpha1.ConditionReady)
+		if c == nil {
+			return false, "no Ready condition"
+		}
+		return c.Reason == reason && c.ObservedGeneration == rm.Generation, c.Reason + ": " + c.Message
+	})
+	return rm
+}
+
+// object reads one of a mirror's objects from the mirrors' namespace.
+func (f *fixture) object(t *testing.T, name string, obj client.Object) {
+	t.Helper()
+	must(t, f.c.Get(context.Background(), client.ObjectKey{Namespace: testNamespace, Name: name}, obj))
+}
+
+// waitObject waits until the object exists and cond holds for it.
+func (f *fixture) waitObject(t *testing.T, name string, obj client.Object, cond func() (bool, string)) {
+	t.Helper()
+	testenv.Eventually(t, fmt.Sprintf("%T %s", obj, name), func() (bool, string) {
+		if err := f.c.Get(context.Background(), client.ObjectKey{Namespace: testNamespace, Name: name}, obj); err != nil {
+			return false, err.Error()
+		}
+		if cond == nil {
+			return true, ""
+		}
+		return cond()
+	})
+}
+
+// becomeReady plays the StatefulSet and DaemonSet controllers (envtest runs none): every cache
+// pod ready and every one of nodes configured.
+func (f *fixture) becomeReady(t *testing.T, name string, nodes int32) {
+	t.Helper()
+	ctx := context.Background()
+	sts := &appsv1.StatefulSet{}
+	f.waitObject(t, mirror.CacheName(name), sts, nil)
+	n := *sts.Spec.Replicas
+	sts.Status = appsv1.StatefulSetStatus{ObservedGeneration: sts.Generation, Replicas: n, ReadyReplicas: n, UpdatedReplicas: n, AvailableReplicas: n, CurrentReplicas: n}
+	must(t, f.c.Status().Update(ctx, sts))
+	ds := &appsv1.DaemonSet{}
+	f.waitObject(t, mirror.AgentName(name), ds, nil)
+	ds.Status = appsv1.DaemonSetStatus{ObservedGeneration: ds.Generation, DesiredNumberScheduled: nodes, CurrentNumberScheduled: nodes,
+		NumberReady: nodes, UpdatedNumberScheduled: nodes, NumberAvailable: nodes}
+	must(t, f.c.Status().Update(ctx, ds))
+}
+
+func must(t testing.TB, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}

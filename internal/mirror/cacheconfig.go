@@ -1,0 +1,143 @@
+package mirror
+
+import (
+	"errors"
+	"fmt"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"sigs.k8s.io/yaml"
+)
+
+// The cache pod's contract: what the StatefulSet mounts and probes, and what the registry-mirror
+// subcommand (internal/mirrorcache) reads and serves.
+const (
+	// CachePort is where the cache serves the registry API to the nodes.
+	CachePort = 5000
+	// MetricsPort serves Prometheus metrics at MetricsPath.
+	MetricsPort = 5001
+	MetricsPath = "/metrics"
+	// StorageDir is the cache's filesystem storage: the pod's volume.
+	StorageDir = "/var/lib/registry"
+	// ConfigDir is the mounted cache Secret: the configuration (ConfigFile) and, for an upstream
+	// that needs them, the credentials (UsernameKey, PasswordKey). Without them the upstream is
+	// pulled anonymously.
+	ConfigDir   = "/etc/quartermaster/mirror"
+	ConfigFile  = "config.yml"
+	UsernameKey = "username"
+	PasswordKey = "password"
+	// LivePath answers 200 on CachePort once the process serves HTTP: a liveness probe.
+	LivePath = "/"
+	// ReadyPath is the registry API's base on CachePort, which containerd pings too: 200 once the
+	// registry is configured. It does not depend on the upstream, so a cache keeps serving what it
+	// holds while the upstream is down.
+	ReadyPath = "/v2/"
+	// DrainTimeout is how long a stopping cache lets running pulls finish; the pod's
+	// terminationGracePeriodSeconds must be longer (the default 30 s is).
+	DrainTimeout = 25 * time.Second
+)
+
+// CacheParams is what one mirror's cache configuration says.
+type CacheParams struct {
+	// UpstreamURL is the registry to cache; NormalizeUpstream's rules apply.
+	UpstreamURL string
+	// TTL is how long content is kept after it was last pulled through; 0 keeps it forever.
+	TTL time.Duration
+}
+
+// cacheConfig is the part of distribution's configuration file the cache uses (its YAML keys).
+type cacheConfig struct {
+	Version string      `json:"version"`
+	Log     cacheLog    `json:"log"`
+	Storage cacheStore  `json:"storage"`
+	HTTP    cacheHTTP   `json:"http"`
+	Proxy   cacheRemote `json:"proxy"`
+}
+
+type cacheLog struct {
+	Level     string `json:"level"`
+	Formatter string `json:"formatter"`
+}
+
+type cacheStore struct {
+	Filesystem struct {
+		RootDirectory string `json:"rootdirectory"`
+	} `json:"filesystem"`
+	Delete struct {
+		Enabled bool `json:"enabled"`
+	} `json:"delete"`
+	Cache struct {
+		BlobDescriptor string `json:"blobdescriptor"`
+	} `json:"cache"`
+}
+
+type cacheHTTP struct {
+	Addr         string              `json:"addr"`
+	DrainTimeout string              `json:"draintimeout"`
+	Headers      map[string][]string `json:"headers"`
+	Debug        struct {
+		Addr       string `json:"addr"`
+		Prometheus struct {
+			Enabled bool   `json:"enabled"`
+			Path    string `json:"path"`
+		} `json:"prometheus"`
+	} `json:"debug"`
+}
+
+// cacheRemote has no username or password: the cache reads the credentials from ConfigDir at
+// run time, so the configuration never holds a secret.
+type cacheRemote struct {
+	RemoteURL string `json:"remoteurl"`
+	TTL       string `json:"ttl"`
+}
+
+// CacheConfig renders the distribution registry configuration of one mirror's cache.
+func CacheConfig(p CacheParams) ([]byte, error) {
+	// Checked before NormalizeUpstream, whose errors quote the URL: this one must not.
+	raw := p.UpstreamURL
+	if !strings.Contains(raw, "://") {
+		raw = "https://" + raw
+	}
+	if u, err := url.Parse(raw); err == nil && u.User != nil {
+		return nil, errors.New("the upstream URL carries credentials: put them in the credentials Secret")
+	}
+	upstream, err := NormalizeUpstream(p.UpstreamURL)
+	if err != nil {
+		return nil, err
+	}
+	if p.TTL < 0 {
+		return nil, fmt.Errorf("ttl %s is negative", p.TTL)
+	}
+	c := cacheConfig{
+		Version: "0.1",
+		Log:     cacheLog{Level: "info", Formatter: "json"},
+		Proxy: cacheRemote{
+			RemoteURL: upstream,
+			// Always written: distribution reads a missing ttl as 7 days, and 0s as forever.
+			TTL: p.TTL.String(),
+		},
+	}
+	c.Storage.Filesystem.RootDirectory = StorageDir
+	// Expiry deletes through the storage API, which refuses deletes unless enabled; the cache
+	// itself still refuses DELETE requests.
+	c.Storage.Delete.Enabled = true
+	c.Storage.Cache.BlobDescriptor = "inmemory"
+	c.HTTP.Addr = ":" + strconv.Itoa(CachePort)
+	c.HTTP.DrainTimeout = DrainTimeout.String()
+	c.HTTP.Headers = map[string][]string{"X-Content-Type-Options": {"nosniff"}}
+	c.HTTP.Debug.Addr = ":" + strconv.Itoa(MetricsPort)
+	c.HTTP.Debug.Prometheus.Enabled = true
+	c.HTTP.Debug.Prometheus.Path = MetricsPath
+	out, err := yaml.Marshal(c)
+	if err != nil {
+		return nil, err
+	}
+	return append([]byte(configHeader), out...), nil
+}
+
+// configHeader tells a person reading the Secret where the rest of the cache's settings are.
+const configHeader = "# Quartermaster's registry mirror cache (distribution registry configuration).\n" +
+	"# Upstream credentials are not here: the cache reads the username and password files next to\n" +
+	"# this one. Listen addresses, storage and metrics are fixed by the cache's pod.\n"

@@ -1,0 +1,488 @@
+package mirrorcache
+
+import (
+	"archive/tar"
+	"bufio"
+	"bytes"
+	"compress/gzip"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/containerd/containerd/v2/core/remotes/docker"
+	"github.com/containerd/containerd/v2/core/remotes/docker/config"
+	"github.com/distribution/distribution/v3/configuration"
+	_ "github.com/distribution/distribution/v3/registry/auth/htpasswd"
+	"github.com/distribution/distribution/v3/registry/handlers"
+	_ "github.com/distribution/distribution/v3/registry/storage/driver/inmemory"
+	"github.com/opencontainers/go-digest"
+	specs "github.com/opencontainers/image-spec/specs-go"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"golang.org/x/crypto/bcrypt"
+
+	"github.com/quartermaster-dev/quartermaster/internal/mirror"
+)
+
+// testClient is the tests' own HTTP client: the cache wraps http.DefaultTransport to count its
+// upstream requests, and the tests' requests must not count.
+var testClient = &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 30 * time.Second}
+
+// Upstream authentication schemes.
+const (
+	authNone     = ""
+	authHtpasswd = "htpasswd" // distribution's own basic authentication
+	authToken    = "token"    // the token protocol (Docker Hub's): a bearer challenge naming a realm
+)
+
+// upstream is a plain distribution registry, in this process, that the test pushes to and the
+// cache pulls from; it records every request it receives.
+type upstream struct {
+	URL, Host  string
+	auth       string
+	user, pass string
+	// anonymousTokens: the token realm also hands out tokens without credentials, as Docker Hub's.
+	anonymousTokens bool
+	token           string
+
+	srv      *httptest.Server
+	stopOnce sync.Once
+	mu       sync.Mutex
+	seen     []string
+}
+
+// upstreamUser is the user the upstream knows.
+const upstreamUser = "puller"
+
+func startUpstream(t *testing.T, auth, pass string, anonymousTokens bool) *upstream {
+	user := upstreamUser
+	t.Helper()
+	cfg := &configuration.Configuration{Storage: configuration.Storage{"inmemory": configuration.Parameters{}}}
+	cfg.HTTP.Secret = "upstream-upload-secret"
+	if auth == authHtpasswd {
+		hash, err := bcrypt.GenerateFromPassword([]byte(pass), bcrypt.MinCost)
+		if err != nil {
+			t.Fatal(err)
+		}
+		file := filepath.Join(t.TempDir(), "htpasswd")
+		if err := os.WriteFile(file, []byte(user+":"+string(hash)+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		cfg.Auth = configuration.Auth{"htpasswd": configuration.Parameters{"realm": "upstream", "path": file}}
+	}
+	app := handlers.NewApp(context.Background(), cfg)
+	t.Cleanup(func() { _ = app.Shutdown() })
+
+	u := &upstream{auth: auth, user: user, pass: pass, anonymousTokens: anonymousTokens, token: randomHex(16)}
+	u.srv = httptest.NewUnstartedServer(u.record(u.tokenFront(app)))
+	u.URL = "http://" + u.srv.Listener.Addr().String()
+	u.Host = u.srv.Listener.Addr().String()
+	u.srv.Start()
+	t.Cleanup(u.stop)
+	return u
+}
+
+// stop takes the upstream down: later connections are refused.
+func (u *upstream) stop() { u.stopOnce.Do(u.srv.Close) }
+
+func (u *upstream) record(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		u.mu.Lock()
+		u.seen = append(u.seen, r.Method+" "+r.URL.Path)
+		u.mu.Unlock()
+		next.ServeHTTP(w, r)
+	})
+}
+
+// requests returns the requests received since the last call.
+func (u *upstream) requests() []string {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	seen := u.seen
+	u.seen = nil
+	return seen
+}
+
+// tokenFront puts the token protocol in front of the registry when auth is authToken: a 401 with
+// a bearer challenge, a realm (/token on the same host) that trades the right basic credentials
+// for a token, and the registry behind for requests carrying that token.
+func (u *upstream) tokenFront(next http.Handler) http.Handler {
+	if u.auth != authToken {
+		return next
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/token" {
+			user, pass, ok := r.BasicAuth()
+			if (ok && (user != u.user || pass != u.pass)) || (!ok && !u.anonymousTokens) {
+				http.Error(w, `{"details":"incorrect username or password"}`, http.StatusUnauthorized)
+				return
+			}
+			w.Header().Set("Content-Type", "application/json")
+			fmt.Fprintf(w, `{"token":%q,"expires_in":300}`, u.token)
+			return
+		}
+		if r.Header.Get("Authorization") != "Bearer "+u.token {
+			w.Header().Set("WWW-Authenticate", fmt.Sprintf(`Bearer realm=%q,service="upstream"`, u.URL+"/token"))
+			w.Header().Set("Docker-Distribution-API-Version", "registry/2.0")
+			http.Error(w, `{"errors":[{"code":"UNAUTHORIZED","message":"authentication required"}]}`, http.StatusUnauthorized)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// do sends a request to the upstream with the test's (right) credentials.
+// do sends one request as the upstream's own user and returns the answer's headers.
+func (u *upstream) do(t *testing.T, method, target, contentType string, body []byte, want int) http.Header {
+	t.Helper()
+	req, err := http.NewRequest(method, target, bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if contentType != "" {
+		req.Header.Set("Content-Type", contentType)
+	}
+	switch u.auth {
+	case authHtpasswd:
+		req.SetBasicAuth(u.user, u.pass)
+	case authToken:
+		req.Header.Set("Authorization", "Bearer "+u.token)
+	}
+	resp, err := testClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != want {
+		b, _ := io.ReadAll(resp.Body)
+		t.Fatalf("%s %s: %s %s, want %d", method, target, resp.Status, b, want)
+	}
+	return resp.Header
+}
+
+// testImage is a one-layer OCI image pushed to the upstream.
+type testImage struct {
+	repo, tag string
+	manifest  ocispec.Descriptor
+	blobs     []ocispec.Descriptor // the config and the layer
+}
+
+// byTag and byDigest are the image's references as a node names them: at the upstream's host.
+func (i testImage) byTag(u *upstream) string { return u.Host + "/" + i.repo + ":" + i.tag }
+func (i testImage) byDigest(u *upstream) string {
+	return u.Host + "/" + i.repo + "@" + i.manifest.Digest.String()
+}
+
+// testTag is the tag every test image is pushed with.
+const testTag = "v1"
+
+// push builds a small image with random content and pushes it through the registry API, tagged
+// testTag.
+func (u *upstream) push(t *testing.T, repo string) testImage {
+	t.Helper()
+	tag := testTag
+	var layerTar bytes.Buffer
+	tw := tar.NewWriter(&layerTar)
+	content := []byte(randomHex(512))
+	if err := tw.WriteHeader(&tar.Header{Name: "hello.txt", Mode: 0o644, Size: int64(len(content)), Typeflag: tar.TypeReg}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tw.Write(content); err != nil {
+		t.Fatal(err)
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	var layer bytes.Buffer
+	zw := gzip.NewWriter(&layer)
+	if _, err := zw.Write(layerTar.Bytes()); err != nil {
+		t.Fatal(err)
+	}
+	if err := zw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	imageConfig, err := json.Marshal(ocispec.Image{
+		Platform: ocispec.Platform{Architecture: "amd64", OS: "linux"},
+		RootFS:   ocispec.RootFS{Type: "layers", DiffIDs: []digest.Digest{digest.FromBytes(layerTar.Bytes())}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	configDesc := u.pushBlob(t, repo, ocispec.MediaTypeImageConfig, imageConfig)
+	layerDesc := u.pushBlob(t, repo, ocispec.MediaTypeImageLayerGzip, layer.Bytes())
+	manifest, err := json.Marshal(ocispec.Manifest{
+		Versioned: specs.Versioned{SchemaVersion: 2},
+		MediaType: ocispec.MediaTypeImageManifest,
+		Config:    configDesc,
+		Layers:    []ocispec.Descriptor{layerDesc},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.do(t, http.MethodPut, u.URL+"/v2/"+repo+"/manifests/"+tag, ocispec.MediaTypeImageManifest, manifest, http.StatusCreated)
+	u.requests() // the pushes are not what a test counts
+	return testImage{
+		repo: repo, tag: tag,
+		manifest: ocispec.Descriptor{MediaType: ocispec.MediaTypeImageManifest, Digest: digest.FromBytes(manifest), Size: int64(len(manifest))},
+		blobs:    []ocispec.Descriptor{configDesc, layerDesc},
+	}
+}
+
+func (u *upstream) pushBlob(t *testing.T, repo, mediaType string, b []byte) ocispec.Descriptor {
+	t.Helper()
+	uploads := u.URL + "/v2/" + repo + "/blobs/uploads/"
+	h := u.do(t, http.MethodPost, uploads, "", nil, http.StatusAccepted)
+	base, err := url.Parse(uploads)
+	if err != nil {
+		t.Fatal(err)
+	}
+	loc, err := base.Parse(h.Get("Location")) // the Location may be relative
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := digest.FromBytes(b)
+	q := loc.Query()
+	q.Set("digest", d.String())
+	loc.RawQuery = q.Encode()
+	u.do(t, http.MethodPut, loc.String(), "application/octet-stream", b, http.StatusCreated)
+	return ocispec.Descriptor{MediaType: mediaType, Digest: d, Size: int64(len(b))}
+}
+
+// runningCache is a cache started by Run, as the registry-mirror subcommand starts it.
+type runningCache struct {
+	URL, MetricsURL string
+	log             *syncBuffer
+	cancel          context.CancelFunc
+	done            chan error
+	stopOnce        sync.Once
+}
+
+// cacheFiles are the cache pod's files: the rendered configuration, the credentials directory
+// and the storage volume.
+type cacheFiles struct {
+	config, credentials, storage string
+}
+
+// newCacheFiles renders the configuration for upstreamURL with mirror.CacheConfig and writes the
+// credentials (none when username is empty).
+func newCacheFiles(t *testing.T, upstreamURL, username, password string) cacheFiles {
+	t.Helper()
+	dir := t.TempDir()
+	f := cacheFiles{config: filepath.Join(dir, mirror.ConfigFile), credentials: filepath.Join(dir, "credentials"), storage: filepath.Join(dir, "storage")}
+	conf, err := mirror.CacheConfig(mirror.CacheParams{UpstreamURL: upstreamURL, TTL: mirror.DefaultTTL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(f.config, conf, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(f.credentials, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if username != "" {
+		for name, v := range map[string]string{mirror.UsernameKey: username, mirror.PasswordKey: password} {
+			if err := os.WriteFile(filepath.Join(f.credentials, name), []byte(v), 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	return f
+}
+
+// startCache runs the cache on loopback ports and waits until its readiness path answers.
+func startCache(t *testing.T, f cacheFiles) *runningCache {
+	t.Helper()
+	// distribution's documented override of a configuration value: the file stays as rendered,
+	// the storage is the test's.
+	t.Setenv("REGISTRY_STORAGE_FILESYSTEM_ROOTDIRECTORY", f.storage)
+	ln, mln := listenLoopback(t), listenLoopback(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	c := &runningCache{
+		URL:        "http://" + ln.Addr().String(),
+		MetricsURL: "http://" + mln.Addr().String() + mirror.MetricsPath,
+		log:        &syncBuffer{},
+		cancel:     cancel,
+		done:       make(chan error, 1),
+	}
+	go func() {
+		c.done <- Run(ctx, Options{ConfigPath: f.config, CredentialsDir: f.credentials, Listener: ln, MetricsListener: mln, LogOutput: c.log})
+	}()
+	t.Cleanup(func() { c.stop(t) })
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		select {
+		case err := <-c.done:
+			t.Fatalf("the cache stopped before it was ready: %v\n%s", err, c.log)
+		default:
+		}
+		if resp, err := testClient.Get(c.URL + mirror.ReadyPath); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return c
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the cache was not ready within 20s\n%s", c.log)
+		}
+		time.Sleep(10 * time.Millisecond) // polling interval of the readiness check
+	}
+}
+
+// stop ends the cache's context and waits for Run to return, which must be without error.
+func (c *runningCache) stop(t *testing.T) {
+	c.stopOnce.Do(func() {
+		c.cancel()
+		select {
+		case err := <-c.done:
+			if err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		case <-time.After(mirror.DrainTimeout + 5*time.Second):
+			t.Errorf("Run did not return after its context ended")
+		}
+	})
+}
+
+func listenLoopback(t *testing.T) net.Listener {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ln
+}
+
+// metrics scrapes the cache's metrics endpoint: "name{labels}" → value.
+func (c *runningCache) metrics(t *testing.T) map[string]float64 {
+	t.Helper()
+	resp, err := testClient.Get(c.MetricsURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	out := map[string]float64{}
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line := sc.Text()
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		v, err := strconv.ParseFloat(line[i+1:], 64)
+		if err != nil {
+			t.Fatalf("metrics line %q: %v", line, err)
+		}
+		out[line[:i]] = v
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// delta is the change of each named series between two scrapes.
+func delta(before, after map[string]float64, names ...string) map[string]float64 {
+	d := map[string]float64{}
+	for _, n := range names {
+		d[n] = after[n] - before[n]
+	}
+	return d
+}
+
+// writeHostsDir writes the node's containerd configuration for the upstream's host: the cache
+// first, the upstream as the fallback, as the node agent renders it.
+func writeHostsDir(t *testing.T, root string, u *upstream, cacheURL string) {
+	t.Helper()
+	dir := filepath.Join(root, u.Host)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	toml := mirror.HostsTOML(mirror.HostsParams{Mirror: "test", Endpoint: cacheURL, Upstream: u.URL})
+	if err := os.WriteFile(filepath.Join(dir, "hosts.toml"), toml, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// pull resolves ref and fetches its manifest, config and layers with containerd's resolver,
+// configured from the hosts directory as a node's containerd is, and checks every digest.
+func pull(ctx context.Context, hostsDir, ref string) error {
+	resolver := docker.NewResolver(docker.ResolverOptions{
+		Hosts: config.ConfigureHosts(ctx, config.HostOptions{HostDir: config.HostDirFromRoot(hostsDir)}),
+	})
+	name, desc, err := resolver.Resolve(ctx, ref)
+	if err != nil {
+		return fmt.Errorf("resolving %s: %w", ref, err)
+	}
+	fetcher, err := resolver.Fetcher(ctx, name)
+	if err != nil {
+		return err
+	}
+	fetch := func(d ocispec.Descriptor) ([]byte, error) {
+		rc, err := fetcher.Fetch(ctx, d)
+		if err != nil {
+			return nil, fmt.Errorf("fetching %s: %w", d.Digest, err)
+		}
+		defer rc.Close()
+		b, err := io.ReadAll(io.LimitReader(rc, d.Size+1))
+		if err != nil {
+			return nil, fmt.Errorf("reading %s: %w", d.Digest, err)
+		}
+		if int64(len(b)) != d.Size || digest.FromBytes(b) != d.Digest {
+			return nil, fmt.Errorf("%s: got %d bytes of digest %s", d.Digest, len(b), digest.FromBytes(b))
+		}
+		return b, nil
+	}
+	b, err := fetch(desc)
+	if err != nil {
+		return err
+	}
+	var m ocispec.Manifest
+	if err := json.Unmarshal(b, &m); err != nil {
+		return err
+	}
+	for _, d := range append([]ocispec.Descriptor{m.Config}, m.Layers...) {
+		if _, err := fetch(d); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// syncBuffer collects the cache's logs while it writes them.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		panic(err)
+	}
+	return hex.EncodeToString(b)
+}

@@ -1,0 +1,128 @@
+package mirrorcache
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/sirupsen/logrus"
+)
+
+// Metrics the cache adds to distribution's own (registry_proxy_{requests,hits,misses}_total and
+// registry_proxy_{pulled,pushed}_bytes_total by type blob|manifest, registry_storage_*), all in
+// the process's default Prometheus registry, which distribution's packages register into.
+var (
+	servedRequests = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "quartermaster_mirror_http_requests_total",
+		Help: "Requests the cache answered, by method and status code.",
+	}, []string{"method", "code"})
+
+	upstreamRequests = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "quartermaster_mirror_upstream_requests_total",
+		Help: "Requests the cache sent upstream (the registry, its token service, blob redirects) by result: " +
+			"ok, challenge (the 401 that starts authentication), unauthorized (any other 401), denied (403), " +
+			"not_found (404), error (other HTTP errors), unreachable (no HTTP answer), canceled (the client left).",
+	}, []string{"result"})
+)
+
+// Upstream results, the values of upstreamRequests' label.
+const (
+	resultOK           = "ok"
+	resultChallenge    = "challenge"
+	resultUnauthorized = "unauthorized"
+	resultDenied       = "denied"
+	resultNotFound     = "not_found"
+	resultError        = "error"
+	resultUnreachable  = "unreachable"
+	resultCanceled     = "canceled"
+)
+
+var processSetup sync.Once
+
+// setUpProcess registers the cache's metrics and observes the upstream, once per process.
+//
+// distribution's proxy reaches the upstream through http.DefaultTransport (its transport, token
+// handler and challenge ping all use it) and offers no other hook, so the cache replaces it with
+// one that counts and logs the answers and gives up connecting sooner; the process runs nothing
+// else that makes HTTP requests. A swallowed upstream error is otherwise invisible: a tag lookup
+// the upstream refuses falls back to the cache's copy or ends in a plain 404, with no log line.
+func setUpProcess() {
+	processSetup.Do(func() {
+		prometheus.MustRegister(servedRequests, upstreamRequests)
+		for _, r := range []string{resultOK, resultChallenge, resultUnauthorized, resultDenied, resultNotFound, resultError, resultUnreachable, resultCanceled} {
+			upstreamRequests.WithLabelValues(r)
+		}
+		next := http.DefaultTransport
+		if t, ok := next.(*http.Transport); ok {
+			t = t.Clone()
+			t.DialContext = (&net.Dialer{Timeout: upstreamDialTimeout, KeepAlive: 30 * time.Second}).DialContext
+			next = t
+		}
+		http.DefaultTransport = upstreamObserver{next: next}
+	})
+}
+
+// upstreamDialTimeout bounds a connection attempt to the upstream (Go's default is 30 s). While
+// the upstream drops packets, every pull by tag waits for one attempt before the cache answers
+// from its own copy.
+const upstreamDialTimeout = 5 * time.Second
+
+// upstreamObserver counts and logs the upstream's answers. It logs the host and path, never a
+// header or the query (a token request's query names the account).
+type upstreamObserver struct{ next http.RoundTripper }
+
+func (o upstreamObserver) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := o.next.RoundTrip(req)
+	result := classify(req, resp, err)
+	upstreamRequests.WithLabelValues(result).Inc()
+	log := logrus.WithFields(logrus.Fields{"upstream.host": req.URL.Host, "upstream.method": req.Method, "upstream.path": req.URL.Path})
+	switch result {
+	case resultUnreachable:
+		log.WithError(err).Warn("upstream unreachable")
+	case resultUnauthorized, resultDenied:
+		log = log.WithField("upstream.status", resp.Status)
+		if req.Header.Get("Authorization") != "" {
+			log.Warn("upstream " + result + ": it refused the cache's credentials (check the username and password of the mirror's credentials Secret)")
+		} else {
+			log.Warn("upstream " + result + ": it wants credentials and the cache has none")
+		}
+	}
+	return resp, err
+}
+
+func classify(req *http.Request, resp *http.Response, err error) string {
+	switch {
+	case err != nil && (errors.Is(err, context.Canceled) || req.Context().Err() != nil):
+		return resultCanceled
+	case err != nil:
+		return resultUnreachable
+	case resp.StatusCode < 400:
+		return resultOK
+	case resp.StatusCode == http.StatusUnauthorized && req.URL.Path == "/v2/" && req.Header.Get("Authorization") == "":
+		return resultChallenge
+	case resp.StatusCode == http.StatusUnauthorized:
+		return resultUnauthorized
+	case resp.StatusCode == http.StatusForbidden:
+		return resultDenied
+	case resp.StatusCode == http.StatusNotFound:
+		return resultNotFound
+	default:
+		return resultError
+	}
+}
+
+// countServed counts the cache's answers: distribution's own HTTP metrics register per App and
+// would panic on the second cache of a process, so the cache turns them off and counts here.
+func countServed(h http.Handler) http.Handler {
+	return promhttp.InstrumentHandlerCounter(servedRequests, h)
+}
+
+// metricsHandler serves the default registry: distribution's metrics and the cache's.
+func metricsHandler() http.Handler {
+	return promhttp.HandlerFor(prometheus.DefaultGatherer, promhttp.HandlerOpts{})
+}

@@ -1,0 +1,209 @@
+package mirrorcache
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+// Series of distribution's proxy metrics and the cache's own.
+const (
+	blobHits            = `registry_proxy_hits_total{type="blob"}`
+	blobMisses          = `registry_proxy_misses_total{type="blob"}`
+	manifestHits        = `registry_proxy_hits_total{type="manifest"}`
+	manifestMisses      = `registry_proxy_misses_total{type="manifest"}`
+	upstreamUnreachable = `quartermaster_mirror_upstream_requests_total{result="unreachable"}`
+	upstreamUnauthz     = `quartermaster_mirror_upstream_requests_total{result="unauthorized"}`
+	servedOK            = `quartermaster_mirror_http_requests_total{code="200",method="get"}`
+)
+
+// A pull that cannot succeed must fail well before this: it bounds a hang.
+const pullTimeout = time.Minute
+
+func mustPull(t *testing.T, hostsDir, ref string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), pullTimeout)
+	defer cancel()
+	if err := pull(ctx, hostsDir, ref); err != nil {
+		t.Fatalf("pulling %s: %v", ref, err)
+	}
+}
+
+// mustFail pulls ref, which must fail with an error rather than hang.
+func mustFail(t *testing.T, hostsDir, ref string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), pullTimeout)
+	defer cancel()
+	start := time.Now()
+	err := pull(ctx, hostsDir, ref)
+	switch {
+	case err == nil:
+		t.Fatalf("pulling %s succeeded, want an error", ref)
+	case errors.Is(err, context.DeadlineExceeded):
+		t.Fatalf("pulling %s hung for %s: %v", ref, pullTimeout, err)
+	}
+	t.Logf("pulling %s failed after %s: %v", ref, time.Since(start).Round(time.Millisecond), err)
+}
+
+func TestPullThrough(t *testing.T) {
+	const user, password = "puller", "pull-through-secret"
+	up := startUpstream(t, authHtpasswd, password, false)
+	img := up.push(t, "team/app")
+	other := up.push(t, "team/other")
+	files := newCacheFiles(t, up.URL, user, password)
+	cache := startCache(t, files)
+	hosts := t.TempDir()
+	writeHostsDir(t, hosts, up, cache.URL)
+
+	// First pull: the cache fetches everything from the upstream with its credentials.
+	before := cache.metrics(t)
+	mustPull(t, hosts, img.byTag(up))
+	after := cache.metrics(t)
+	seen := up.requests()
+	for _, b := range img.blobs {
+		if want := "GET /v2/team/app/blobs/" + b.Digest.String(); !slices.Contains(seen, want) {
+			t.Errorf("the upstream did not see %q; it saw %q", want, seen)
+		}
+	}
+	d := delta(before, after, blobMisses, manifestMisses, blobHits, servedOK)
+	if d[blobMisses] != 2 || d[manifestMisses] != 1 || d[blobHits] != 0 || d[servedOK] == 0 {
+		t.Errorf("first pull: metric changes %v, want 2 blob misses, 1 manifest miss, no blob hit, answers", d)
+	}
+
+	// Second pull by tag: the content comes from the cache; the upstream only answers the HEAD
+	// that checks where the tag points now (tags move; distribution asks every time).
+	before = after
+	mustPull(t, hosts, img.byTag(up))
+	after = cache.metrics(t)
+	for _, r := range up.requests() {
+		if r != "HEAD /v2/team/app/manifests/v1" {
+			t.Errorf("second pull: the upstream saw %q; only the tag's HEAD may reach it", r)
+		}
+	}
+	d = delta(before, after, blobHits, blobMisses, manifestHits, manifestMisses)
+	if d[blobHits] != 2 || d[manifestHits] == 0 || d[blobMisses] != 0 || d[manifestMisses] != 0 {
+		t.Errorf("second pull: metric changes %v, want 2 blob hits, manifest hits, no miss", d)
+	}
+
+	// By digest nothing reaches the upstream.
+	before = after
+	mustPull(t, hosts, img.byDigest(up))
+	if seen := up.requests(); len(seen) != 0 {
+		t.Errorf("pull by digest: the upstream saw %q, want nothing", seen)
+	}
+	if d := delta(before, cache.metrics(t), blobHits); d[blobHits] != 2 {
+		t.Errorf("pull by digest: metric changes %v, want 2 blob hits", d)
+	}
+
+	// The upstream goes down: what the cache holds is still served, the rest fails quickly.
+	up.stop()
+	before = cache.metrics(t)
+	mustPull(t, hosts, img.byTag(up))
+	mustPull(t, hosts, img.byDigest(up))
+	mustFail(t, hosts, other.byTag(up))
+	if d := delta(before, cache.metrics(t), upstreamUnreachable); d[upstreamUnreachable] == 0 {
+		t.Errorf("metric changes %v, want unreachable upstream requests counted", d)
+	}
+
+	// The cache restarts during the outage (distribution's own server panics here): it starts,
+	// and serves the same content from its volume.
+	cache.stop(t)
+	restarted := startCache(t, files)
+	writeHostsDir(t, hosts, up, restarted.URL)
+	mustPull(t, hosts, img.byTag(up))
+	mustPull(t, hosts, img.byDigest(up))
+	mustFail(t, hosts, other.byTag(up))
+
+	for _, log := range []string{cache.log.String(), restarted.log.String()} {
+		if strings.Contains(log, password) {
+			t.Errorf("the cache's log holds the upstream's password:\n%s", log)
+		}
+	}
+}
+
+func TestUpstreamRefusesCredentials(t *testing.T) {
+	const wrong, right = "wrong-password-1", "right-password-2"
+	up := startUpstream(t, authHtpasswd, right, false)
+	img := up.push(t, "team/app")
+	cache := startCache(t, newCacheFiles(t, up.URL, "puller", wrong))
+	hosts := t.TempDir()
+	writeHostsDir(t, hosts, up, cache.URL)
+
+	before := cache.metrics(t)
+	mustFail(t, hosts, img.byTag(up))
+	mustFail(t, hosts, img.byDigest(up))
+	if d := delta(before, cache.metrics(t), upstreamUnauthz); d[upstreamUnauthz] == 0 {
+		t.Errorf("metric changes %v, want the upstream's refusals counted as unauthorized", d)
+	}
+	log := cache.log.String()
+	if !strings.Contains(log, "upstream unauthorized: it refused the cache's credentials") {
+		t.Errorf("the cache's log does not say the upstream refused its credentials:\n%s", log)
+	}
+	if strings.Contains(log, wrong) || strings.Contains(log, right) {
+		t.Errorf("the cache's log holds a password:\n%s", log)
+	}
+}
+
+// The token protocol (Docker Hub's, and most registries'): the credentials go to the token realm
+// the upstream names, with or without an account.
+func TestPullThroughTokenAuth(t *testing.T) {
+	t.Run("with credentials", func(t *testing.T) {
+		up := startUpstream(t, authToken, "token-secret", false)
+		img := up.push(t, "team/app")
+		cache := startCache(t, newCacheFiles(t, up.URL, "puller", "token-secret"))
+		hosts := t.TempDir()
+		writeHostsDir(t, hosts, up, cache.URL)
+		mustPull(t, hosts, img.byTag(up))
+		if seen := up.requests(); !slices.Contains(seen, "GET /token") {
+			t.Errorf("the upstream's token realm was not asked: %q", seen)
+		}
+	})
+	t.Run("anonymous", func(t *testing.T) {
+		up := startUpstream(t, authToken, "token-secret", true)
+		img := up.push(t, "team/app")
+		cache := startCache(t, newCacheFiles(t, up.URL, "", ""))
+		hosts := t.TempDir()
+		writeHostsDir(t, hosts, up, cache.URL)
+		mustPull(t, hosts, img.byTag(up))
+		mustPull(t, hosts, img.byTag(up))
+	})
+	t.Run("anonymous refused", func(t *testing.T) {
+		up := startUpstream(t, authToken, "token-secret", false)
+		img := up.push(t, "team/app")
+		cache := startCache(t, newCacheFiles(t, up.URL, "", ""))
+		hosts := t.TempDir()
+		writeHostsDir(t, hosts, up, cache.URL)
+		mustFail(t, hosts, img.byTag(up))
+		if log := cache.log.String(); !strings.Contains(log, "it wants credentials and the cache has none") {
+			t.Errorf("the cache's log does not say the upstream wants credentials:\n%s", log)
+		}
+	})
+}
+
+// Why the cache is its own credential helper: configured the usual way (proxy.username and
+// proxy.password), distribution contacts the upstream while it starts and fails without it
+// (distribution issue #4038). Should a later distribution start anyway, this test says so, and
+// the helper is no longer needed for starting (it still keeps the credentials out of the file).
+func TestDistributionAloneDoesNotStartWhileUpstreamDown(t *testing.T) {
+	down := listenLoopback(t)
+	upstreamURL := "http://" + down.Addr().String()
+	down.Close() // nothing listens there any more
+	files := newCacheFiles(t, upstreamURL, "", "")
+	t.Setenv("REGISTRY_STORAGE_FILESYSTEM_ROOTDIRECTORY", files.storage)
+	cfg, err := loadConfig(files.config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Proxy.Username, cfg.Proxy.Password = "puller", "secret"
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel) // stops what distribution started before it gave up
+	app, err := newApp(ctx, cfg)
+	if err == nil {
+		_ = app.Shutdown()
+		t.Fatal("distribution started a pull-through cache of an unreachable upstream without the exec helper: see whether the helper is still needed")
+	}
+	t.Logf("as expected: %v", err)
+}

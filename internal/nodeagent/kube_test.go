@@ -1,0 +1,351 @@
+package nodeagent
+
+import (
+	"context"
+	"errors"
+	"maps"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/go-logr/logr/testr"
+
+	"github.com/quartermaster-dev/quartermaster/internal/testing/testenv"
+)
+
+// The agent against a real API server (envtest with the project's RegistryMirror CRD), as the
+// user "node-agent" holding exactly the RBAC the agent's ServiceAccount gets.
+
+const agentNamespace = "quartermaster-system"
+
+type apiFixture struct {
+	env   *testenv.Env
+	c     client.Client
+	agent *rest.Config // as "node-agent"
+}
+
+func TestAgentWithAPIServer(t *testing.T) {
+	env := testenv.Start(t)
+	f := &apiFixture{env: env, c: env.Client}
+	mustCreate(t, f.c, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: agentNamespace}})
+	for _, obj := range agentRBAC("node-agent", agentNamespace) {
+		mustCreate(t, f.c, obj)
+	}
+	f.agent = restConfigFor(t, env, "node-agent")
+
+	t.Run("reports on its Pod only when the state changes", f.testReports)
+	t.Run("keeps the file at shutdown while the mirror exists", f.testKeepsWhileMirrorExists)
+	t.Run("removes the file when the mirror is being deleted", f.testRemovesWhenDeleting)
+	t.Run("removes the file when the mirror is gone", f.testRemovesWhenGone)
+	t.Run("takes over the file of a deleted mirror", f.testTakesOverDeletedMirrorsFile)
+	t.Run("keeps the file when the API server cannot say", f.testKeepsWhenUnsure)
+	t.Run("runs: probes, restores, keeps the file at exit", f.testRun)
+}
+
+// agentRBAC is the agent's RBAC for a user named user, as the DaemonSet's ServiceAccount gets it.
+func agentRBAC(user, namespace string) []client.Object {
+	subject := []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: user}}
+	return []client.Object{
+		&rbacv1.ClusterRole{
+			ObjectMeta: metav1.ObjectMeta{Name: "test-node-agent"},
+			Rules:      []rbacv1.PolicyRule{{APIGroups: []string{"registry.quartermaster.dev"}, Resources: []string{"registrymirrors"}, Verbs: []string{"get"}}},
+		},
+		&rbacv1.ClusterRoleBinding{
+			ObjectMeta: metav1.ObjectMeta{Name: "test-node-agent"},
+			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "test-node-agent"},
+			Subjects:   subject,
+		},
+		&rbacv1.Role{
+			ObjectMeta: metav1.ObjectMeta{Name: "test-node-agent", Namespace: namespace},
+			Rules:      []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"patch"}}},
+		},
+		&rbacv1.RoleBinding{
+			ObjectMeta: metav1.ObjectMeta{Name: "test-node-agent", Namespace: namespace},
+			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "test-node-agent"},
+			Subjects:   subject,
+		},
+	}
+}
+
+func restConfigFor(t *testing.T, env *testenv.Env, user string) *rest.Config {
+	t.Helper()
+	cfg, err := clientcmd.BuildConfigFromFlags("", env.KubeconfigFor(t, user))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+func mustCreate(t *testing.T, c client.Client, obj client.Object) {
+	t.Helper()
+	if err := c.Create(context.Background(), obj); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// pod creates the agent's Pod (no kubelet runs it) and returns the agent's access as that Pod.
+func (f *apiFixture) pod(t *testing.T, name string) *Kube {
+	t.Helper()
+	mustCreate(t, f.c, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: agentNamespace},
+		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "agent", Image: "quartermaster:dev"}}},
+	})
+	kube, err := NewKube(f.agent, name, agentNamespace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return kube
+}
+
+// registryMirror creates a RegistryMirror, held by a finalizer when hold is set.
+func (f *apiFixture) registryMirror(t *testing.T, name string, hold bool) *unstructured.Unstructured {
+	t.Helper()
+	rm := &unstructured.Unstructured{}
+	rm.SetAPIVersion(MirrorResource.GroupVersion().String())
+	rm.SetKind("RegistryMirror")
+	rm.SetName(name)
+	if hold {
+		rm.SetFinalizers([]string{"test.quartermaster.dev/hold"})
+	}
+	if err := unstructured.SetNestedField(rm.Object, testUpstream, "spec", "upstreamUrl"); err != nil {
+		t.Fatal(err)
+	}
+	mustCreate(t, f.c, rm)
+	t.Cleanup(func() {
+		ctx := context.Background()
+		if hold {
+			if err := f.c.Patch(ctx, rm, client.RawPatch("application/merge-patch+json", []byte(`{"metadata":{"finalizers":null}}`))); err != nil && !apierrors.IsNotFound(err) {
+				t.Error(err)
+			}
+		}
+		if err := f.c.Delete(ctx, rm); err != nil && !apierrors.IsNotFound(err) {
+			t.Error(err)
+		}
+	})
+	return rm
+}
+
+func (f *apiFixture) podAnnotations(t *testing.T, name string) (map[string]string, string) {
+	t.Helper()
+	pod := &corev1.Pod{}
+	if err := f.c.Get(context.Background(), client.ObjectKey{Namespace: agentNamespace, Name: name}, pod); err != nil {
+		t.Fatal(err)
+	}
+	return pod.Annotations, pod.ResourceVersion
+}
+
+func (f *apiFixture) testReports(t *testing.T) {
+	ctx := context.Background()
+	f.registryMirror(t, "hub", false)
+	kube := f.pod(t, "agent-reports")
+	root := writeNodeFiles(t, nil)
+	a := newAgent(t, root, kube)
+
+	st := a.Sync(ctx)
+	got, rv := f.podAnnotations(t, "agent-reports")
+	want := map[string]string{
+		AnnotationHostsDir:   "/etc/containerd/certs.d",
+		AnnotationConfigured: "true",
+		AnnotationReason:     ReasonConfigured,
+		AnnotationMessage:    st.Message,
+	}
+	if !maps.Equal(got, want) {
+		t.Fatalf("Pod annotations %v, want %v", got, want)
+	}
+
+	a.Sync(ctx)
+	a.Sync(ctx)
+	if _, rv2 := f.podAnnotations(t, "agent-reports"); rv2 != rv {
+		t.Errorf("the Pod was written at steady state (resourceVersion %s → %s)", rv, rv2)
+	}
+
+	if err := os.WriteFile(filepath.Join(root, hubFile), []byte("server = \"https://x\"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	a.Sync(ctx)
+	got, _ = f.podAnnotations(t, "agent-reports")
+	if got[AnnotationConfigured] != "false" || got[AnnotationReason] != ReasonConflict || got[AnnotationHostsDir] != "/etc/containerd/certs.d" {
+		t.Errorf("Pod annotations %v, want a conflict reported", got)
+	}
+}
+
+func (f *apiFixture) testKeepsWhileMirrorExists(t *testing.T) {
+	f.registryMirror(t, "kept", false)
+	root := writeNodeFiles(t, nil)
+	a := newAgentOf(t, root, f.pod(t, "agent-kept"), "kept", "docker.io")
+	a.Sync(context.Background())
+	a.Shutdown(context.Background())
+	if got := readNode(t, root, hubFile); got != string(wantContent("kept")) {
+		t.Errorf("after a shutdown with the mirror in place, hosts.toml is:\n%s", got)
+	}
+}
+
+func (f *apiFixture) testRemovesWhenDeleting(t *testing.T) {
+	ctx := context.Background()
+	rm := f.registryMirror(t, "deleting", true)
+	root := writeNodeFiles(t, nil)
+	a := newAgentOf(t, root, f.pod(t, "agent-deleting"), "deleting", "docker.io")
+	a.Sync(ctx)
+	if err := f.c.Delete(ctx, rm); err != nil {
+		t.Fatal(err)
+	}
+	a.Shutdown(ctx)
+	if _, err := os.Stat(filepath.Join(root, filepath.Dir(hubFile))); !os.IsNotExist(err) {
+		t.Errorf("the mirror host's directory is still there (%v)", err)
+	}
+	if _, err := os.Stat(filepath.Join(root, "/etc/containerd/certs.d")); err != nil {
+		t.Errorf("containerd's hosts directory went too: %v", err)
+	}
+}
+
+func (f *apiFixture) testRemovesWhenGone(t *testing.T) {
+	ctx := context.Background()
+	// Never created: NotFound. A certificate someone put next to the file keeps the directory.
+	root := writeNodeFiles(t, map[string]string{"/etc/containerd/certs.d/docker.io/ca.crt": "x"})
+	a := newAgentOf(t, root, f.pod(t, "agent-gone"), "gone", "docker.io")
+	wantStatus(t, a.Sync(ctx), true, ReasonConfigured, "/etc/containerd/certs.d")
+	a.Shutdown(ctx)
+	if _, err := os.Stat(filepath.Join(root, hubFile)); !os.IsNotExist(err) {
+		t.Errorf("hosts.toml is still there (%v)", err)
+	}
+	if got := readNode(t, root, "/etc/containerd/certs.d/docker.io/ca.crt"); got != "x" {
+		t.Errorf("ca.crt changed: %q", got)
+	}
+}
+
+func (f *apiFixture) testTakesOverDeletedMirrorsFile(t *testing.T) {
+	ctx := context.Background()
+	// "old" does not exist: its leftover file is the agent's to replace.
+	root := writeNodeFiles(t, map[string]string{hubFile: string(wantContent("old"))})
+	a := newAgentOf(t, root, f.pod(t, "agent-takeover"), "new", "docker.io")
+	wantStatus(t, a.Sync(ctx), true, ReasonConfigured, "/etc/containerd/certs.d")
+	if got := readNode(t, root, hubFile); got != string(wantContent("new")) {
+		t.Errorf("hosts.toml is:\n%s", got)
+	}
+
+	// "live" exists: its file stays.
+	f.registryMirror(t, "live", false)
+	root = writeNodeFiles(t, map[string]string{hubFile: string(wantContent("live"))})
+	a = newAgentOf(t, root, a.cfg.Kube, "new", "docker.io")
+	wantStatus(t, a.Sync(ctx), false, ReasonConflict, "/etc/containerd/certs.d")
+	if got := readNode(t, root, hubFile); got != string(wantContent("live")) {
+		t.Errorf("the live mirror's hosts.toml was changed:\n%s", got)
+	}
+}
+
+// Unreachable or forbidden: the agent cannot tell the mirror is deleted, so the file stays (a
+// mirror that is gone only costs containerd a failed dial before the upstream).
+func (f *apiFixture) testKeepsWhenUnsure(t *testing.T) {
+	ctx := context.Background()
+	unreachable := rest.CopyConfig(f.agent)
+	unreachable.Host = "https://" + closedAddr(t)
+	forbidden := restConfigFor(t, f.env, "someone-else")
+	for name, cfg := range map[string]*rest.Config{"unreachable": unreachable, "forbidden": forbidden} {
+		t.Run(name, func(t *testing.T) {
+			kube, err := NewKube(cfg, "agent-unsure", agentNamespace)
+			if err != nil {
+				t.Fatal(err)
+			}
+			root := writeNodeFiles(t, nil)
+			a := newAgentOf(t, root, nil, "unsure", "docker.io") // write without reporting
+			a.Sync(ctx)
+			a.cfg.Kube = kube
+			a.Shutdown(ctx)
+			if got := readNode(t, root, hubFile); got != string(wantContent("unsure")) {
+				t.Errorf("hosts.toml is:\n%s", got)
+			}
+		})
+	}
+}
+
+// closedAddr is a loopback address nothing listens on.
+func closedAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	return addr
+}
+
+func (f *apiFixture) testRun(t *testing.T) {
+	f.registryMirror(t, "running", false)
+	root := writeNodeFiles(t, nil)
+	a, err := New(Config{Mirror: "running", MirrorHost: "docker.io", Endpoint: testEndpoint, Upstream: testUpstream,
+		Root: root, Kube: f.pod(t, "agent-running"), Resync: 50 * time.Millisecond, Log: testr.New(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	probes, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	readyz := "http://" + probes.Addr().String() + "/readyz"
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx, probes) }()
+	var runErr error
+	stopped := false
+	stop := func() error {
+		if !stopped {
+			stopped = true
+			cancel()
+			runErr = <-done
+		}
+		return runErr
+	}
+	t.Cleanup(func() { _ = stop() })
+
+	eventually(t, "/readyz to answer 200", func() bool { return get(readyz) == http.StatusOK })
+	if err := os.Remove(filepath.Join(root, hubFile)); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "hosts.toml to be restored", func() bool {
+		b, err := os.ReadFile(filepath.Join(root, hubFile))
+		return err == nil && string(b) == string(wantContent("running"))
+	})
+
+	if err := stop(); err != nil {
+		t.Errorf("Run: %v", err)
+	}
+	if got := readNode(t, root, hubFile); got != string(wantContent("running")) {
+		t.Errorf("after Run returned with the mirror in place, hosts.toml is:\n%s", got)
+	}
+	if code := get(readyz); code != 0 {
+		t.Errorf("the probes still answer (%d) after Run returned", code)
+	}
+}
+
+// get returns a GET's status code, 0 when it fails.
+func get(url string) int {
+	resp, err := http.Get(url)
+	if err != nil {
+		return 0
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	err := wait.PollUntilContextTimeout(context.Background(), 20*time.Millisecond, 30*time.Second, true,
+		func(context.Context) (bool, error) { return cond(), nil })
+	if errors.Is(err, context.DeadlineExceeded) || err != nil {
+		t.Fatalf("timed out waiting for %s", what)
+	}
+}

@@ -1,0 +1,213 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	registryv1alpha1 "github.com/quartermaster-dev/quartermaster/api/registry/v1alpha1"
+	"github.com/quartermaster-dev/quartermaster/internal/manager"
+	"github.com/quartermaster-dev/quartermaster/internal/mirror"
+	"github.com/quartermaster-dev/quartermaster/internal/testing/testenv"
+)
+
+// mirrorsNamespace is the mirrors' namespace config/namespace makes (--mirrors-namespace).
+const mirrorsNamespace = "quartermaster-mirrors"
+
+// TestRegistryMirrorOnTheLocalCluster runs the manager (as its ServiceAccount) with the mirrors
+// controller: a RegistryMirror goes Ready as kwok runs its cache pod (on a volume the test
+// provides: no provisioner runs) and its node agents; the node agent, run as a process against a
+// temporary root under its own ServiceAccount, writes the node's hosts.toml and reports on its
+// Pod; deleting the mirror removes every object through garbage collection, the volume per its
+// deletionPolicy, and the agent's file when it stops.
+func TestRegistryMirrorOnTheLocalCluster(t *testing.T) {
+	ctx := context.Background()
+	c, err := client.New(cluster.Config, client.Options{Scheme: manager.Scheme(registryv1alpha1.AddToScheme)})
+	must(t, err)
+	// The upstream the controller asks about credentials: an open registry root on loopback.
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Docker-Distribution-API-Version", "registry/2.0")
+		_, _ = w.Write([]byte("{}"))
+	}))
+	t.Cleanup(upstream.Close)
+	mgr := startManager(t, "--controllers=mirrors", "--health-probe-bind-address=0", "--mirrors-image=quartermaster:e2e")
+
+	// Volumes for the cache pods' claims (storageClassName "" binds to them).
+	for i := range 2 {
+		pv := &corev1.PersistentVolume{
+			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("mirror-e2e-%d", i)},
+			Spec: corev1.PersistentVolumeSpec{
+				Capacity:                      corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")},
+				AccessModes:                   []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+				PersistentVolumeReclaimPolicy: corev1.PersistentVolumeReclaimRetain,
+				StorageClassName:              "",
+				PersistentVolumeSource:        corev1.PersistentVolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: fmt.Sprintf("/tmp/mirror-e2e-%d", i)}},
+			},
+		}
+		must(t, c.Create(ctx, pv))
+		t.Cleanup(func() { _ = c.Delete(ctx, pv) })
+	}
+	newMirror := func(name, host string, policy registryv1alpha1.DeletionPolicy) *registryv1alpha1.RegistryMirror {
+		rm := &registryv1alpha1.RegistryMirror{
+			ObjectMeta: metav1.ObjectMeta{Name: name},
+			Spec: registryv1alpha1.RegistryMirrorSpec{
+				UpstreamURL: upstream.URL, MirrorHost: host, Replicas: ptr.To[int32](1), DeletionPolicy: policy,
+				Storage: &registryv1alpha1.Storage{Size: ptr.To(resource.MustParse("1Gi")), StorageClassName: ptr.To("")},
+			},
+		}
+		must(t, c.Create(ctx, rm))
+		return rm
+	}
+	hub := newMirror("e2e-hub", "docker.io", registryv1alpha1.DeletionPolicyDelete)
+	kept := newMirror("e2e-kept", "quay.io", registryv1alpha1.DeletionPolicyRetain)
+
+	for _, name := range []string{hub.Name, kept.Name} {
+		if out, err := cluster.Kubectl(ctx, "wait", "rm/"+name, "--for=condition=Ready", "--timeout=180s"); err != nil {
+			objects, _ := cluster.Kubectl(ctx, "get", "-n", mirrorsNamespace, "rm,sts,ds,pods,pvc", "-o", "wide")
+			t.Fatalf("%s: %v\n%s\nmanager logs:\n%s", out, err, objects, mgr.logs.String())
+		}
+	}
+	must(t, c.Get(ctx, client.ObjectKeyFromObject(hub), hub))
+	if hub.Status.ReadyReplicas != 1 || hub.Status.NodesConfigured != 2 || hub.Status.NodesDesired != 2 || hub.Status.Endpoint == "" {
+		t.Errorf("status %+v", hub.Status)
+	}
+	t.Run("kubectl shows upstream, host, readiness and nodes", func(t *testing.T) {
+		out := kubectlOK(t, "get", "rm", hub.Name)
+		for _, col := range []string{"UPSTREAM", "HOST", "READY", "NODES", upstream.URL, "docker.io", "True", "2"} {
+			if !strings.Contains(out, col) {
+				t.Errorf("kubectl get rm lacks %q:\n%s", col, out)
+			}
+		}
+	})
+
+	t.Run("the node agent writes hosts.toml and reports on its Pod", func(t *testing.T) {
+		pods := &corev1.PodList{}
+		must(t, c.List(ctx, pods, client.InNamespace(mirrorsNamespace), client.MatchingLabels{
+			mirror.LabelMirror: hub.Name, mirror.LabelComponent: mirror.ComponentAgent}))
+		if len(pods.Items) != 2 {
+			t.Fatalf("%d agent pods, want one per node", len(pods.Items))
+		}
+		root := t.TempDir()
+		must(t, os.MkdirAll(filepath.Join(root, "etc", "containerd"), 0o755))
+		must(t, os.WriteFile(filepath.Join(root, "etc", "containerd", "config.toml"), []byte("version = 3\n"), 0o644))
+		agent := startAgent(t, root, pods.Items[0].Name, hub)
+		hosts := filepath.Join(root, "etc", "containerd", "certs.d", "docker.io", "hosts.toml")
+		eventually(t, "hosts.toml with the mirror's endpoint", func() bool {
+			b, err := os.ReadFile(hosts)
+			return err == nil && strings.Contains(string(b), hub.Status.Endpoint) && strings.Contains(string(b), upstream.URL)
+		})
+		eventually(t, "the agent's Pod to say the node is configured", func() bool {
+			p := &corev1.Pod{}
+			return c.Get(ctx, client.ObjectKeyFromObject(&pods.Items[0]), p) == nil &&
+				p.Annotations["registry.quartermaster.dev/node-configured"] == "true"
+		})
+
+		// Deleting the mirror: the garbage collector removes its objects and, per its
+		// deletionPolicy, its volume; the agent, told to stop, removes its file.
+		must(t, c.Delete(ctx, hub))
+		must(t, c.Delete(ctx, kept))
+		gone := func(obj client.Object) bool {
+			return apierrors.IsNotFound(c.Get(ctx, client.ObjectKeyFromObject(obj), obj))
+		}
+		ns := mirrorsNamespace
+		eventually(t, "the mirrors' objects to be collected", func() bool {
+			for _, name := range []string{hub.Name, kept.Name} {
+				for _, obj := range []client.Object{
+					&appsv1.StatefulSet{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: mirror.CacheName(name)}},
+					&appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: mirror.AgentName(name)}},
+					&corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: mirror.CacheName(name)}},
+					&corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: mirror.HeadlessName(name)}},
+					&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: mirror.SecretName(name)}},
+				} {
+					if !gone(obj) {
+						return false
+					}
+				}
+			}
+			return true
+		})
+		eventually(t, "the Delete mirror's volume claim to be deleted", func() bool {
+			return gone(&corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: mirror.PVCName(hub.Name, 0)}})
+		})
+		if gone(&corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: mirror.PVCName(kept.Name, 0)}}) {
+			t.Errorf("the Retain mirror's volume claim was deleted")
+		}
+		agent.stop(t)
+		if _, err := os.Stat(hosts); !os.IsNotExist(err) {
+			t.Errorf("hosts.toml after the mirror's deletion: %v", err)
+		}
+	})
+}
+
+// agentProcess is `quartermaster node-agent` running against a temporary root.
+type agentProcess struct {
+	cmd     *exec.Cmd
+	logs    *testenv.LogBuffer
+	done    chan error
+	stopped bool
+}
+
+// startAgent runs the node agent for rm as the given agent Pod, authenticated as the agents'
+// ServiceAccount.
+func startAgent(t *testing.T, root, pod string, rm *registryv1alpha1.RegistryMirror) *agentProcess {
+	t.Helper()
+	kubeconfig, _, err := cluster.ServiceAccountKubeconfig(context.Background(), mirrorsNamespace, "quartermaster-node-agent", time.Hour)
+	must(t, err)
+	path := filepath.Join(t.TempDir(), "agent.kubeconfig")
+	must(t, os.WriteFile(path, kubeconfig, 0o600))
+	a := &agentProcess{logs: &testenv.LogBuffer{}, done: make(chan error, 1)}
+	a.cmd = exec.Command(managerBin, "node-agent", "--mirror="+rm.Name, "--mirror-host="+rm.Status.MirrorHost,
+		"--endpoint="+rm.Status.Endpoint, "--upstream="+rm.Spec.UpstreamURL, "--root="+root,
+		"--probe-address=127.0.0.1:0", "--resync=1s")
+	a.cmd.Env = append(os.Environ(), "KUBECONFIG="+path, "POD_NAME="+pod, "POD_NAMESPACE="+mirrorsNamespace)
+	a.cmd.Stdout, a.cmd.Stderr = a.logs, a.logs
+	must(t, a.cmd.Start())
+	go func() { a.done <- a.cmd.Wait() }()
+	t.Cleanup(func() {
+		a.stop(t)
+		if denials := forbidden(a.logs.String()); len(denials) > 0 {
+			t.Errorf("the node agent hit an RBAC denial under its roles:\n%s", strings.Join(denials, "\n"))
+		}
+		if t.Failed() {
+			t.Logf("node agent logs:\n%s", a.logs)
+		}
+	})
+	return a
+}
+
+// stop sends SIGTERM and waits for a clean exit (once).
+func (a *agentProcess) stop(t *testing.T) {
+	t.Helper()
+	if a.stopped {
+		return
+	}
+	a.stopped = true
+	_ = a.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-a.done:
+		if err != nil {
+			t.Errorf("node agent: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		_ = a.cmd.Process.Kill()
+		t.Errorf("node agent did not stop within 30 s of SIGTERM")
+	}
+}
