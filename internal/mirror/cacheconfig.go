@@ -119,7 +119,9 @@ func CacheConfig(p CacheParams) ([]byte, error) {
 			TTL: p.TTL.String(),
 		},
 	}
-	c.Storage.Filesystem.RootDirectory = StorageDir
+	// A directory per upstream: a volume kept (deletionPolicy Retain) and reused by a mirror of
+	// another upstream must not serve the first upstream's tags as the second's.
+	c.Storage.Filesystem.RootDirectory = StorageDir + "/" + upstreamDir(upstream)
 	// Expiry deletes through the storage API, which refuses deletes unless enabled; the cache
 	// itself still refuses DELETE requests.
 	c.Storage.Delete.Enabled = true
@@ -141,3 +143,8 @@ func CacheConfig(p CacheParams) ([]byte, error) {
 const configHeader = "# Quartermaster's registry mirror cache (distribution registry configuration).\n" +
 	"# Upstream credentials are not here: the cache reads the username and password files next to\n" +
 	"# this one. Listen addresses, storage and metrics are fixed by the cache's pod.\n"
+
+// upstreamDir names an upstream's directory in the cache volume: "https_registry-1.docker.io".
+func upstreamDir(upstream string) string {
+	return strings.NewReplacer("://", "_", ":", "_", "[", "", "]", "").Replace(upstream)
+}

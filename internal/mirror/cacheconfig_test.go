@@ -52,6 +52,22 @@ func TestCacheConfigGolden(t *testing.T) {
 }
 
 // The rendered file means to distribution what the cache pod relies on.
+// TestUpstreamDirs: each upstream gets its own directory of the volume, a plain name.
+func TestUpstreamDirs(t *testing.T) {
+	seen := map[string]string{}
+	for _, u := range []string{"https://registry-1.docker.io", "http://registry-1.docker.io", "https://quay.io",
+		"https://quay.io:8443", "http://[fd00::1]:5000"} {
+		d := upstreamDir(u)
+		if strings.ContainsAny(d, "/:[]") || d == "" {
+			t.Errorf("%s → %q is not a plain directory name", u, d)
+		}
+		if other, ok := seen[d]; ok {
+			t.Errorf("%s and %s share %q", u, other, d)
+		}
+		seen[d] = u
+	}
+}
+
 func TestCacheConfigParsesAsDistributionConfig(t *testing.T) {
 	for name, p := range cacheConfigCases {
 		t.Run(name, func(t *testing.T) {
@@ -80,7 +96,7 @@ func TestCacheConfigParsesAsDistributionConfig(t *testing.T) {
 			check("proxy.password", c.Proxy.Password, "")
 			check("proxy.exec set", c.Proxy.Exec != nil, false)
 			check("storage type", c.Storage.Type(), "filesystem")
-			check("storage rootdirectory", c.Storage.Parameters()["rootdirectory"], StorageDir)
+			check("storage rootdirectory", c.Storage.Parameters()["rootdirectory"], StorageDir+"/"+upstreamDir(upstream))
 			check("storage delete.enabled", c.Storage["delete"]["enabled"], true)
 			check("storage cache.blobdescriptor", c.Storage["cache"]["blobdescriptor"], "inmemory")
 			check("http.addr", c.HTTP.Addr, ":"+strconv.Itoa(CachePort))

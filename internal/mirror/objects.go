@@ -43,6 +43,8 @@ const (
 	// HostRoot is where the agent sees the node's filesystem; only ContainerdDir is mounted.
 	HostRoot      = "/host"
 	ContainerdDir = "/etc/containerd"
+	// CertsDir is containerd's default hosts directory, the only one the agent can write.
+	CertsDir = "/etc/containerd/certs.d"
 )
 
 // cacheVolume is the volume claim template's name: PVCs are cache-mirror-<name>-<ordinal>.
@@ -292,7 +294,9 @@ func PodDisruptionBudget(in Install, s Spec) *policyv1.PodDisruptionBudget {
 // AgentDaemonSet runs the node agent on every node the mirror applies to; endpoint is the
 // Service's Endpoint.
 func AgentDaemonSet(in Install, s Spec, endpoint string) *appsv1.DaemonSet {
-	hostPath := corev1.HostPathDirectoryOrCreate
+	// containerd's directory must exist (a node without containerd runs no agent), and is read
+	// only: the agent reads config.toml and writes only under certs.d.
+	mustExist, orCreate := corev1.HostPathDirectory, corev1.HostPathDirectoryOrCreate
 	return &appsv1.DaemonSet{
 		ObjectMeta: objectMeta(in, AgentName(s.Name), s.Name, ComponentAgent),
 		Spec: appsv1.DaemonSetSpec{
@@ -339,13 +343,16 @@ func AgentDaemonSet(in Install, s Spec, endpoint string) *appsv1.DaemonSet {
 							Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("5m"), corev1.ResourceMemory: resource.MustParse("24Mi")},
 							Limits:   corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("128Mi")},
 						},
-						VolumeMounts:    []corev1.VolumeMount{{Name: "containerd", MountPath: HostRoot + ContainerdDir}},
+						VolumeMounts: []corev1.VolumeMount{
+							{Name: "containerd", MountPath: HostRoot + ContainerdDir, ReadOnly: true},
+							{Name: "certs", MountPath: HostRoot + CertsDir},
+						},
 						SecurityContext: restricted(),
 					}},
-					Volumes: []corev1.Volume{{
-						Name:         "containerd",
-						VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: ContainerdDir, Type: &hostPath}},
-					}},
+					Volumes: []corev1.Volume{
+						{Name: "containerd", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: ContainerdDir, Type: &mustExist}}},
+						{Name: "certs", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: CertsDir, Type: &orCreate}}},
+					},
 				},
 			},
 		},

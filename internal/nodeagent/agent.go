@@ -1,6 +1,7 @@
 // Package nodeagent is the registry mirror's node agent: on one node, it points containerd at
 // one RegistryMirror by keeping the mirror's hosts.toml in the hosts directory containerd reads,
-// reports how the node is configured, and removes the file when the mirror is deleted.
+// reports how the node is configured, and removes the file when the mirror no longer serves the
+// host (deleted, refused for it, or moved).
 package nodeagent
 
 import (
@@ -199,6 +200,7 @@ func (a *Agent) check(ctx context.Context) Status {
 	if st != nil {
 		return *st
 	}
+	a.removeStale(t)
 	failed := func(reason, format string, args ...any) Status {
 		return Status{HostsDir: t.hostsDir, Reason: reason, Message: fmt.Sprintf(format, args...)}
 	}
@@ -219,8 +221,8 @@ func (a *Agent) check(ctx context.Context) Status {
 		if !ours {
 			return failed(ReasonConflict, "%s was not written by quartermaster; left alone: remove it to let the mirror configure this node", nodeFile)
 		}
-		if owner != a.cfg.Mirror && !a.gone(ctx, owner) {
-			return failed(ReasonConflict, "%s belongs to RegistryMirror %s, which still exists; left alone", nodeFile, owner)
+		if owner != a.cfg.Mirror && !a.releases(ctx, owner) {
+			return failed(ReasonConflict, "%s belongs to RegistryMirror %s, which still serves %s; left alone", nodeFile, owner, a.cfg.MirrorHost)
 		}
 	case errors.Is(err, fs.ErrNotExist):
 	default:
@@ -263,20 +265,24 @@ func (a *Agent) makeDirs(t target) (reason string, err error) {
 	return "", nil
 }
 
-// gone says whether the named RegistryMirror is gone or being deleted; false when the agent
-// cannot tell.
-func (a *Agent) gone(ctx context.Context, name string) bool {
+// releases says whether the named RegistryMirror no longer serves this agent's host (see
+// MirrorState), so that its file there is this agent's to take over; false when the agent cannot
+// tell.
+func (a *Agent) releases(ctx context.Context, name string) bool {
 	if a.cfg.Kube == nil {
 		return false
 	}
 	ctx, cancel := context.WithTimeout(ctx, apiTimeout)
 	defer cancel()
-	state, err := a.cfg.Kube.Mirror(ctx, name)
+	state, err := a.cfg.Kube.Mirror(ctx, name, a.cfg.MirrorHost)
 	if err != nil {
 		a.log.Info("cannot read RegistryMirror", "name", name, "error", err.Error())
 		return false
 	}
-	return state != MirrorExists
+	if state.Releases() {
+		a.log.Info("taking over another mirror's hosts.toml", "owner", name, "state", state.String())
+	}
+	return state.Releases()
 }
 
 // report patches the Pod's annotations when they differ from what it last patched.
@@ -298,26 +304,29 @@ func (a *Agent) report(ctx context.Context, st Status) {
 	a.log.Info("annotated the agent's Pod", "configured", st.Configured, "reason", st.Reason, "hostsDir", st.HostsDir)
 }
 
-// Shutdown removes the file when the RegistryMirror is gone or being deleted, and keeps it
+// Shutdown removes the file when the RegistryMirror no longer serves the host (gone, being
+// deleted, refused for the host as a duplicate, or moved to another host), and keeps it
 // otherwise: a restart or a rolling update of the agent leaves pulls going through the mirror,
 // and when the API server cannot say, a file left behind is safe (containerd falls back to the
-// upstream).
+// upstream). A file kept for a mirror that no longer serves the host would block the mirror that
+// does, whose agents take over only a released host's file.
 func (a *Agent) Shutdown(ctx context.Context) {
 	if a.cfg.Kube == nil {
-		a.log.Info("keeping hosts.toml: no API server to ask whether the RegistryMirror is being deleted")
+		a.log.Info("keeping hosts.toml: no API server to ask whether the RegistryMirror still serves the host")
 		return
 	}
 	ctx, cancel := context.WithTimeout(ctx, apiTimeout)
 	defer cancel()
-	state, err := a.cfg.Kube.Mirror(ctx, a.cfg.Mirror)
+	state, err := a.cfg.Kube.Mirror(ctx, a.cfg.Mirror, a.cfg.MirrorHost)
 	if err != nil {
-		a.log.Info("keeping hosts.toml: cannot tell whether the RegistryMirror is being deleted", "error", err.Error())
+		a.log.Info("keeping hosts.toml: cannot tell whether the RegistryMirror still serves the host", "error", err.Error())
 		return
 	}
-	if state == MirrorExists {
-		a.log.Info("keeping hosts.toml: the RegistryMirror exists (agent restart or update)")
+	if !state.Releases() {
+		a.log.Info("keeping hosts.toml: the RegistryMirror serves the host (agent restart or update)")
 		return
 	}
+	a.log.Info("removing hosts.toml", "reason", "the RegistryMirror "+state.String())
 	if err := a.remove(); err != nil {
 		a.log.Error(err, "removing hosts.toml")
 	}
@@ -331,30 +340,74 @@ func (a *Agent) remove() error {
 		a.log.Info("nothing to remove", "reason", st.Reason, "message", st.Message)
 		return nil
 	}
-	nodeFile := filepath.Join(t.hostsDir, a.cfg.MirrorHost, "hosts.toml")
-	current, err := os.ReadFile(t.file)
+	_, err := a.removeOwn(t.hostsDir, a.cfg.MirrorHost)
+	return err
+}
+
+// removeStale removes this mirror's files from the other host directories of hostsDir: left by
+// an earlier mirrorHost of the mirror, they would send that host's pulls to a mirror of another
+// upstream. Failures are logged and retried at the next check: they do not change how the node
+// is configured for the current host.
+func (a *Agent) removeStale(t target) {
+	entries, err := os.ReadDir(nodePath(a.cfg.Root, t.hostsDir))
+	if err != nil {
+		if !errors.Is(err, fs.ErrNotExist) {
+			a.log.Error(err, "listing containerd's hosts directory for files of an earlier mirror host", "path", t.hostsDir)
+		}
+		return
+	}
+	for _, e := range entries {
+		// A symlinked directory is someone else's arrangement: left alone.
+		if !e.IsDir() || e.Name() == a.cfg.MirrorHost {
+			continue
+		}
+		removed, err := a.removeOwn(t.hostsDir, e.Name())
+		if err != nil {
+			a.log.Error(err, "removing this mirror's hosts.toml from another host's directory", "host", e.Name())
+		} else if removed {
+			a.log.Info("removed this mirror's hosts.toml from another host's directory (an earlier mirror host)", "host", e.Name())
+		}
+	}
+}
+
+// removeOwn deletes <hostsDir>/<host>/hosts.toml (hostsDir a node path) when it is a regular file
+// whose marker names this mirror exactly, then the host's directory if that is empty.
+func (a *Agent) removeOwn(hostsDir, host string) (removed bool, err error) {
+	dir := nodePath(a.cfg.Root, filepath.Join(hostsDir, host))
+	file := filepath.Join(dir, "hosts.toml")
+	nodeFile := filepath.Join(hostsDir, host, "hosts.toml")
+	fi, err := os.Lstat(file)
 	if errors.Is(err, fs.ErrNotExist) {
-		return nil
+		return false, nil
 	}
 	if err != nil {
-		return err
+		return false, err
+	}
+	if !fi.Mode().IsRegular() { // the agent writes regular files only
+		return false, nil
+	}
+	current, err := os.ReadFile(file)
+	if err != nil {
+		return false, err
 	}
 	if owner, ours := mirror.HostsFileOwner(current); !ours || owner != a.cfg.Mirror {
-		a.log.Info("leaving hosts.toml: not this mirror's", "path", nodeFile)
-		return nil
+		if host == a.cfg.MirrorHost {
+			a.log.Info("leaving hosts.toml: not this mirror's", "path", nodeFile)
+		}
+		return false, nil
 	}
-	if err := os.Remove(t.file); err != nil {
-		return err
+	if err := os.Remove(file); err != nil {
+		return false, err
 	}
-	if err := syncDir(t.dir); err != nil {
-		return err
+	if err := syncDir(dir); err != nil {
+		return true, err
 	}
-	a.log.Info("removed hosts.toml: the RegistryMirror is deleted", "path", nodeFile)
-	if err := os.Remove(t.dir); err == nil {
-		a.log.Info("removed the mirror host's directory", "path", filepath.Join(t.hostsDir, a.cfg.MirrorHost))
-		return syncDir(filepath.Dir(t.dir))
+	a.log.Info("removed hosts.toml", "path", nodeFile)
+	if err := os.Remove(dir); err == nil {
+		a.log.Info("removed the mirror host's directory", "path", filepath.Join(hostsDir, host))
+		return true, syncDir(filepath.Dir(dir))
 	}
-	return nil
+	return true, nil
 }
 
 // writeAtomic replaces path with data: a temporary file in the same directory, synced, renamed

@@ -164,6 +164,49 @@ func TestLeavesAnotherMirrorsFileAlone(t *testing.T) {
 	}
 }
 
+// The mirror's files under other hosts (an earlier mirrorHost) go at a sync; files of other
+// mirrors, foreign files, other files in the directory and symlinked directories stay.
+func TestRemovesItsFilesOfOtherHosts(t *testing.T) {
+	certs := "/etc/containerd/certs.d/"
+	outside := t.TempDir()
+	if err := os.WriteFile(filepath.Join(outside, "hosts.toml"), wantContent("hub"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	root := writeNodeFiles(t, map[string]string{
+		certs + "quay.io/hosts.toml":                string(wantContent("hub")),
+		certs + "registry.internal:5000/hosts.toml": string(wantContent("hub")),
+		certs + "registry.internal:5000/ca.crt":     "x",
+		certs + "ghcr.io/hosts.toml":                string(wantContent("hub2")),
+		certs + "gcr.io/hosts.toml":                 "server = \"https://gcr.io\"\n",
+	})
+	if err := os.Symlink(outside, filepath.Join(root, certs, "mirror.gcr.io")); err != nil {
+		t.Fatal(err)
+	}
+	wantStatus(t, newAgent(t, root, nil).Sync(context.Background()), true, ReasonConfigured, "/etc/containerd/certs.d")
+
+	if _, err := os.Stat(filepath.Join(root, certs, "quay.io")); !os.IsNotExist(err) {
+		t.Errorf("quay.io's directory, which held only the mirror's file, is still there (%v)", err)
+	}
+	if _, err := os.Stat(filepath.Join(root, certs, "registry.internal:5000/hosts.toml")); !os.IsNotExist(err) {
+		t.Errorf("the mirror's file under registry.internal:5000 is still there (%v)", err)
+	}
+	if got := readNode(t, root, certs+"registry.internal:5000/ca.crt"); got != "x" {
+		t.Errorf("ca.crt changed: %q", got)
+	}
+	if got := readNode(t, root, certs+"ghcr.io/hosts.toml"); got != string(wantContent("hub2")) {
+		t.Errorf("another mirror's file was changed:\n%s", got)
+	}
+	if got := readNode(t, root, certs+"gcr.io/hosts.toml"); got != "server = \"https://gcr.io\"\n" {
+		t.Errorf("a foreign file was changed:\n%s", got)
+	}
+	if _, err := os.Stat(filepath.Join(outside, "hosts.toml")); err != nil {
+		t.Errorf("the file behind a symlinked directory was removed: %v", err)
+	}
+	if got := readNode(t, root, hubFile); got != string(wantContent("hub")) {
+		t.Errorf("the mirror's own file is:\n%s", got)
+	}
+}
+
 // containerd reads registry.internal_5000_ before registry.internal:5000.
 func TestShadowingDirectoryIsAConflict(t *testing.T) {
 	root := writeNodeFiles(t, map[string]string{"/etc/containerd/certs.d/registry.internal_5000_/ca.crt": "x"})

@@ -2,6 +2,7 @@ package nodeagent
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"maps"
 	"net"
@@ -16,13 +17,16 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/go-logr/logr/testr"
 
+	registryv1alpha1 "github.com/quartermaster-dev/quartermaster/api/registry/v1alpha1"
 	"github.com/quartermaster-dev/quartermaster/internal/testing/testenv"
 )
 
@@ -50,7 +54,10 @@ func TestAgentWithAPIServer(t *testing.T) {
 	t.Run("keeps the file at shutdown while the mirror exists", f.testKeepsWhileMirrorExists)
 	t.Run("removes the file when the mirror is being deleted", f.testRemovesWhenDeleting)
 	t.Run("removes the file when the mirror is gone", f.testRemovesWhenGone)
+	t.Run("removes the file when the mirror is refused for the host", f.testRemovesWhenDuplicate)
+	t.Run("removes the file when the mirror serves another host", f.testRemovesWhenMoved)
 	t.Run("takes over the file of a deleted mirror", f.testTakesOverDeletedMirrorsFile)
+	t.Run("takes over the file of a mirror refused for the host", f.testTakesOverDuplicateMirrorsFile)
 	t.Run("keeps the file when the API server cannot say", f.testKeepsWhenUnsure)
 	t.Run("runs: probes, restores, keeps the file at exit", f.testRun)
 }
@@ -136,6 +143,28 @@ func (f *apiFixture) registryMirror(t *testing.T, name string, hold bool) *unstr
 		}
 	})
 	return rm
+}
+
+// setStatus writes the mirror's status.mirrorHost (when not "") and a Ready condition with reason
+// through the status subresource, as the controller does.
+func (f *apiFixture) setStatus(t *testing.T, rm *unstructured.Unstructured, mirrorHost, readyReason string) {
+	t.Helper()
+	status := map[string]any{
+		"conditions": []any{map[string]any{
+			"type": registryv1alpha1.ConditionReady, "status": "False", "reason": readyReason,
+			"message": "set by the test", "lastTransitionTime": time.Now().UTC().Format(time.RFC3339),
+		}},
+	}
+	if mirrorHost != "" {
+		status["mirrorHost"] = mirrorHost
+	}
+	patch, err := json.Marshal(map[string]any{"status": status})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.c.Status().Patch(context.Background(), rm, client.RawPatch(types.MergePatchType, patch)); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func (f *apiFixture) podAnnotations(t *testing.T, name string) (map[string]string, string) {
@@ -246,6 +275,54 @@ func (f *apiFixture) testTakesOverDeletedMirrorsFile(t *testing.T) {
 	}
 }
 
+// The controller marks the younger of two mirrors of one host DuplicateMirrorHost before it
+// deletes that mirror's agents: they remove their files, so the older mirror's agents can write.
+func (f *apiFixture) testRemovesWhenDuplicate(t *testing.T) {
+	ctx := context.Background()
+	rm := f.registryMirror(t, "refused", false)
+	root := writeNodeFiles(t, nil)
+	a := newAgentOf(t, root, f.pod(t, "agent-refused"), "refused", "docker.io")
+	wantStatus(t, a.Sync(ctx), true, ReasonConfigured, "/etc/containerd/certs.d")
+	f.setStatus(t, rm, "docker.io", registryv1alpha1.ReasonDuplicateMirrorHost)
+	a.Shutdown(ctx)
+	if _, err := os.Stat(filepath.Join(root, filepath.Dir(hubFile))); !os.IsNotExist(err) {
+		t.Errorf("the mirror host's directory is still there (%v)", err)
+	}
+}
+
+// status.mirrorHost names the host the mirror serves: an agent of another host releases its file,
+// an agent of that host (with any other Ready reason) keeps it.
+func (f *apiFixture) testRemovesWhenMoved(t *testing.T) {
+	ctx := context.Background()
+	rm := f.registryMirror(t, "moved", false)
+	root := writeNodeFiles(t, nil)
+	a := newAgentOf(t, root, f.pod(t, "agent-moved"), "moved", "docker.io")
+	wantStatus(t, a.Sync(ctx), true, ReasonConfigured, "/etc/containerd/certs.d")
+
+	f.setStatus(t, rm, "docker.io", "CacheUnavailable")
+	a.Shutdown(ctx)
+	if got := readNode(t, root, hubFile); got != string(wantContent("moved")) {
+		t.Fatalf("after a shutdown with the mirror serving docker.io, hosts.toml is:\n%s", got)
+	}
+
+	f.setStatus(t, rm, "quay.io", "CacheUnavailable")
+	a.Shutdown(ctx)
+	if _, err := os.Stat(filepath.Join(root, hubFile)); !os.IsNotExist(err) {
+		t.Errorf("hosts.toml is still there with the mirror serving quay.io (%v)", err)
+	}
+}
+
+func (f *apiFixture) testTakesOverDuplicateMirrorsFile(t *testing.T) {
+	ctx := context.Background()
+	f.setStatus(t, f.registryMirror(t, "younger", false), "docker.io", registryv1alpha1.ReasonDuplicateMirrorHost)
+	root := writeNodeFiles(t, map[string]string{hubFile: string(wantContent("younger"))})
+	a := newAgentOf(t, root, f.pod(t, "agent-older"), "older", "docker.io")
+	wantStatus(t, a.Sync(ctx), true, ReasonConfigured, "/etc/containerd/certs.d")
+	if got := readNode(t, root, hubFile); got != string(wantContent("older")) {
+		t.Errorf("hosts.toml is:\n%s", got)
+	}
+}
+
 // Unreachable or forbidden: the agent cannot tell the mirror is deleted, so the file stays (a
 // mirror that is gone only costs containerd a failed dial before the upstream).
 func (f *apiFixture) testKeepsWhenUnsure(t *testing.T) {
@@ -347,5 +424,41 @@ func eventually(t *testing.T, what string, cond func() bool) {
 		func(context.Context) (bool, error) { return cond(), nil })
 	if errors.Is(err, context.DeadlineExceeded) || err != nil {
 		t.Fatalf("timed out waiting for %s", what)
+	}
+}
+
+// Only Ready's reason and status.mirrorHost count; a mirror not reconciled yet serves its host.
+func TestMirrorState(t *testing.T) {
+	ready := func(reason string) map[string]any {
+		return map[string]any{"type": "Ready", "status": "False", "reason": reason}
+	}
+	for _, tc := range []struct {
+		name     string
+		deleting bool
+		status   map[string]any
+		want     MirrorState
+	}{
+		{name: "no status", want: MirrorServes},
+		{name: "same host, other reason", status: map[string]any{"mirrorHost": "docker.io", "conditions": []any{ready("CacheUnavailable")}}, want: MirrorServes},
+		{name: "duplicate", status: map[string]any{"mirrorHost": "docker.io", "conditions": []any{ready(registryv1alpha1.ReasonDuplicateMirrorHost)}}, want: MirrorDuplicate},
+		{name: "duplicate on another condition", status: map[string]any{"conditions": []any{
+			map[string]any{"type": "Stalled", "status": "True", "reason": registryv1alpha1.ReasonDuplicateMirrorHost}, ready("Reconciling")}}, want: MirrorServes},
+		{name: "another host", status: map[string]any{"mirrorHost": "quay.io"}, want: MirrorMoved},
+		{name: "deleting", deleting: true, status: map[string]any{"mirrorHost": "docker.io"}, want: MirrorDeleting},
+		{name: "malformed", status: map[string]any{"mirrorHost": 3, "conditions": []any{"Ready"}}, want: MirrorServes},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := &unstructured.Unstructured{Object: map[string]any{}}
+			m.SetName("m")
+			if tc.deleting {
+				m.SetDeletionTimestamp(ptr.To(metav1.Now()))
+			}
+			if tc.status != nil {
+				m.Object["status"] = tc.status
+			}
+			if got := mirrorState(m, "docker.io"); got != tc.want {
+				t.Errorf("mirrorState = %v, want %v", got, tc.want)
+			}
+		})
 	}
 }

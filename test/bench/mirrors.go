@@ -87,6 +87,12 @@ func mirrorsBench(ctx context.Context, e *env) ([]result, error) {
 		return nil, err
 	}
 	counter.Reset()
+	// Every mirror is reconciled in the window: a touch of its DaemonSet (by the bench's own
+	// client, not counted) wakes it, and a reconcile of a mirror that is right writes nothing.
+	if err := touchDaemonSets(ctx, c); err != nil {
+		stop()
+		return nil, err
+	}
 	time.Sleep(mirrorsIdle)
 	idleWrites := counter.Writes()
 	idleNote := "must be 0"
@@ -107,7 +113,7 @@ func mirrorsBench(ctx context.Context, e *env) ([]result, error) {
 			note: fmt.Sprintf("%.0f mirrors/s = %.2fx the bare client", benchMirrors/took.Seconds(), floor.Seconds()/took.Seconds())},
 		{metric: "API writes per mirror", value: float64(writes) / benchMirrors, unit: "requests",
 			note: fmt.Sprintf("minimum %d creates + 1 status write", objectsPerMirror)},
-		{metric: fmt.Sprintf("API writes during %s at steady state (every DaemonSet's pods ready and shown in its mirror's status)", mirrorsIdle),
+		{metric: fmt.Sprintf("API writes during %s at steady state, every mirror reconciled once in it (DaemonSets touched)", mirrorsIdle),
 			value: float64(idleWrites), unit: "requests", note: idleNote},
 	}, nil
 }
@@ -134,6 +140,20 @@ func waitAllMirrored(ctx context.Context, c client.Client) error {
 			return false, err
 		}
 		return len(ds.Items) >= benchMirrors, nil
+	})
+}
+
+// touchDaemonSets annotates every bench DaemonSet, which wakes its mirror's reconcile.
+func touchDaemonSets(ctx context.Context, c client.Client) error {
+	list := &appsv1.DaemonSetList{}
+	if err := c.List(ctx, list, client.InNamespace(mirrorsNamespace)); err != nil {
+		return err
+	}
+	return parallel(16, len(list.Items), func(i int) error {
+		ds := &list.Items[i]
+		patch := client.MergeFrom(ds.DeepCopy())
+		ds.Annotations = map[string]string{"bench.quartermaster.dev/touched": time.Now().Format(time.RFC3339Nano)}
+		return c.Patch(ctx, ds, patch)
 	})
 }
 

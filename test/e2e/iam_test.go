@@ -95,7 +95,7 @@ func (e *iamEmulatorProcess) state(t *testing.T) iamemulator.State {
 
 // startIAMManager runs the manager with only the iam controller, its AWS SDK pointed at the
 // emulator through the standard environment variables.
-func startIAMManager(t *testing.T, emu *iamEmulatorProcess, extra ...string) *managerProcess {
+func startIAMManager(t *testing.T, emu *iamEmulatorProcess, extra ...string) *process {
 	t.Helper()
 	// The manager process inherits the test's environment.
 	for k, v := range map[string]string{

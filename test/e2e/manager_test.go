@@ -28,35 +28,47 @@ import (
 
 const managerNamespace = "quartermaster-system"
 
-// managerProcess is the quartermaster binary running against the local cluster.
-type managerProcess struct {
-	cmd  *exec.Cmd
-	logs *testenv.LogBuffer
-	done chan error
+// process is the quartermaster binary (the manager or one of its subcommands) running against the
+// local cluster, authenticated as a ServiceAccount.
+type process struct {
+	name    string
+	cmd     *exec.Cmd
+	logs    *testenv.LogBuffer
+	done    chan error
+	stopped bool
 }
 
 // startManager runs the manager authenticated as its own ServiceAccount (bound to the generated
 // ClusterRole by config/local), never as admin.
-func startManager(t *testing.T, args ...string) *managerProcess {
+func startManager(t *testing.T, args ...string) *process {
 	t.Helper()
-	kubeconfig, _, err := cluster.ServiceAccountKubeconfig(context.Background(), managerNamespace, "quartermaster-manager", time.Hour)
+	return startAs(t, "manager", managerNamespace, "quartermaster-manager", nil, args...)
+}
+
+// startAs runs the quartermaster binary with args as the ServiceAccount namespace/serviceAccount,
+// with env added to the test's environment; it is stopped when the test ends.
+func startAs(t *testing.T, name, namespace, serviceAccount string, env []string, args ...string) *process {
+	t.Helper()
+	kubeconfig, _, err := cluster.ServiceAccountKubeconfig(context.Background(), namespace, serviceAccount, time.Hour)
 	must(t, err)
-	path := filepath.Join(t.TempDir(), "manager.kubeconfig")
+	path := filepath.Join(t.TempDir(), name+".kubeconfig")
 	must(t, os.WriteFile(path, kubeconfig, 0o600))
 
-	p := &managerProcess{logs: &testenv.LogBuffer{}, done: make(chan error, 1)}
-	p.cmd = exec.Command(managerBin, append([]string{"--kubeconfig=" + path}, args...)...)
+	p := &process{name: name, logs: &testenv.LogBuffer{}, done: make(chan error, 1)}
+	p.cmd = exec.Command(managerBin, args...)
+	p.cmd.Env = append(append(os.Environ(), "KUBECONFIG="+path), env...)
 	p.cmd.Stdout, p.cmd.Stderr = p.logs, p.logs
 	must(t, p.cmd.Start())
 	go func() { p.done <- p.cmd.Wait() }()
 	t.Cleanup(func() {
 		p.stop(t)
-		// Every manager in these tests runs under the generated RBAC: a denial is a missing marker.
+		// Every process in these tests runs under its generated or shipped RBAC: a denial is a
+		// missing rule.
 		if denials := forbidden(p.logs.String()); len(denials) > 0 {
-			t.Errorf("the manager hit an RBAC denial under its generated roles:\n%s", strings.Join(denials, "\n"))
+			t.Errorf("the %s hit an RBAC denial under its roles:\n%s", name, strings.Join(denials, "\n"))
 		}
 		if t.Failed() {
-			t.Logf("manager logs:\n%s", p.logs)
+			t.Logf("%s logs:\n%s", name, p.logs)
 		}
 	})
 	return p
@@ -75,22 +87,31 @@ func forbidden(logs string) []string {
 	return out
 }
 
-// stop sends SIGTERM and waits for a clean exit.
-func (p *managerProcess) stop(t *testing.T) {
+// stop sends SIGTERM and waits for a clean exit, once.
+func (p *process) stop(t *testing.T) {
 	t.Helper()
-	if p.cmd.ProcessState != nil {
+	if p.stopped {
 		return
 	}
+	p.stopped = true
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case err := <-p.done:
 		if err != nil {
-			t.Errorf("manager exited with %v after SIGTERM", err)
+			t.Errorf("%s exited with %v after SIGTERM", p.name, err)
 		}
 	case <-time.After(30 * time.Second):
 		_ = p.cmd.Process.Kill()
-		t.Error("manager did not stop within 30s of SIGTERM")
+		t.Errorf("%s did not stop within 30s of SIGTERM", p.name)
 	}
+}
+
+// kill sends SIGKILL (a crash) and returns how the process ended.
+func (p *process) kill(t *testing.T) error {
+	t.Helper()
+	p.stopped = true
+	must(t, p.cmd.Process.Signal(syscall.SIGKILL))
+	return <-p.done
 }
 
 func freeAddr(t *testing.T) string {

@@ -8,10 +8,8 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -20,13 +18,13 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	registryv1alpha1 "github.com/quartermaster-dev/quartermaster/api/registry/v1alpha1"
 	"github.com/quartermaster-dev/quartermaster/internal/manager"
 	"github.com/quartermaster-dev/quartermaster/internal/mirror"
-	"github.com/quartermaster-dev/quartermaster/internal/testing/testenv"
 )
 
 // mirrorsNamespace is the mirrors' namespace config/namespace makes (--mirrors-namespace).
@@ -90,11 +88,11 @@ func TestRegistryMirrorOnTheLocalCluster(t *testing.T) {
 		t.Errorf("status %+v", hub.Status)
 	}
 	t.Run("kubectl shows upstream, host, readiness and nodes", func(t *testing.T) {
-		out := kubectlOK(t, "get", "rm", hub.Name)
-		for _, col := range []string{"UPSTREAM", "HOST", "READY", "NODES", upstream.URL, "docker.io", "True", "2"} {
-			if !strings.Contains(out, col) {
-				t.Errorf("kubectl get rm lacks %q:\n%s", col, out)
-			}
+		out := kubectlOK(t, "get", "rm", hub.Name, "--no-headers")
+		got := strings.Fields(out)
+		want := []string{hub.Name, upstream.URL, "docker.io", "True", "2"}
+		if len(got) != len(want)+1 || strings.Join(got[:len(want)], " ") != strings.Join(want, " ") {
+			t.Errorf("kubectl get rm: %q, want NAME UPSTREAM HOST READY NODES AGE = %v AGE", out, want)
 		}
 	})
 
@@ -157,57 +155,62 @@ func TestRegistryMirrorOnTheLocalCluster(t *testing.T) {
 	})
 }
 
-// agentProcess is `quartermaster node-agent` running against a temporary root.
-type agentProcess struct {
-	cmd     *exec.Cmd
-	logs    *testenv.LogBuffer
-	done    chan error
-	stopped bool
+// startAgent runs `quartermaster node-agent` for rm against a temporary root, as the given agent
+// Pod, authenticated as the agents' ServiceAccount.
+func startAgent(t *testing.T, root, pod string, rm *registryv1alpha1.RegistryMirror) *process {
+	t.Helper()
+	return startAs(t, "node agent", mirrorsNamespace, "quartermaster-node-agent",
+		[]string{"POD_NAME=" + pod, "POD_NAMESPACE=" + mirrorsNamespace},
+		"node-agent", "--mirror="+rm.Name, "--mirror-host="+rm.Status.MirrorHost, "--endpoint="+rm.Status.Endpoint,
+		"--upstream="+rm.Spec.UpstreamURL, "--root="+root, "--probe-address=127.0.0.1:0", "--resync=1s")
 }
 
-// startAgent runs the node agent for rm as the given agent Pod, authenticated as the agents'
-// ServiceAccount.
-func startAgent(t *testing.T, root, pod string, rm *registryv1alpha1.RegistryMirror) *agentProcess {
-	t.Helper()
-	kubeconfig, _, err := cluster.ServiceAccountKubeconfig(context.Background(), mirrorsNamespace, "quartermaster-node-agent", time.Hour)
+// TestManagerRunsOnlyItsOwnPodsInTheMirrorsNamespace checks the admission policy that narrows what
+// the manager's ServiceAccount may run in the privileged mirrors' namespace: the node agent
+// DaemonSet the controller makes is accepted, the same DaemonSet made into a way onto the node is
+// not.
+func TestManagerRunsOnlyItsOwnPodsInTheMirrorsNamespace(t *testing.T) {
+	ctx := context.Background()
+	kubeconfig, _, err := cluster.ServiceAccountKubeconfig(ctx, managerNamespace, "quartermaster-manager", 10*time.Minute)
 	must(t, err)
-	path := filepath.Join(t.TempDir(), "agent.kubeconfig")
-	must(t, os.WriteFile(path, kubeconfig, 0o600))
-	a := &agentProcess{logs: &testenv.LogBuffer{}, done: make(chan error, 1)}
-	a.cmd = exec.Command(managerBin, "node-agent", "--mirror="+rm.Name, "--mirror-host="+rm.Status.MirrorHost,
-		"--endpoint="+rm.Status.Endpoint, "--upstream="+rm.Spec.UpstreamURL, "--root="+root,
-		"--probe-address=127.0.0.1:0", "--resync=1s")
-	a.cmd.Env = append(os.Environ(), "KUBECONFIG="+path, "POD_NAME="+pod, "POD_NAMESPACE="+mirrorsNamespace)
-	a.cmd.Stdout, a.cmd.Stderr = a.logs, a.logs
-	must(t, a.cmd.Start())
-	go func() { a.done <- a.cmd.Wait() }()
-	t.Cleanup(func() {
-		a.stop(t)
-		if denials := forbidden(a.logs.String()); len(denials) > 0 {
-			t.Errorf("the node agent hit an RBAC denial under its roles:\n%s", strings.Join(denials, "\n"))
-		}
-		if t.Failed() {
-			t.Logf("node agent logs:\n%s", a.logs)
-		}
-	})
-	return a
-}
+	cfg, err := clientcmd.RESTConfigFromKubeConfig(kubeconfig)
+	must(t, err)
+	asManager, err := client.New(cfg, client.Options{Scheme: manager.Scheme()})
+	must(t, err)
+	in := mirror.Install{Namespace: mirrorsNamespace, Image: "quartermaster:e2e", AgentServiceAccount: "quartermaster-node-agent"}
+	s, err := mirror.Resolve(&registryv1alpha1.RegistryMirror{ObjectMeta: metav1.ObjectMeta{Name: "e2e-policy"},
+		Spec: registryv1alpha1.RegistryMirrorSpec{UpstreamURL: "https://quay.io"}})
+	must(t, err)
+	agent := func() *appsv1.DaemonSet { return mirror.AgentDaemonSet(in, s, "http://10.0.0.1:5000") }
 
-// stop sends SIGTERM and waits for a clean exit (once).
-func (a *agentProcess) stop(t *testing.T) {
-	t.Helper()
-	if a.stopped {
-		return
-	}
-	a.stopped = true
-	_ = a.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case err := <-a.done:
-		if err != nil {
-			t.Errorf("node agent: %v", err)
+	// What the controller makes passes (dry run: nothing is left behind).
+	must(t, asManager.Create(ctx, agent(), client.DryRunAll))
+	for name, tc := range map[string]struct {
+		mutate func(*corev1.PodSpec)
+		want   string
+	}{
+		"the node's root mounted": {func(p *corev1.PodSpec) {
+			p.Volumes[0].HostPath.Path = "/"
+		}, "no host path but /etc/containerd"},
+		"a shell instead of the agent": {func(p *corev1.PodSpec) {
+			p.Containers[0].Command = []string{"/bin/sh", "-c", "cat /host/etc/shadow"}
+		}, "only its own registry-mirror and node-agent subcommands"},
+		"a privileged container": {func(p *corev1.PodSpec) {
+			p.Containers[0].SecurityContext.Privileged = ptr.To(true)
+			p.Containers[0].SecurityContext.AllowPrivilegeEscalation = nil // the API server refuses privileged without escalation
+		}, "without privilege"},
+		"the host's network": {func(p *corev1.PodSpec) {
+			p.HostNetwork = true
+		}, "host's network namespace"},
+		"another ServiceAccount": {func(p *corev1.PodSpec) {
+			p.ServiceAccountName = "default"
+		}, "node agents' ServiceAccount"},
+	} {
+		ds := agent()
+		tc.mutate(&ds.Spec.Template.Spec)
+		err := asManager.Create(ctx, ds, client.DryRunAll)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: want a denial saying %q, got %v", name, tc.want, err)
 		}
-	case <-time.After(30 * time.Second):
-		_ = a.cmd.Process.Kill()
-		t.Errorf("node agent did not stop within 30 s of SIGTERM")
 	}
 }

@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -29,7 +28,7 @@ import (
 
 const requestsNamespace = "namespace-requests"
 
-func startNamespacesManager(t *testing.T) *managerProcess {
+func startNamespacesManager(t *testing.T) *process {
 	t.Helper()
 	defaults := filepath.Join(t.TempDir(), "defaults.yaml")
 	must(t, os.WriteFile(defaults, []byte("resourceQuota:\n  hard: {pods: \"10\"}\nisolateNetwork: true\n"), 0o600))
@@ -173,8 +172,7 @@ func TestNamespaceRequestsSurviveAManagerKill(t *testing.T) {
 		list := &corev1.SecretList{}
 		return admin.List(ctx, list, client.InNamespace(requestsNamespace)) == nil && len(list.Items) >= 5
 	})
-	must(t, first.cmd.Process.Signal(syscall.SIGKILL))
-	t.Logf("the killed manager exited: %v", <-first.done)
+	t.Logf("the killed manager exited: %v", first.kill(t))
 	served := &corev1.SecretList{}
 	must(t, admin.List(ctx, served, client.InNamespace(requestsNamespace)))
 	t.Logf("killed the manager with %d of %d Secrets written", len(served.Items), n)

@@ -9,6 +9,8 @@ import (
 // RegistryMirrorSpec is the upstream a mirror caches and how the cache runs. Only upstreamUrl is
 // required; every other field has the default a platform team would pick.
 // +kubebuilder:validation:XValidation:rule="!has(self.masqueradeUrl) || !has(self.mirrorHost) || self.masqueradeUrl == self.mirrorHost",message="masqueradeUrl is the older name of mirrorHost: set one of them, or both to the same value"
+// +kubebuilder:validation:XValidation:rule="self.upstreamUrl == oldSelf.upstreamUrl",message="upstreamUrl is immutable: the cache holds that upstream's content; create another RegistryMirror for another upstream"
+// +kubebuilder:validation:XValidation:rule="has(self.mirrorHost) == has(oldSelf.mirrorHost) && (!has(self.mirrorHost) || self.mirrorHost == oldSelf.mirrorHost) && has(self.masqueradeUrl) == has(oldSelf.masqueradeUrl) && (!has(self.masqueradeUrl) || self.masqueradeUrl == oldSelf.masqueradeUrl)",message="mirrorHost (masqueradeUrl) is immutable: the nodes' files are named by it; create another RegistryMirror for another host"
 // +kubebuilder:validation:XValidation:rule="has(self.storage) == has(oldSelf.storage) && (!has(self.storage) || self.storage == oldSelf.storage)",message="storage is immutable: a StatefulSet's volume claim templates cannot change; see docs/mirrors.md (Resizing the cache) for the procedure"
 type RegistryMirrorSpec struct {
 	// UpstreamURL is the root of the registry this mirror caches: "https://registry-1.docker.io",
@@ -120,6 +122,10 @@ const (
 	ConditionStalled     = "Stalled"
 )
 
+// ReasonDuplicateMirrorHost is the Ready reason of a mirror refused because an older mirror serves
+// its host; its node agents read it to release their files.
+const ReasonDuplicateMirrorHost = "DuplicateMirrorHost"
+
 // RegistryMirrorStatus is what the operator last observed and did.
 type RegistryMirrorStatus struct {
 	// Endpoint is the address nodes pull through, e.g. http://10.96.0.12:5000.
@@ -159,8 +165,11 @@ type RegistryMirrorStatus struct {
 // +kubebuilder:printcolumn:name="Endpoint",type=string,JSONPath=`.status.endpoint`,priority=1
 // +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
-// The name prefixes the cache's objects (mirror-<name>, a Service name), so it is a short DNS label.
+// The name prefixes the cache's objects (mirror-<name>, a Service name), so it is a short DNS label;
+// the suffixes of a mirror's other objects are refused, or mirror "a-agent" would collide with
+// mirror "a"'s node agent.
 // +kubebuilder:validation:XValidation:rule="self.metadata.name.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$') && self.metadata.name.size() <= 40",message="metadata.name must be a DNS label of at most 40 characters (lower case letters, digits and '-'): it names the mirror's Services and StatefulSet"
+// +kubebuilder:validation:XValidation:rule="!self.metadata.name.endsWith('-headless') && !self.metadata.name.endsWith('-agent') && !self.metadata.name.endsWith('-cache')",message="metadata.name must not end in -headless, -agent or -cache: those name another mirror's objects"
 type RegistryMirror struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`

@@ -2,7 +2,11 @@ package mirrors
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"fmt"
+	"maps"
 	"reflect"
 	"sync"
 
@@ -13,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
@@ -32,8 +37,9 @@ type applier struct {
 	r     *Reconciler
 	owner *registryv1alpha1.RegistryMirror
 
-	mu    sync.Mutex
-	taken string // an object of ours has a name someone else's object holds
+	mu      sync.Mutex
+	taken   string   // an object of ours has a name someone else's object holds
+	changed []string // what the apply created or updated, for the Event
 }
 
 // applyAll brings every object of the mirror to its desired state, independent ones at once:
@@ -85,8 +91,13 @@ func (a *applier) apply(ctx context.Context, desired client.Object) (client.Obje
 	if err := controllerutil.SetControllerReference(a.owner, desired, a.r.scheme); err != nil {
 		return nil, err
 	}
+	hash, err := specHash(desired)
+	if err != nil {
+		return nil, err
+	}
+	desired.SetAnnotations(merged(desired.GetAnnotations(), map[string]string{annotationSpecHash: hash}))
 	current := reflect.New(reflect.TypeOf(desired).Elem()).Interface().(client.Object)
-	err := a.r.objects.Get(ctx, client.ObjectKeyFromObject(desired), current)
+	err = a.r.objects.Get(ctx, client.ObjectKeyFromObject(desired), current)
 	if apierrors.IsNotFound(err) {
 		err = a.r.objects.Create(ctx, desired)
 		if apierrors.IsAlreadyExists(err) {
@@ -95,6 +106,7 @@ func (a *applier) apply(ctx context.Context, desired client.Object) (client.Obje
 		if err != nil {
 			return nil, fmt.Errorf("creating %s %s: %w", kindOf(desired), desired.GetName(), err)
 		}
+		a.record("created", desired)
 		return desired, nil
 	}
 	if err != nil {
@@ -104,15 +116,68 @@ func (a *applier) apply(ctx context.Context, desired client.Object) (client.Obje
 		a.nameTaken(current)
 		return nil, nil
 	}
-	if matches(desired, current) {
+	if current.GetAnnotations()[annotationSpecHash] == hash && matches(desired, current) {
 		return current, nil
 	}
 	keepImmutable(desired, current)
+	keepOthers(desired, current)
 	desired.SetResourceVersion(current.GetResourceVersion())
 	if err := a.r.objects.Update(ctx, desired); err != nil {
 		return nil, fmt.Errorf("updating %s %s: %w", kindOf(desired), desired.GetName(), err)
 	}
+	a.record("updated", desired)
 	return desired, nil
+}
+
+func (a *applier) record(verb string, obj client.Object) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.changed = append(a.changed, verb+" "+kindOf(obj)+" "+obj.GetName())
+}
+
+// annotationSpecHash on each object is a hash of what the controller last set: a field the new
+// spec drops (a toleration, a limit, a node selector) changes it, where comparing the stored
+// object with the desired one cannot tell a field removed from one the API server defaulted.
+const annotationSpecHash = "registry.quartermaster.dev/spec-hash"
+
+// specHash hashes obj's content: its labels and everything but its metadata.
+func specHash(obj client.Object) (string, error) {
+	u, err := runtime.DefaultUnstructuredConverter.ToUnstructured(obj)
+	if err != nil {
+		return "", err
+	}
+	delete(u, "metadata")
+	delete(u, "status")
+	b, err := json.Marshal([]any{obj.GetLabels(), u})
+	if err != nil {
+		return "", err
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:8]), nil
+}
+
+func merged(base, over map[string]string) map[string]string {
+	out := make(map[string]string, len(base)+len(over))
+	maps.Copy(out, base)
+	maps.Copy(out, over)
+	return out
+}
+
+// keepOthers carries into desired, before an update, what others set on current: labels,
+// annotations and finalizers of the object, and annotations of a pod template (kubectl rollout
+// restart's, say), so an update of ours does not undo them or roll the pods again.
+func keepOthers(desired, current client.Object) {
+	desired.SetLabels(merged(current.GetLabels(), desired.GetLabels()))
+	desired.SetAnnotations(merged(current.GetAnnotations(), desired.GetAnnotations()))
+	desired.SetFinalizers(current.GetFinalizers())
+	switch d := desired.(type) {
+	case *appsv1.StatefulSet:
+		c := current.(*appsv1.StatefulSet)
+		d.Spec.Template.Annotations = merged(c.Spec.Template.Annotations, d.Spec.Template.Annotations)
+	case *appsv1.DaemonSet:
+		c := current.(*appsv1.DaemonSet)
+		d.Spec.Template.Annotations = merged(c.Spec.Template.Annotations, d.Spec.Template.Annotations)
+	}
 }
 
 // existing handles a create refused because the name exists though the cache does not show it:
@@ -161,13 +226,23 @@ func matches(desired, current client.Object) bool {
 		c := current.(*corev1.Service)
 		return equality.Semantic.DeepDerivative(withNodePorts(d, c).Spec, c.Spec)
 	case *appsv1.StatefulSet:
-		return equality.Semantic.DeepDerivative(d.Spec, current.(*appsv1.StatefulSet).Spec)
+		c := current.(*appsv1.StatefulSet)
+		return samePodShape(&d.Spec.Template.Spec, &c.Spec.Template.Spec) && equality.Semantic.DeepDerivative(d.Spec, c.Spec)
 	case *appsv1.DaemonSet:
-		return equality.Semantic.DeepDerivative(d.Spec, current.(*appsv1.DaemonSet).Spec)
+		c := current.(*appsv1.DaemonSet)
+		return samePodShape(&d.Spec.Template.Spec, &c.Spec.Template.Spec) && equality.Semantic.DeepDerivative(d.Spec, c.Spec)
 	case *policyv1.PodDisruptionBudget:
 		return equality.Semantic.DeepDerivative(d.Spec, current.(*policyv1.PodDisruptionBudget).Spec)
 	}
 	return false
+}
+
+// samePodShape: no container, init container or volume added by hand (DeepDerivative reads a
+// longer stored list as matching a shorter desired one).
+func samePodShape(desired, current *corev1.PodSpec) bool {
+	return len(desired.Containers) == len(current.Containers) && len(desired.InitContainers) == len(current.InitContainers) &&
+		len(desired.Volumes) == len(current.Volumes) && len(desired.Tolerations) == len(current.Tolerations) &&
+		len(desired.NodeSelector) == len(current.NodeSelector)
 }
 
 // withNodePorts gives desired's ports the node ports the API server allocated for current, so an

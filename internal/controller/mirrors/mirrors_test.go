@@ -2,6 +2,7 @@ package mirrors
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -62,6 +63,8 @@ func testValidation(t *testing.T, f *fixture) {
 		{"a credentials Secret that is no name", func(rm *registryv1alpha1.RegistryMirror) { rm.Spec.CredentialsSecret = "Pull_Creds" }, "credentialsSecret must be a Secret name"},
 		{"an unknown deletion policy", func(rm *registryv1alpha1.RegistryMirror) { rm.Spec.DeletionPolicy = "Orphan" }, "spec.deletionPolicy"},
 		{"a LoadBalancer", func(rm *registryv1alpha1.RegistryMirror) { rm.Spec.ServiceType = corev1.ServiceTypeLoadBalancer }, "spec.serviceType"},
+		{"a name another mirror's agent has", func(rm *registryv1alpha1.RegistryMirror) { rm.Name = "hub-agent" }, "must not end in -headless, -agent or -cache"},
+		{"a name another mirror's headless Service has", func(rm *registryv1alpha1.RegistryMirror) { rm.Name = "hub-headless" }, "must not end in -headless"},
 	}
 	for _, tc := range cases {
 		rm := mirrorOf("invalid", "https://quay.io", "")
@@ -105,6 +108,22 @@ func testValidation(t *testing.T, f *fixture) {
 			rm.Name = "sample-" + rm.Name
 			if err := f.c.Create(ctx, rm, client.DryRunAll); err != nil {
 				t.Errorf("%s: %v", filepath.Base(file), err)
+			}
+		}
+	})
+
+	t.Run("upstream and host are immutable", func(t *testing.T) {
+		rm := mirrorOf("immutable-upstream", "https://quay.io", "")
+		f.create(t, rm)
+		defer func() { must(t, f.c.Delete(ctx, rm)) }()
+		for what, mutate := range map[string]func(*registryv1alpha1.RegistryMirror){
+			"upstreamUrl is immutable":      func(rm *registryv1alpha1.RegistryMirror) { rm.Spec.UpstreamURL = "https://ghcr.io" },
+			"mirrorHost (masqueradeUrl) is": func(rm *registryv1alpha1.RegistryMirror) { rm.Spec.MirrorHost = "quay.example" },
+		} {
+			changed := rm.DeepCopy()
+			mutate(changed)
+			if err := f.c.Update(ctx, changed); err == nil || !strings.Contains(err.Error(), what) {
+				t.Errorf("got %v, want %q", err, what)
 			}
 		}
 	})
@@ -190,6 +209,15 @@ func testObjects(t *testing.T, f *fixture) {
 		}
 	})
 
+	t.Run("an Event says what was created", func(t *testing.T) {
+		ev := testenv.WaitForEvent(t, f.c, got, "Applied")
+		for _, want := range []string{"created Secret mirror-hub-cache", "created StatefulSet mirror-hub", "created DaemonSet mirror-hub-agent"} {
+			if !strings.Contains(ev.Note, want) {
+				t.Errorf("Event %q lacks %q", ev.Note, want)
+			}
+		}
+	})
+
 	t.Run("Ready once the cache pods and the agents are", func(t *testing.T) {
 		f.becomeReady(t, "hub", 3)
 		rm := f.waitReason(t, "hub", ReasonReady)
@@ -229,6 +257,48 @@ func testUpdates(t *testing.T, f *fixture) {
 	f.waitObject(t, mirror.CacheName("quay"), sts, func() (bool, string) {
 		h := sts.Spec.Template.Annotations[mirror.AnnotationConfigHash]
 		return *sts.Spec.Replicas == 3 && h != hash, "replicas and config hash not changed yet"
+	})
+
+	t.Run("a field removed from the spec is removed from the objects", func(t *testing.T) {
+		must(t, f.c.Get(ctx, client.ObjectKeyFromObject(rm), rm))
+		rm.Spec.NodeSelector = map[string]string{"pool": "a", "zone": "z1"}
+		rm.Spec.Tolerations = []corev1.Toleration{{Key: "dedicated", Operator: corev1.TolerationOpExists}}
+		must(t, f.c.Update(ctx, rm))
+		ds := &appsv1.DaemonSet{}
+		f.waitObject(t, mirror.AgentName("quay"), ds, func() (bool, string) {
+			p := ds.Spec.Template.Spec
+			return len(p.NodeSelector) == 2 && len(p.Tolerations) == 1, fmt.Sprint(p.NodeSelector, p.Tolerations)
+		})
+		must(t, f.c.Get(ctx, client.ObjectKeyFromObject(rm), rm))
+		rm.Spec.NodeSelector = map[string]string{"pool": "a"}
+		rm.Spec.Tolerations = nil
+		must(t, f.c.Update(ctx, rm))
+		f.waitObject(t, mirror.AgentName("quay"), ds, func() (bool, string) {
+			p := ds.Spec.Template.Spec
+			return len(p.NodeSelector) == 1 && len(p.Tolerations) == 0, fmt.Sprint(p.NodeSelector, p.Tolerations)
+		})
+		f.waitReason(t, "quay", ReasonStarting)
+		before := f.api.Writes()
+		if _, err := f.r.Reconcile(ctx, reconcile.Request{NamespacedName: client.ObjectKey{Name: "quay"}}); err != nil {
+			t.Fatal(err)
+		}
+		if n := f.api.Writes() - before; n != 0 {
+			t.Errorf("%d writes by a reconcile of a mirror with a node selector", n)
+		}
+	})
+
+	t.Run("a container added by hand is removed; others' annotations stay", func(t *testing.T) {
+		ds := &appsv1.DaemonSet{}
+		f.object(t, mirror.AgentName("quay"), ds)
+		ds.Spec.Template.Spec.Containers = append(ds.Spec.Template.Spec.Containers, corev1.Container{Name: "sidecar", Image: "busybox"})
+		ds.Spec.Template.Annotations = map[string]string{"kubectl.kubernetes.io/restartedAt": "2026-11-23T12:00:00Z"}
+		must(t, f.c.Update(ctx, ds))
+		f.waitObject(t, mirror.AgentName("quay"), ds, func() (bool, string) {
+			return len(ds.Spec.Template.Spec.Containers) == 1, fmt.Sprintf("%d containers", len(ds.Spec.Template.Spec.Containers))
+		})
+		if ds.Spec.Template.Annotations["kubectl.kubernetes.io/restartedAt"] == "" {
+			t.Errorf("the update dropped kubectl's restart annotation: %v", ds.Spec.Template.Annotations)
+		}
 	})
 
 	t.Run("a changed object is put back", func(t *testing.T) {
@@ -307,6 +377,16 @@ func testCredentials(t *testing.T, f *fixture) {
 		f.object(t, mirror.SecretName("internal"), secret)
 		if string(secret.Data[mirror.PasswordKey]) != "rotated" {
 			t.Errorf("the cache lost its credentials")
+		}
+	})
+
+	t.Run("another mirror's cache Secret is refused as credentials", func(t *testing.T) {
+		rm := mirrorOf("borrower", f.open, "borrower.example")
+		rm.Spec.CredentialsSecret = mirror.SecretName("internal")
+		f.create(t, rm)
+		got := f.waitReason(t, "borrower", ReasonCredentials)
+		if c := meta.FindStatusCondition(got.Status.Conditions, registryv1alpha1.ConditionReady); !strings.Contains(c.Message, "a mirror's own Secret") {
+			t.Errorf("message %q", c.Message)
 		}
 	})
 

@@ -3,6 +3,7 @@ package mirrors
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -24,7 +25,7 @@ const (
 	ReasonReady              = "Ready"
 	ReasonStarting           = "Starting"
 	ReasonInvalidSpec        = "InvalidSpec"
-	ReasonDuplicateHost      = "DuplicateMirrorHost"
+	ReasonDuplicateHost      = registryv1alpha1.ReasonDuplicateMirrorHost
 	ReasonCredentials        = "CredentialsSecretInvalid"
 	ReasonUnauthorized       = "UpstreamUnauthorized"
 	ReasonNameTaken          = "NameTaken"
@@ -58,7 +59,13 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		return reconcile.Result{}, nil
 	}
 	before := rm.DeepCopy()
-	o, err := r.reconcile(ctx, rm)
+	o, after, err := r.reconcile(ctx, rm)
+	if apierrors.IsConflict(err) {
+		// Someone wrote one of the mirror's objects since the cache saw it (only their updates
+		// carry a resourceVersion): that write's watch event brings the next reconcile. A
+		// routine race is not reported as a failure.
+		return reconcile.Result{}, nil
+	}
 	if err != nil {
 		o = status.Transient("Error", err.Error(), err)
 	}
@@ -71,22 +78,39 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 			return reconcile.Result{}, client.IgnoreNotFound(err)
 		}
 	}
+	if after != nil {
+		// After the status: the node agents read it to know their files are released.
+		if err := after(ctx); err != nil {
+			return reconcile.Result{}, err
+		}
+	}
 	return o.Result()
 }
 
-func (r *Reconciler) reconcile(ctx context.Context, rm *registryv1alpha1.RegistryMirror) (status.Outcome, error) {
+// reconcile brings the mirror's objects to its spec. after, when not nil, is what must happen
+// once the status is written.
+func (r *Reconciler) reconcile(ctx context.Context, rm *registryv1alpha1.RegistryMirror) (o status.Outcome, after func(context.Context) error, err error) {
+	// What the objects show is observed anew; a mirror stopped before them shows nothing.
+	r.observe(rm, observed{})
 	spec, err := mirror.Resolve(rm)
 	if err != nil {
-		return status.WaitsForPerson(ReasonInvalidSpec, err.Error(), r.slowRetry), nil
+		return status.WaitsForPerson(ReasonInvalidSpec, err.Error(), r.slowRetry), nil, nil
 	}
 	rm.Status.MirrorHost = spec.MirrorHost
-	if o, stop, err := r.checkUnique(ctx, rm, spec); stop || err != nil {
-		return o, err
+	if o, after, stop, err := r.checkUnique(ctx, rm, spec); stop || err != nil {
+		return o, after, err
 	}
 	creds, credsProblem, err := r.credentials(ctx, spec)
 	if err != nil {
-		return status.Outcome{}, err
+		return status.Outcome{}, nil, err
 	}
+	o, err = r.apply(ctx, rm, spec, creds, credsProblem)
+	return o, nil, err
+}
+
+// apply renders and applies the mirror's objects and concludes from what they show.
+func (r *Reconciler) apply(ctx context.Context, rm *registryv1alpha1.RegistryMirror, spec mirror.Spec,
+	creds *mirror.Credentials, credsProblem string) (status.Outcome, error) {
 	config, err := mirror.CacheConfig(mirror.CacheParams{UpstreamURL: spec.UpstreamURL, TTL: spec.TTL})
 	if err != nil {
 		return status.WaitsForPerson(ReasonInvalidSpec, err.Error(), r.slowRetry), nil
@@ -126,6 +150,9 @@ func (r *Reconciler) reconcile(ctx context.Context, rm *registryv1alpha1.Registr
 	if err != nil {
 		return status.Outcome{}, err
 	}
+	if len(a.changed) > 0 {
+		r.recorder.Eventf(rm, nil, corev1.EventTypeNormal, "Applied", "Apply", "%s", strings.Join(a.changed, ", "))
+	}
 	if a.taken != "" {
 		return status.WaitsForPerson(ReasonNameTaken, a.taken, r.slowRetry), nil
 	}
@@ -139,31 +166,42 @@ func (r *Reconciler) reconcile(ctx context.Context, rm *registryv1alpha1.Registr
 	return r.readiness(state), nil
 }
 
-// checkUnique stops a mirror whose host an older mirror already serves, and removes its node
-// agent if it had one (two agents must not write the same hosts.toml).
-func (r *Reconciler) checkUnique(ctx context.Context, rm *registryv1alpha1.RegistryMirror, spec mirror.Spec) (status.Outcome, bool, error) {
+// checkUnique stops a mirror whose host an older mirror already serves. Its node agent, if it had
+// one, is removed after the status says so (two agents must not write the same hosts.toml, and
+// the agents release their files when their mirror's status shows it refused).
+func (r *Reconciler) checkUnique(ctx context.Context, rm *registryv1alpha1.RegistryMirror, spec mirror.Spec) (status.Outcome, func(context.Context) error, bool, error) {
 	list := &registryv1alpha1.RegistryMirrorList{}
 	if err := r.client.List(ctx, list, client.MatchingFields{indexMirrorHost: spec.MirrorHost}); err != nil {
-		return status.Outcome{}, true, err
+		return status.Outcome{}, nil, true, err
 	}
 	for i := range list.Items {
 		other := &list.Items[i]
 		if other.Name == rm.Name || !other.DeletionTimestamp.IsZero() || !olderThan(other, rm) {
 			continue
 		}
-		ds := &appsv1.DaemonSet{}
-		ds.Namespace, ds.Name = r.install.Namespace, mirror.AgentName(rm.Name)
-		if err := r.objects.Get(ctx, client.ObjectKeyFromObject(ds), ds); err == nil && ownedBy(ds, rm) {
-			if err := r.objects.Delete(ctx, ds); client.IgnoreNotFound(err) != nil {
-				return status.Outcome{}, true, err
-			}
-		} else if client.IgnoreNotFound(err) != nil {
-			return status.Outcome{}, true, err
-		}
-		msg := fmt.Sprintf("RegistryMirror %q already mirrors %s: one mirror per host (change mirrorHost, or delete one of them)", other.Name, spec.MirrorHost)
-		return status.WaitsForPerson(ReasonDuplicateHost, msg, r.slowRetry), true, nil
+		msg := fmt.Sprintf("RegistryMirror %q already mirrors %s: one mirror per host (delete one of them)", other.Name, spec.MirrorHost)
+		return status.WaitsForPerson(ReasonDuplicateHost, msg, r.slowRetry), r.removeAgent(rm), true, nil
 	}
-	return status.Outcome{}, false, nil
+	return status.Outcome{}, nil, false, nil
+}
+
+// removeAgent deletes the mirror's node agent DaemonSet, if it has one.
+func (r *Reconciler) removeAgent(rm *registryv1alpha1.RegistryMirror) func(context.Context) error {
+	return func(ctx context.Context) error {
+		ds := &appsv1.DaemonSet{}
+		err := r.objects.Get(ctx, client.ObjectKey{Namespace: r.install.Namespace, Name: mirror.AgentName(rm.Name)}, ds)
+		if apierrors.IsNotFound(err) || (err == nil && !ownedBy(ds, rm)) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if err := r.objects.Delete(ctx, ds); client.IgnoreNotFound(err) != nil {
+			return err
+		}
+		r.recorder.Eventf(rm, nil, corev1.EventTypeNormal, "Applied", "Delete", "deleted DaemonSet %s: another mirror serves %s", ds.Name, rm.Status.MirrorHost)
+		return nil
+	}
 }
 
 // olderThan orders mirrors of one host: the first created serves it (the name breaks ties).
@@ -188,6 +226,10 @@ func (r *Reconciler) credentials(ctx context.Context, spec mirror.Spec) (*mirror
 		return nil, fmt.Sprintf("credentials Secret %s not found", ref), nil
 	case err != nil:
 		return nil, "", err
+	case s.Labels[mirror.LabelMirror] != "":
+		// A mirror's own cache Secret holds another mirror's credentials: naming it would send
+		// them to this mirror's upstream.
+		return nil, fmt.Sprintf("credentials Secret %s is a mirror's own Secret: name a Secret of yours", ref), nil
 	}
 	user, pass := s.Data[mirror.UsernameKey], s.Data[mirror.PasswordKey]
 	switch {

@@ -33,9 +33,12 @@ import (
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 // Everything a mirror is made of lives in the operator's namespace; if --mirrors-namespace names
 // another one, move this Role there.
-// +kubebuilder:rbac:groups="",namespace=quartermaster-mirrors,resources=secrets;services,verbs=get;list;watch;create;update;delete
-// +kubebuilder:rbac:groups=apps,namespace=quartermaster-mirrors,resources=statefulsets;daemonsets,verbs=get;list;watch;create;update;delete
-// +kubebuilder:rbac:groups=policy,namespace=quartermaster-mirrors,resources=poddisruptionbudgets,verbs=get;list;watch;create;update;delete
+// The garbage collector deletes a mirror's objects; the controller deletes only the node agent of a
+// mirror refused for its host.
+// +kubebuilder:rbac:groups="",namespace=quartermaster-mirrors,resources=secrets;services,verbs=get;list;watch;create;update
+// +kubebuilder:rbac:groups=apps,namespace=quartermaster-mirrors,resources=statefulsets,verbs=get;list;watch;create;update
+// +kubebuilder:rbac:groups=apps,namespace=quartermaster-mirrors,resources=daemonsets,verbs=get;list;watch;create;update;delete
+// +kubebuilder:rbac:groups=policy,namespace=quartermaster-mirrors,resources=poddisruptionbudgets,verbs=get;list;watch;create;update
 
 // Field indexes of the shared cache.
 const (

@@ -152,8 +152,8 @@ func parseChallenge(h string) (string, map[string]string) {
 // host, to anything but the same host.
 func realmTrusted(upstream string, realm *url.URL) bool {
 	up, err := url.Parse(upstream)
-	if err != nil || realm.Hostname() == "" {
-		return false
+	if err != nil || realm.Hostname() == "" || (up.Scheme == "https" && realm.Scheme != "https") {
+		return false // never downgrade credentials to plain HTTP
 	}
 	if strings.EqualFold(up.Host, realm.Host) {
 		return true
