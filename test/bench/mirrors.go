@@ -152,7 +152,10 @@ func touchDaemonSets(ctx context.Context, c client.Client) error {
 	return parallel(16, len(list.Items), func(i int) error {
 		ds := &list.Items[i]
 		patch := client.MergeFrom(ds.DeepCopy())
-		ds.Annotations = map[string]string{"bench.quartermaster.dev/touched": time.Now().Format(time.RFC3339Nano)}
+		if ds.Annotations == nil {
+			ds.Annotations = map[string]string{}
+		}
+		ds.Annotations["bench.quartermaster.dev/touched"] = time.Now().Format(time.RFC3339Nano)
 		return c.Patch(ctx, ds, patch)
 	})
 }

@@ -100,14 +100,16 @@ func (a *applier) apply(ctx context.Context, desired client.Object) (client.Obje
 	err = a.r.objects.Get(ctx, client.ObjectKeyFromObject(desired), current)
 	if apierrors.IsNotFound(err) {
 		err = a.r.objects.Create(ctx, desired)
-		if apierrors.IsAlreadyExists(err) {
-			return nil, a.existing(ctx, desired)
-		}
-		if err != nil {
+		switch {
+		case err == nil:
+			a.record("created", desired)
+			return desired, nil
+		case !apierrors.IsAlreadyExists(err):
 			return nil, fmt.Errorf("creating %s %s: %w", kindOf(desired), desired.GetName(), err)
 		}
-		a.record("created", desired)
-		return desired, nil
+		// The name exists though the cache does not show it: the cache is behind (our own
+		// create of a moment ago, say), or the object is someone else's. Ask the API server.
+		err = a.r.apiReader.Get(ctx, client.ObjectKeyFromObject(desired), current)
 	}
 	if err != nil {
 		return nil, err
@@ -178,21 +180,6 @@ func keepOthers(desired, current client.Object) {
 		c := current.(*appsv1.DaemonSet)
 		d.Spec.Template.Annotations = merged(c.Spec.Template.Annotations, d.Spec.Template.Annotations)
 	}
-}
-
-// existing handles a create refused because the name exists though the cache does not show it:
-// either the cache is behind our own create (the object's watch event brings the next reconcile)
-// or the object is someone else's.
-func (a *applier) existing(ctx context.Context, desired client.Object) error {
-	live := reflect.New(reflect.TypeOf(desired).Elem()).Interface().(client.Object)
-	if err := a.r.apiReader.Get(ctx, client.ObjectKeyFromObject(desired), live); err != nil {
-		return client.IgnoreNotFound(err)
-	}
-	if !ownedBy(live, a.owner) {
-		a.nameTaken(live)
-		return nil
-	}
-	return fmt.Errorf("%s %s exists but the cache has not caught up with it yet", kindOf(desired), desired.GetName())
 }
 
 func (a *applier) nameTaken(obj client.Object) {
