@@ -52,11 +52,9 @@ func (e *engines) Start(ctx context.Context) error {
 	return nil
 }
 
-func (e *engines) detect(ctx context.Context) { e.detectWaking(ctx, true) }
-
-// detectWaking marks the installed engines present before their watches and wake-ups, so a
-// policy reconciled for the new engine sees it.
-func (e *engines) detectWaking(ctx context.Context, wake bool) {
+// detect looks for engines installed since, and marks each present before its watches and the
+// wake-up of every policy, so a policy reconciled for the new engine sees it.
+func (e *engines) detect(ctx context.Context) {
 	for _, en := range []intent.Engine{intent.KubeArmor, intent.Kyverno} {
 		if e.has(en) {
 			continue
@@ -72,7 +70,42 @@ func (e *engines) detectWaking(ctx context.Context, wake bool) {
 		e.mu.Lock()
 		e.present[en] = true
 		e.mu.Unlock()
-		if err := e.appeared(ctx, en, wake); err != nil {
+		if err := e.appeared(ctx, en, true); err != nil {
+			e.mu.Lock()
+			e.present[en] = false
+			e.mu.Unlock()
+			e.log.Error(err, "watching a policy engine's kinds; retrying", "engine", en)
+			continue
+		}
+		e.log.Info("policy engine installed: generating its policies", "engine", en)
+	}
+}
+
+// markInstalled marks the engines discovery serves now as present and returns them. Setup calls
+// it before it builds the controllers: the registry may set the controller up in a manager that
+// is already running, where each controller starts the moment it is built, and a policy
+// reconciled before an installed engine is known would wait a recheck period for its policies.
+// Their watches are added by watchInstalled once the controllers exist.
+func (e *engines) markInstalled() []intent.Engine {
+	var out []intent.Engine
+	for _, en := range []intent.Engine{intent.KubeArmor, intent.Kyverno} {
+		served, err := allServed(e.discovery, intent.EngineKinds[en])
+		if err != nil || !served {
+			continue // Start looks again
+		}
+		e.mu.Lock()
+		e.present[en] = true
+		e.mu.Unlock()
+		out = append(out, en)
+	}
+	return out
+}
+
+// watchInstalled adds the watches of engines markInstalled found. One whose watches fail is
+// marked absent again, with every policy reconciled once Start finds it (wake).
+func (e *engines) watchInstalled(ctx context.Context, installed []intent.Engine) {
+	for _, en := range installed {
+		if err := e.appeared(ctx, en, false); err != nil {
 			e.mu.Lock()
 			e.present[en] = false
 			e.mu.Unlock()

@@ -98,6 +98,7 @@ func setup(mgr ctrl.Manager, o Options, engineInterval time.Duration) (*base, er
 	if err := index(mgr); err != nil {
 		return nil, err
 	}
+	installed := b.engines.markInstalled()
 	opts := controller.Options{
 		MaxConcurrentReconciles: o.Concurrency,
 		RateLimiter:             workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](200*time.Millisecond, 2*time.Minute),
@@ -131,7 +132,7 @@ func setup(mgr ctrl.Manager, o Options, engineInterval time.Duration) (*base, er
 	if err := policies.watchEngine(context.Background(), mgr, policyCtrl, b.objects, b.client, intent.NetworkPolicy, false); err != nil {
 		return nil, err
 	}
-	b.engines.detectWaking(context.Background(), false)
+	b.engines.watchInstalled(context.Background(), installed)
 	return b, mgr.Add(b.engines)
 }
 
