@@ -118,6 +118,32 @@ func TestRegistryMirrorOnTheLocalCluster(t *testing.T) {
 				p.Annotations["registry.quartermaster.dev/node-configured"] == "true"
 		})
 
+		// The agents' token changes no pod but its annotations (admission policy): not a cache
+		// pod's image, not an agent Pod's labels.
+		agentConfig, _, err := cluster.ServiceAccountKubeconfig(ctx, mirrorsNamespace, "quartermaster-node-agent", 10*time.Minute)
+		must(t, err)
+		restConfig, err := clientcmd.RESTConfigFromKubeConfig(agentConfig)
+		must(t, err)
+		asAgent, err := client.New(restConfig, client.Options{Scheme: manager.Scheme()})
+		must(t, err)
+		for what, change := range map[string]func(p *corev1.Pod){
+			"a cache pod's image":  func(p *corev1.Pod) { p.Spec.Containers[0].Image = "attacker.example/registry:evil" },
+			"an agent Pod's label": func(p *corev1.Pod) { p.Labels["registry.quartermaster.dev/mirror"] = "other" },
+			"another annotation":   func(p *corev1.Pod) { p.Annotations = map[string]string{"example.com/x": "y"} },
+		} {
+			name := pods.Items[0].Name
+			if what == "a cache pod's image" {
+				name = mirror.CacheName(hub.Name) + "-0"
+			}
+			p := &corev1.Pod{}
+			must(t, c.Get(ctx, client.ObjectKey{Namespace: mirrorsNamespace, Name: name}, p))
+			patch := client.MergeFrom(p.DeepCopy())
+			change(p)
+			if err := asAgent.Patch(ctx, p, patch, client.DryRunAll); err == nil || !strings.Contains(err.Error(), "node agent may") {
+				t.Errorf("the agents' token changing %s: want a denial by the admission policy, got %v", what, err)
+			}
+		}
+
 		// Deleting the mirror: the garbage collector removes its objects and, per its
 		// deletionPolicy, its volume; the agent, told to stop, removes its file.
 		must(t, c.Delete(ctx, hub))
