@@ -122,7 +122,7 @@ func testValidation(t *testing.T, f *fixture) {
 		} {
 			changed := rm.DeepCopy()
 			mutate(changed)
-			if err := f.c.Update(ctx, changed); err == nil || !strings.Contains(err.Error(), what) {
+			if err := f.c.Patch(ctx, changed, client.MergeFrom(rm)); err == nil || !strings.Contains(err.Error(), what) {
 				t.Errorf("got %v, want %q", err, what)
 			}
 		}
@@ -133,8 +133,9 @@ func testValidation(t *testing.T, f *fixture) {
 		rm.Spec.Storage = &registryv1alpha1.Storage{Size: ptr.To(resource.MustParse("10Gi"))}
 		f.create(t, rm)
 		defer func() { must(t, f.c.Delete(ctx, rm)) }()
+		base := rm.DeepCopy()
 		rm.Spec.Storage.Size = ptr.To(resource.MustParse("50Gi"))
-		err := f.c.Update(ctx, rm)
+		err := f.c.Patch(ctx, rm, client.MergeFrom(base))
 		if err == nil || !strings.Contains(err.Error(), "storage is immutable") {
 			t.Errorf("resize: got %v, want the immutability error", err)
 		}
@@ -250,29 +251,29 @@ func testUpdates(t *testing.T, f *fixture) {
 	}
 	hash := sts.Spec.Template.Annotations[mirror.AnnotationConfigHash]
 
-	must(t, f.c.Get(ctx, client.ObjectKeyFromObject(rm), rm))
-	rm.Spec.Replicas = ptr.To[int32](3)
-	rm.Spec.TTL = &metav1.Duration{Duration: 0}
-	must(t, f.c.Update(ctx, rm))
+	f.patch(t, rm, func() {
+		rm.Spec.Replicas = ptr.To[int32](3)
+		rm.Spec.TTL = &metav1.Duration{Duration: 0}
+	})
 	f.waitObject(t, mirror.CacheName("quay"), sts, func() (bool, string) {
 		h := sts.Spec.Template.Annotations[mirror.AnnotationConfigHash]
 		return *sts.Spec.Replicas == 3 && h != hash, "replicas and config hash not changed yet"
 	})
 
 	t.Run("a field removed from the spec is removed from the objects", func(t *testing.T) {
-		must(t, f.c.Get(ctx, client.ObjectKeyFromObject(rm), rm))
-		rm.Spec.NodeSelector = map[string]string{"pool": "a", "zone": "z1"}
-		rm.Spec.Tolerations = []corev1.Toleration{{Key: "dedicated", Operator: corev1.TolerationOpExists}}
-		must(t, f.c.Update(ctx, rm))
+		f.patch(t, rm, func() {
+			rm.Spec.NodeSelector = map[string]string{"pool": "a", "zone": "z1"}
+			rm.Spec.Tolerations = []corev1.Toleration{{Key: "dedicated", Operator: corev1.TolerationOpExists}}
+		})
 		ds := &appsv1.DaemonSet{}
 		f.waitObject(t, mirror.AgentName("quay"), ds, func() (bool, string) {
 			p := ds.Spec.Template.Spec
 			return len(p.NodeSelector) == 2 && len(p.Tolerations) == 1, fmt.Sprint(p.NodeSelector, p.Tolerations)
 		})
-		must(t, f.c.Get(ctx, client.ObjectKeyFromObject(rm), rm))
-		rm.Spec.NodeSelector = map[string]string{"pool": "a"}
-		rm.Spec.Tolerations = nil
-		must(t, f.c.Update(ctx, rm))
+		f.patch(t, rm, func() {
+			rm.Spec.NodeSelector = map[string]string{"pool": "a"}
+			rm.Spec.Tolerations = nil
+		})
 		f.waitObject(t, mirror.AgentName("quay"), ds, func() (bool, string) {
 			p := ds.Spec.Template.Spec
 			return len(p.NodeSelector) == 1 && len(p.Tolerations) == 0, fmt.Sprint(p.NodeSelector, p.Tolerations)
@@ -288,11 +289,11 @@ func testUpdates(t *testing.T, f *fixture) {
 	})
 
 	t.Run("a container added by hand is removed; others' annotations stay", func(t *testing.T) {
-		ds := &appsv1.DaemonSet{}
-		f.object(t, mirror.AgentName("quay"), ds)
-		ds.Spec.Template.Spec.Containers = append(ds.Spec.Template.Spec.Containers, corev1.Container{Name: "sidecar", Image: "busybox"})
-		ds.Spec.Template.Annotations = map[string]string{"kubectl.kubernetes.io/restartedAt": "2026-11-23T12:00:00Z"}
-		must(t, f.c.Update(ctx, ds))
+		ds := &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Namespace: testNamespace, Name: mirror.AgentName("quay")}}
+		f.patch(t, ds, func() {
+			ds.Spec.Template.Spec.Containers = append(ds.Spec.Template.Spec.Containers, corev1.Container{Name: "sidecar", Image: "busybox"})
+			ds.Spec.Template.Annotations = map[string]string{"kubectl.kubernetes.io/restartedAt": "2026-11-23T12:00:00Z"}
+		})
 		f.waitObject(t, mirror.AgentName("quay"), ds, func() (bool, string) {
 			return len(ds.Spec.Template.Spec.Containers) == 1, fmt.Sprintf("%d containers", len(ds.Spec.Template.Spec.Containers))
 		})
@@ -302,10 +303,8 @@ func testUpdates(t *testing.T, f *fixture) {
 	})
 
 	t.Run("a changed object is put back", func(t *testing.T) {
-		ds := &appsv1.DaemonSet{}
-		f.object(t, mirror.AgentName("quay"), ds)
-		ds.Spec.Template.Spec.Containers[0].Args = []string{"node-agent", "--mirror=someone-else"}
-		must(t, f.c.Update(ctx, ds))
+		ds := &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Namespace: testNamespace, Name: mirror.AgentName("quay")}}
+		f.patch(t, ds, func() { ds.Spec.Template.Spec.Containers[0].Args = []string{"node-agent", "--mirror=someone-else"} })
 		f.waitObject(t, mirror.AgentName("quay"), ds, func() (bool, string) {
 			args := strings.Join(ds.Spec.Template.Spec.Containers[0].Args, " ")
 			return strings.Contains(args, "--mirror=quay "), args

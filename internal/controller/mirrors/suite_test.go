@@ -121,6 +121,17 @@ func (f *fixture) create(t *testing.T, obj client.Object) {
 	must(t, f.c.Create(context.Background(), obj))
 }
 
+// patch reads obj, changes it with change and sends the difference as a merge patch, as kubectl
+// patch does: no optimistic lock, so the controller's own writes in between do not refuse it.
+func (f *fixture) patch(t *testing.T, obj client.Object, change func()) {
+	t.Helper()
+	ctx := context.Background()
+	must(t, f.c.Get(ctx, client.ObjectKeyFromObject(obj), obj))
+	base := obj.DeepCopyObject().(client.Object)
+	change()
+	must(t, f.c.Patch(ctx, obj, client.MergeFrom(base)))
+}
+
 // waitReason waits until the mirror's Ready condition has reason for its current generation and
 // returns the mirror as read.
 func (f *fixture) waitReason(t *testing.T, name, reason string) *registryv1alpha1.RegistryMirror {
