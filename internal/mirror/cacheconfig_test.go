@@ -2,8 +2,6 @@ package mirror
 
 import (
 	"bytes"
-	"flag"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -12,8 +10,6 @@ import (
 
 	"github.com/distribution/distribution/v3/configuration"
 )
-
-var updateCacheConfig = flag.Bool("update-cacheconfig", false, "rewrite the cache configuration golden files under testdata/cacheconfig")
 
 var cacheConfigCases = map[string]CacheParams{
 	// The usual mirror: Docker Hub, content kept a week after its last pull.
@@ -31,22 +27,7 @@ func TestCacheConfigGolden(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			path := filepath.Join("testdata", "cacheconfig", name+".yml")
-			if *updateCacheConfig {
-				if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-					t.Fatal(err)
-				}
-				if err := os.WriteFile(path, got, 0o644); err != nil {
-					t.Fatal(err)
-				}
-			}
-			want, err := os.ReadFile(path)
-			if err != nil {
-				t.Fatalf("%v (run go test ./internal/mirror -run TestCacheConfigGolden -update-cacheconfig)", err)
-			}
-			if !bytes.Equal(got, want) {
-				t.Errorf("CacheConfig differs from %s:\n--- got\n%s\n--- want\n%s", path, got, want)
-			}
+			golden(t, filepath.Join("cacheconfig", name+".yml"), got)
 		})
 	}
 }

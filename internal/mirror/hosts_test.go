@@ -1,9 +1,6 @@
 package mirror
 
 import (
-	"bytes"
-	"flag"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -11,8 +8,6 @@ import (
 
 	"github.com/pelletier/go-toml/v2"
 )
-
-var updateHosts = flag.Bool("update-hosts", false, "rewrite the hosts.toml golden files under testdata/hosts")
 
 func TestHostsTOMLGolden(t *testing.T) {
 	cases := map[string]HostsParams{
@@ -28,22 +23,7 @@ func TestHostsTOMLGolden(t *testing.T) {
 	for name, p := range cases {
 		t.Run(name, func(t *testing.T) {
 			got := HostsTOML(p)
-			path := filepath.Join("testdata", "hosts", name+".toml")
-			if *updateHosts {
-				if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-					t.Fatal(err)
-				}
-				if err := os.WriteFile(path, got, 0o644); err != nil {
-					t.Fatal(err)
-				}
-			}
-			want, err := os.ReadFile(path)
-			if err != nil {
-				t.Fatalf("%v (run go test ./internal/mirror -run TestHostsTOMLGolden -update-hosts)", err)
-			}
-			if !bytes.Equal(got, want) {
-				t.Errorf("HostsTOML differs from %s:\n--- got\n%s\n--- want\n%s", path, got, want)
-			}
+			golden(t, filepath.Join("hosts", name+".toml"), got)
 			if owner, ok := HostsFileOwner(got); !ok || owner != p.Mirror {
 				t.Errorf("HostsFileOwner = %q, %v; want %q, true", owner, ok, p.Mirror)
 			}

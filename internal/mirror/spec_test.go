@@ -2,8 +2,6 @@ package mirror
 
 import (
 	"bytes"
-	"flag"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -17,8 +15,6 @@ import (
 
 	registryv1alpha1 "github.com/quartermaster-dev/quartermaster/api/registry/v1alpha1"
 )
-
-var updateObjects = flag.Bool("update-objects", false, "rewrite the object golden files under testdata/objects")
 
 func TestNormalizeUpstream(t *testing.T) {
 	for _, tc := range []struct{ in, want, err string }{
@@ -211,22 +207,7 @@ func TestObjectsGolden(t *testing.T) {
 				buf.WriteString("---\n")
 				buf.Write(b)
 			}
-			path := filepath.Join("testdata", "objects", name+".yaml")
-			if *updateObjects {
-				if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-					t.Fatal(err)
-				}
-				if err := os.WriteFile(path, buf.Bytes(), 0o644); err != nil {
-					t.Fatal(err)
-				}
-			}
-			want, err := os.ReadFile(path)
-			if err != nil {
-				t.Fatalf("%v (run go test ./internal/mirror -run TestObjectsGolden -update-objects)", err)
-			}
-			if !bytes.Equal(want, buf.Bytes()) {
-				t.Errorf("%s differs from the rendering (rerun with -update-objects and review the diff):\n%s", path, buf.String())
-			}
+			golden(t, filepath.Join("objects", name+".yaml"), buf.Bytes())
 		})
 	}
 }

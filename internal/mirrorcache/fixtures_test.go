@@ -35,6 +35,7 @@ import (
 	"golang.org/x/crypto/bcrypt"
 
 	"github.com/quartermaster-dev/quartermaster/internal/mirror"
+	"github.com/quartermaster-dev/quartermaster/internal/testing/testenv"
 )
 
 // testClient is the tests' own HTTP client: the cache wraps http.DefaultTransport to count its
@@ -264,7 +265,7 @@ func (u *upstream) pushBlob(t *testing.T, repo, mediaType string, b []byte) ocis
 // runningCache is a cache started by Run, as the registry-mirror subcommand starts it.
 type runningCache struct {
 	URL, MetricsURL string
-	log             *syncBuffer
+	log             *testenv.LogBuffer
 	cancel          context.CancelFunc
 	done            chan error
 	stopOnce        sync.Once
@@ -313,7 +314,7 @@ func startCache(t *testing.T, f cacheFiles) *runningCache {
 	c := &runningCache{
 		URL:        "http://" + ln.Addr().String(),
 		MetricsURL: "http://" + mln.Addr().String() + mirror.MetricsPath,
-		log:        &syncBuffer{},
+		log:        &testenv.LogBuffer{},
 		cancel:     cancel,
 		done:       make(chan error, 1),
 	}
@@ -459,24 +460,6 @@ func pull(ctx context.Context, hostsDir, ref string) error {
 		}
 	}
 	return nil
-}
-
-// syncBuffer collects the cache's logs while it writes them.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 func randomHex(n int) string {

@@ -55,6 +55,22 @@ func (e *engines) Start(ctx context.Context) error {
 // detect looks for engines installed since, and marks each present before its watches and the
 // wake-up of every policy, so a policy reconciled for the new engine sees it.
 func (e *engines) detect(ctx context.Context) {
+	for _, en := range e.markServed() {
+		e.watch(ctx, en, true)
+	}
+}
+
+// watchInstalled adds the watches of engines markServed found at set-up.
+func (e *engines) watchInstalled(ctx context.Context, installed []intent.Engine) {
+	for _, en := range installed {
+		e.watch(ctx, en, false)
+	}
+}
+
+// markServed marks present, and returns, the engines not present yet whose kinds discovery
+// serves now.
+func (e *engines) markServed() []intent.Engine {
+	var out []intent.Engine
 	for _, en := range []intent.Engine{intent.KubeArmor, intent.Kyverno} {
 		if e.has(en) {
 			continue
@@ -64,56 +80,29 @@ func (e *engines) detect(ctx context.Context) {
 			e.log.Error(err, "asking discovery for a policy engine's kinds; retrying", "engine", en)
 			continue
 		}
-		if !served {
-			continue
+		if served {
+			e.setPresent(en, true)
+			out = append(out, en)
 		}
-		e.mu.Lock()
-		e.present[en] = true
-		e.mu.Unlock()
-		if err := e.appeared(ctx, en, true); err != nil {
-			e.mu.Lock()
-			e.present[en] = false
-			e.mu.Unlock()
-			e.log.Error(err, "watching a policy engine's kinds; retrying", "engine", en)
-			continue
-		}
-		e.log.Info("policy engine installed: generating its policies", "engine", en)
-	}
-}
-
-// markInstalled marks the engines discovery serves now as present and returns them. Setup calls
-// it before it builds the controllers: the registry may set the controller up in a manager that
-// is already running, where each controller starts the moment it is built, and a policy
-// reconciled before an installed engine is known would wait a recheck period for its policies.
-// Their watches are added by watchInstalled once the controllers exist.
-func (e *engines) markInstalled() []intent.Engine {
-	var out []intent.Engine
-	for _, en := range []intent.Engine{intent.KubeArmor, intent.Kyverno} {
-		served, err := allServed(e.discovery, intent.EngineKinds[en])
-		if err != nil || !served {
-			continue // Start looks again
-		}
-		e.mu.Lock()
-		e.present[en] = true
-		e.mu.Unlock()
-		out = append(out, en)
 	}
 	return out
 }
 
-// watchInstalled adds the watches of engines markInstalled found. One whose watches fail is
-// marked absent again, with every policy reconciled once Start finds it (wake).
-func (e *engines) watchInstalled(ctx context.Context, installed []intent.Engine) {
-	for _, en := range installed {
-		if err := e.appeared(ctx, en, false); err != nil {
-			e.mu.Lock()
-			e.present[en] = false
-			e.mu.Unlock()
-			e.log.Error(err, "watching a policy engine's kinds; retrying", "engine", en)
-			continue
-		}
-		e.log.Info("policy engine installed: generating its policies", "engine", en)
+// watch adds the engine's watches (wake: and reconciles every policy). One whose watches fail is
+// marked absent again, and Start finds it anew (with every policy woken).
+func (e *engines) watch(ctx context.Context, en intent.Engine, wake bool) {
+	if err := e.appeared(ctx, en, wake); err != nil {
+		e.setPresent(en, false)
+		e.log.Error(err, "watching a policy engine's kinds; retrying", "engine", en)
+		return
 	}
+	e.log.Info("policy engine installed: generating its policies", "engine", en)
+}
+
+func (e *engines) setPresent(en intent.Engine, present bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.present[en] = present
 }
 
 func allServed(d discovery.DiscoveryInterface, kinds []schema.GroupVersionKind) (bool, error) {

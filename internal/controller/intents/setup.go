@@ -98,7 +98,11 @@ func setup(mgr ctrl.Manager, o Options, engineInterval time.Duration) (*base, er
 	if err := index(mgr); err != nil {
 		return nil, err
 	}
-	installed := b.engines.markInstalled()
+	// The engines installed now are known before the controllers are built: the registry may set
+	// them up in a manager that is already running, where each starts the moment it is built, and
+	// a policy reconciled before an installed engine is known would wait a recheck period. Their
+	// watches are added once the controllers exist.
+	installed := b.engines.markServed()
 	opts := controller.Options{
 		MaxConcurrentReconciles: o.Concurrency,
 		RateLimiter:             workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](200*time.Millisecond, 2*time.Minute),

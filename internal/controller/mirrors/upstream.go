@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/url"
@@ -52,9 +53,12 @@ func (u *upstreamChecker) check(ctx context.Context, upstream string, creds *mir
 		return a.problem
 	}
 	problem := u.ask(ctx, upstream, creds)
+	now := time.Now()
 	u.mu.Lock()
-	u.last[key] = upstreamAnswer{at: time.Now(), problem: problem}
-	u.mu.Unlock()
+	defer u.mu.Unlock()
+	// Answers past their period go: rotated credentials would otherwise pile up.
+	maps.DeleteFunc(u.last, func(_ string, a upstreamAnswer) bool { return now.Sub(a.at) >= u.every })
+	u.last[key] = upstreamAnswer{at: now, problem: problem}
 	return problem
 }
 
