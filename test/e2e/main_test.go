@@ -72,5 +72,9 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "e2e: installing config/local:", err)
 		return 1
 	}
+	if err := waitForManagerPolicies(context.Background()); err != nil {
+		fmt.Fprintln(os.Stderr, "e2e:", err)
+		return 1
+	}
 	return m.Run()
 }

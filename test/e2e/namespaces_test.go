@@ -17,7 +17,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/ptr"
@@ -227,6 +229,13 @@ func TestManagerCannotMintTokensOutsideItsNamespaces(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "namespaces it manages") {
 		t.Errorf("binding admin in kube-system: want a denial by the admission policy, got %v", err)
 	}
+	_, err = asManager.CoreV1().ResourceQuotas("kube-system").Create(ctx, &corev1.ResourceQuota{
+		ObjectMeta: metav1.ObjectMeta{Name: "qm-starve"},
+		Spec:       corev1.ResourceQuotaSpec{Hard: corev1.ResourceList{corev1.ResourcePods: resource.MustParse("0")}},
+	}, metav1.CreateOptions{})
+	if err == nil || !strings.Contains(err.Error(), "namespaces it manages") {
+		t.Errorf("a ResourceQuota in kube-system: want a denial by the admission policy, got %v", err)
+	}
 
 	// In a managed namespace: only the admin ServiceAccount.
 	startNamespacesManager(t)
@@ -235,5 +244,62 @@ func TestManagerCannotMintTokensOutsideItsNamespaces(t *testing.T) {
 	_, err = asManager.CoreV1().ServiceAccounts("e2e-scope").CreateToken(ctx, "default", &authenticationv1.TokenRequest{}, metav1.CreateOptions{})
 	if err == nil || !strings.Contains(err.Error(), "named admin") {
 		t.Errorf("minting a token for another ServiceAccount in a managed namespace: want a denial, got %v", err)
+	}
+}
+
+// TestManagerCannotTakeOverOrDeleteOtherNamespaces checks the admission policy that keeps the
+// manager's cluster-wide namespace rights to the namespaces it created: labelling an existing
+// namespace as its own (which would open it to the token and RBAC rights above) and deleting one
+// it does not manage are refused, while its own work goes on.
+func TestManagerCannotTakeOverOrDeleteOtherNamespaces(t *testing.T) {
+	ctx := context.Background()
+	kubeconfig, _, err := cluster.ServiceAccountKubeconfig(ctx, managerNamespace, "quartermaster-manager", 10*time.Minute)
+	must(t, err)
+	cfg, err := clientcmd.RESTConfigFromKubeConfig(kubeconfig)
+	must(t, err)
+	asManager, err := kubernetes.NewForConfig(cfg)
+	must(t, err)
+
+	victim := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "e2e-not-quartermasters"}}
+	must(t, admin.Create(ctx, victim))
+	t.Cleanup(func() { _ = admin.Delete(context.Background(), victim) })
+	mergePatch := func(ns, patch string) error {
+		_, err := asManager.CoreV1().Namespaces().Patch(ctx, ns, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
+		return err
+	}
+	const managedBy = `{"metadata":{"labels":{"quartermaster.dev/managed-by":"quartermaster","quartermaster.dev/request":"namespace-requests.e2e-not-quartermasters"}}}`
+	for what, err := range map[string]error{
+		// (RBAC grants patch, not update, on namespaces.)
+		"labelling an existing namespace as managed (kubectl label ns)": mergePatch(victim.Name, managedBy),
+		"deleting a namespace it does not manage":                       asManager.CoreV1().Namespaces().Delete(ctx, victim.Name, metav1.DeleteOptions{}),
+		"deleting the requests namespace":                               asManager.CoreV1().Namespaces().Delete(ctx, requestsNamespace, metav1.DeleteOptions{}),
+	} {
+		if err == nil || !strings.Contains(err.Error(), "quartermaster-manager-namespaces") {
+			t.Errorf("%s: want a denial by the admission policy, got %v", what, err)
+		}
+	}
+	// After the refused label, the token is still refused there.
+	_, err = asManager.CoreV1().ServiceAccounts(victim.Name).CreateToken(ctx, "default", &authenticationv1.TokenRequest{}, metav1.CreateOptions{})
+	if err == nil {
+		t.Errorf("minting a token in %s after the label attempts: want a denial", victim.Name)
+	}
+	got := &corev1.Namespace{}
+	must(t, admin.Get(ctx, client.ObjectKeyFromObject(victim), got))
+	if got.Labels[nsrequest.LabelManagedBy] != "" || !got.DeletionTimestamp.IsZero() {
+		t.Errorf("%s after the refused writes: labels %v, deletion %v", victim.Name, got.Labels, got.DeletionTimestamp)
+	}
+
+	// Its own namespaces: annotating is allowed, removing its labels is not, and deleting is.
+	startNamespacesManager(t)
+	requestNamespace(t, "e2e-own", nil)
+	waitReady(t, "e2e-own")
+	if err := mergePatch("e2e-own", `{"metadata":{"annotations":{"quartermaster.dev/note":"ok"}}}`); err != nil {
+		t.Errorf("annotating a namespace it manages: %v", err)
+	}
+	if err := mergePatch("e2e-own", `{"metadata":{"labels":{"quartermaster.dev/request":null}}}`); err == nil {
+		t.Errorf("removing the request label of a namespace it manages: want a denial")
+	}
+	if err := asManager.CoreV1().Namespaces().Delete(ctx, "e2e-own", metav1.DeleteOptions{}); err != nil {
+		t.Errorf("deleting a namespace it manages: %v", err)
 	}
 }
