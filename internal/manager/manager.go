@@ -45,6 +45,7 @@ type Options struct {
 	MetricsSecure           bool
 	EnableHTTP2             bool
 	HealthProbeBindAddress  string
+	PprofBindAddress        string
 	KindPollInterval        time.Duration
 	Zap                     zap.Options
 }
@@ -82,6 +83,8 @@ func ParseFlags(args []string, all []registry.Controller, out io.Writer) (*Optio
 		"Allow HTTP/2 on the metrics server (off by default: HTTP/2 Rapid Reset and Stream Cancellation, CVE-2023-44487).")
 	fs.StringVar(&o.HealthProbeBindAddress, "health-probe-bind-address", ":8081",
 		"Address the /healthz and /readyz probes bind to; 0 disables them.")
+	fs.StringVar(&o.PprofBindAddress, "pprof-bind-address", "0",
+		"Address Go's /debug/pprof endpoints bind to, e.g. 127.0.0.1:6060, to profile CPU and memory; 0 (the default) disables them.")
 	fs.DurationVar(&o.KindPollInterval, "crd-poll-interval", registry.DefaultKindPollInterval,
 		"How often a controller whose CustomResourceDefinition is not installed checks for it again.")
 	config.RegisterFlags(fs) // --kubeconfig, read by config.GetConfig
@@ -138,6 +141,7 @@ func Run(ctx context.Context, args []string, all []registry.Controller, scheme *
 		},
 		Metrics:                       metricsOptions(o),
 		HealthProbeBindAddress:        o.HealthProbeBindAddress,
+		PprofBindAddress:              o.PprofBindAddress,
 		LeaderElection:                o.LeaderElect,
 		LeaderElectionID:              o.LeaderElectionID,
 		LeaderElectionNamespace:       o.LeaderElectionNamespace,

@@ -49,6 +49,7 @@ type benchCase struct {
 var cases = []benchCase{
 	{name: "floor/bare-client-writes", run: floorWrites},
 	{name: "namespaces/1000-requests", run: namespacesBench},
+	{name: "namespaces/latency-and-memory", run: namespacesProcessBench},
 	{name: "vmgroups/50-replicas", run: vmgroupsBench},
 	{name: "iam/500-serviceaccounts", run: iamBench},
 	{name: "intents/1000-bindings", run: intentsBench},

@@ -4,7 +4,9 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"math"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -13,6 +15,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -63,19 +67,11 @@ func namespacesBench(ctx context.Context, e *env) ([]result, error) {
 	counter.Reset()
 
 	start := time.Now()
-	if err := submitRequests(ctx, e, requestsNS, benchRequests); err != nil {
+	if err := submitRequests(ctx, e, requestsNS, "bench-ns", benchRequests); err != nil {
 		return nil, err
 	}
-	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 15*time.Minute, true, func(ctx context.Context) (bool, error) {
-		list := &metav1.PartialObjectMetadataList{}
-		list.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("SecretList"))
-		if err := e.client.List(ctx, list, client.InNamespace(requestsNS), client.MatchingLabels{nsrequest.LabelManagedBy: nsrequest.ManagedByValue}); err != nil {
-			return false, err
-		}
-		return len(list.Items) >= benchRequests, nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("waiting for %d Secrets: %w", benchRequests, err)
+	if err := waitServed(ctx, e, requestsNS, benchRequests); err != nil {
+		return nil, err
 	}
 	served := time.Since(start)
 	// Let the last status patches land before counting.
@@ -89,21 +85,140 @@ func namespacesBench(ctx context.Context, e *env) ([]result, error) {
 	steady := float64(counter.Total()) / window.Minutes()
 
 	return []result{
-		{metric: fmt.Sprintf("%d requests at once: seconds until every Secret exists", benchRequests), value: served.Seconds(), unit: "s"},
+		{metric: fmt.Sprintf("%d requests at once: seconds until every request is Ready", benchRequests), value: served.Seconds(), unit: "s"},
 		{metric: "requests served per second", value: benchRequests / served.Seconds(), unit: "requests/s"},
 		{metric: "API requests per namespace (reads + writes)", value: perNamespace, unit: "requests"},
 		{metric: "API writes per namespace", value: writesPerNamespace, unit: "requests"},
 		{metric: "bare client, same writes, 16 writers", value: bare.Seconds(), unit: "s",
-			note: fmt.Sprintf("controller/bare time ratio %.2f", served.Seconds()/bare.Seconds())},
+			note: fmt.Sprintf("controller/bare time ratio %.2f: %.2f× the floor's throughput", served.Seconds()/bare.Seconds(), bare.Seconds()/served.Seconds())},
 		{metric: fmt.Sprintf("steady state with %d namespaces", benchRequests), value: steady, unit: "API requests/min",
 			note: "watches only; token refreshes come at 70-75% of --token-ttl"},
 	}, nil
 }
 
-func submitRequests(ctx context.Context, e *env, requestsNS string, n int) error {
+func submitRequests(ctx context.Context, e *env, requestsNS, prefix string, n int) error {
 	return parallel(16, n, func(i int) error {
-		return e.client.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: requestsNS, Name: fmt.Sprintf("bench-ns-%04d", i)}})
+		return e.client.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: requestsNS, Name: fmt.Sprintf("%s-%04d", prefix, i)}})
 	})
+}
+
+// waitServed waits until n requests of requestsNS are Ready (their status annotation).
+func waitServed(ctx context.Context, e *env, requestsNS string, n int) error {
+	ready := 0
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 15*time.Minute, true, func(ctx context.Context) (bool, error) {
+		list := &metav1.PartialObjectMetadataList{}
+		list.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("ConfigMapList"))
+		if err := e.client.List(ctx, list, client.InNamespace(requestsNS)); err != nil {
+			return false, err
+		}
+		ready = 0
+		for _, cm := range list.Items {
+			// (The bare client's ConfigMaps carry the ignore label and a Ready status of its own.)
+			if cm.Labels[nsrequest.LabelIgnore] != "true" && cm.Annotations[nsrequest.AnnotationStatus] == string(nsrequest.StatusReady) {
+				ready++
+			}
+		}
+		return ready >= n, nil
+	})
+	if err != nil {
+		return fmt.Errorf("waiting for %d requests to be Ready (%d are): %w", n, ready, err)
+	}
+	return nil
+}
+
+// namespacesProcessBench runs the manager binary as its own process: the latency of single
+// requests on an otherwise idle cluster, and its memory before and after serving requests.
+func namespacesProcessBench(ctx context.Context, e *env) ([]result, error) {
+	const requestsNS = "bench-requests-process"
+	if err := e.client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: requestsNS}}); err != nil {
+		return nil, err
+	}
+	p, err := startProcess(e, "--controllers=namespaces", "--requests-namespace="+requestsNS, "--namespace-defaults="+defaultsFile())
+	if err != nil {
+		return nil, err
+	}
+	stopped := false
+	defer func() {
+		if !stopped {
+			_ = p.stop()
+		}
+	}()
+	cs, err := kubernetes.NewForConfig(e.cluster.Config)
+	if err != nil {
+		return nil, err
+	}
+	// The first request also waits for the manager to start; it is not counted.
+	if _, err := requestAndWaitForSecret(ctx, e, cs, requestsNS, "bench-warmup", 2*time.Minute); err != nil {
+		return nil, err
+	}
+	rssIdle, err := p.rssMiB()
+	if err != nil {
+		return nil, err
+	}
+
+	const single = 50
+	latencies := make([]time.Duration, 0, single)
+	for i := range single {
+		d, err := requestAndWaitForSecret(ctx, e, cs, requestsNS, fmt.Sprintf("bench-single-%02d", i), time.Minute)
+		if err != nil {
+			return nil, err
+		}
+		latencies = append(latencies, d)
+	}
+	slices.Sort(latencies)
+	percentile := func(q float64) time.Duration { return latencies[int(math.Ceil(q*float64(len(latencies))))-1] }
+
+	served := 1 + single
+	rss := map[int]float64{}
+	for _, round := range []string{"bench-a", "bench-b"} {
+		if err := submitRequests(ctx, e, requestsNS, round, benchRequests); err != nil {
+			return nil, err
+		}
+		served += benchRequests
+		if err := waitServed(ctx, e, requestsNS, served); err != nil {
+			return nil, err
+		}
+		if rss[served], err = p.rssMiB(); err != nil {
+			return nil, err
+		}
+	}
+	stopped = true
+	if err := p.stop(); err != nil {
+		return nil, err
+	}
+	first, second := 1+single+benchRequests, 1+single+2*benchRequests
+	return []result{
+		{metric: fmt.Sprintf("one request at a time (%d): ConfigMap created → Secret exists, p50", single), value: ms(percentile(0.5)), unit: "ms", note: "target ≤ 300 ms"},
+		{metric: "the same, p99", value: ms(percentile(0.99)), unit: "ms", note: "target ≤ 1000 ms"},
+		{metric: "manager RSS, started and 1 request served", value: rssIdle, unit: "MiB"},
+		{metric: fmt.Sprintf("manager RSS, %d requests served", first), value: rss[first], unit: "MiB", note: "target ≤ 60 MB at 1000"},
+		{metric: fmt.Sprintf("manager RSS, %d requests served", second), value: rss[second], unit: "MiB",
+			note: fmt.Sprintf("growth %.1f MiB per 1000 (target ≤ 25 MB)", rss[second]-rss[first])},
+	}, nil
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// requestAndWaitForSecret creates the request name and returns how long its Secret took to appear,
+// as a pipeline waiting on a watch sees it.
+func requestAndWaitForSecret(ctx context.Context, e *env, cs kubernetes.Interface, requestsNS, name string, timeout time.Duration) (time.Duration, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	w, err := cs.CoreV1().Secrets(requestsNS).Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + name})
+	if err != nil {
+		return 0, err
+	}
+	defer w.Stop()
+	start := time.Now()
+	if err := e.client.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: requestsNS, Name: name}}); err != nil {
+		return 0, err
+	}
+	for ev := range w.ResultChan() {
+		if ev.Type == watch.Added || ev.Type == watch.Modified {
+			return time.Since(start), nil
+		}
+	}
+	return 0, fmt.Errorf("request %s: no Secret within %s", name, timeout)
 }
 
 // bareNamespaceWrites performs, with a plain client and no reads, the writes the controller makes

@@ -92,12 +92,12 @@ func (r *Reconciler) ensureCredentials(ctx context.Context, req *nsrequest.Reque
 	if err != nil {
 		return nil, outcome{}, err
 	}
-	reason, action := "CredentialsIssued", "Issue"
+	// The first token is told by the request's Ready Event (one Event per outcome); a refresh has
+	// its own.
 	if exists {
-		reason, action = "CredentialsRefreshed", "Refresh"
+		r.Recorder.Eventf(want, nil, corev1.EventTypeNormal, "CredentialsRefreshed", "Refresh",
+			"token for ServiceAccount %s/%s valid until %s", sa.Namespace, sa.Name, want.Annotations[nsrequest.AnnotationTokenExpiresAt])
 	}
-	r.Recorder.Eventf(want, nil, corev1.EventTypeNormal, reason, action,
-		"token for ServiceAccount %s/%s valid until %s", sa.Namespace, sa.Name, want.Annotations[nsrequest.AnnotationTokenExpiresAt])
 	return want, outcome{}, nil
 }
 

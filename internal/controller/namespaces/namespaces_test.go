@@ -92,11 +92,19 @@ func TestRequestGetsNamespaceRBACDefaultsAndCredentials(t *testing.T) {
 			t.Errorf("%s ownerReferences = %+v, want the namespace", o.GetName(), refs)
 		}
 	}
-	f.waitEvent(t, cm, "Ready")
-	f.waitEvent(t, secret, "CredentialsIssued")
-	for _, e := range f.events(t, secret) {
-		if strings.Contains(e.Note, string(secret.Data["token"])) {
-			t.Errorf("an Event carries the token: %q", e.Note)
+	// One Event tells the outcome: the request is Ready, with where its credentials are.
+	ready := f.waitEvent(t, cm, "Ready")
+	if !strings.Contains(ready.Note, "credentials in Secret "+requestsNS+"/ci-branch-foo") {
+		t.Errorf("the Ready Event does not say where the credentials are: %q", ready.Note)
+	}
+	for _, obj := range []client.Object{cm, secret, ns} {
+		for _, e := range f.events(t, obj) {
+			if strings.Contains(e.Note, string(secret.Data["token"])) {
+				t.Errorf("an Event carries the token: %q", e.Note)
+			}
+			if obj != cm {
+				t.Errorf("an Event about %s %s besides the request's: %s %q", obj.GetObjectKind().GroupVersionKind().Kind, obj.GetName(), e.Reason, e.Note)
+			}
 		}
 	}
 }

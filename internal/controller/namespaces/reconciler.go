@@ -6,7 +6,10 @@ import (
 	"fmt"
 	"maps"
 	"os"
+	"slices"
 	"time"
+
+	"golang.org/x/sync/errgroup"
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -90,9 +93,12 @@ func NewReconciler(mgr ctrl.Manager, policy *nsrequest.Policy, defaults *nsreque
 // SetupWithManager watches request ConfigMaps and everything made for them.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
 	toRequest := handler.EnqueueRequestsFromMapFunc(r.mapToRequest)
-	isOurs := predicate.NewPredicateFuncs(func(o client.Object) bool {
+	// Objects made for a request wake it when someone changes or deletes them. Their creation does
+	// not: the controller made them (one reconcile per request instead of one per object), and at
+	// start-up every request is reconciled anyway.
+	isOurs := predicate.And(predicate.NewPredicateFuncs(func(o client.Object) bool {
 		return o.GetLabels()[nsrequest.LabelManagedBy] == nsrequest.ManagedByValue
-	})
+	}), predicate.Funcs{CreateFunc: func(event.CreateEvent) bool { return false }})
 	return builder.ControllerManagedBy(mgr).
 		Named(Name).
 		For(&corev1.ConfigMap{}, builder.WithPredicates(requestPredicate(r.Policy.RequestsNamespace))).
@@ -160,6 +166,9 @@ type outcome struct {
 	reason  string
 	message string
 	requeue time.Duration
+	// owner is the request's namespace once it exists and is the request's: the status write
+	// makes it the request's owner (one patch with the status).
+	owner *corev1.Namespace
 }
 
 // Reconcile serves one request ConfigMap.
@@ -184,7 +193,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	if err != nil {
 		// Transient (refusals are outcomes, not errors): show Pending with the cause, and let the
 		// workqueue back off.
-		out = outcome{status: nsrequest.StatusPending, reason: "Error", message: err.Error()}
+		out = outcome{status: nsrequest.StatusPending, reason: "Error", message: err.Error(), owner: out.owner}
 		if werr := r.writeStatus(ctx, cm, out); werr != nil {
 			logf.FromContext(ctx).Error(werr, "writing the request status")
 		}
@@ -206,7 +215,7 @@ func (r *Reconciler) serve(ctx context.Context, cm *corev1.ConfigMap) (outcome, 
 			ns := &corev1.Namespace{}
 			if err := r.Client.Get(ctx, client.ObjectKey{Name: cm.Name}, ns); err == nil && ns.UID == uid {
 				_, in, err := r.enforceExpiry(ctx, ns)
-				out.requeue = in
+				out.requeue, out.owner = in, ns
 				return out, err
 			}
 		}
@@ -223,23 +232,23 @@ func (r *Reconciler) serve(ctx context.Context, cm *corev1.ConfigMap) (outcome, 
 	if ns == nil || err != nil {
 		return out, err
 	}
+	owned := outcome{owner: ns}
 	now := r.Now()
 	var expires time.Time
 	if req.TTL > 0 {
 		expires = ns.CreationTimestamp.Add(req.TTL)
 	}
 	if err := r.annotateExpiry(ctx, ns, expires); err != nil {
-		return outcome{}, err
+		return owned, err
 	}
 	if expired, _, err := r.enforceExpiry(ctx, ns); expired || err != nil {
-		return expiredOutcome(ns, expires), err
+		out := expiredOutcome(ns, expires)
+		out.owner = ns
+		return out, err
 	}
-	sa, err := r.ensureNamespaceObjects(ctx, req.Namespace)
-	if err != nil {
-		return outcome{}, err
-	}
-	secret, out, err := r.ensureCredentials(ctx, req, ns, sa)
+	secret, out, err := r.ensureContents(ctx, req, ns)
 	if secret == nil || err != nil {
+		out.owner = ns
 		return out, err
 	}
 
@@ -254,7 +263,53 @@ func (r *Reconciler) serve(ctx context.Context, cm *corev1.ConfigMap) (outcome, 
 	for _, n := range req.Notes {
 		msg += "; " + n
 	}
-	return outcome{status: nsrequest.StatusReady, reason: "Ready", message: msg, requeue: max(requeue, time.Second)}, nil
+	return outcome{status: nsrequest.StatusReady, reason: "Ready", message: msg, requeue: max(requeue, time.Second), owner: ns}, nil
+}
+
+// ensureContents makes everything the request gets once its namespace exists, concurrently. The
+// objects are independent of each other except for three orderings: the token needs the
+// ServiceAccount, the Secret needs the token, and a RoleBinding to a Role of the namespace needs
+// that Role (the API server checks a binding's permissions against the Role's rules: for anyone
+// but an administrator, binding a Role that does not exist yet is refused). It returns the
+// credentials Secret, or nil with an outcome when the request cannot proceed.
+func (r *Reconciler) ensureContents(ctx context.Context, req *nsrequest.Request, ns *corev1.Namespace) (*corev1.Secret, outcome, error) {
+	var (
+		secret *corev1.Secret
+		out    outcome
+	)
+	objs := nsrequest.NamespaceObjects(r.Policy.RequestsNamespace, req.Namespace, r.Defaults)
+	bindingsOf := map[string][]client.Object{} // Role name → the RoleBindings that refer to it
+	for _, obj := range objs {
+		if rb, ok := obj.(*rbacv1.RoleBinding); ok && rb.RoleRef.Kind == "Role" {
+			bindingsOf[rb.RoleRef.Name] = append(bindingsOf[rb.RoleRef.Name], rb)
+		}
+	}
+	g, gctx := errgroup.WithContext(ctx)
+	for _, want := range objs {
+		if rb, ok := want.(*rbacv1.RoleBinding); ok && rb.RoleRef.Kind == "Role" {
+			continue // made after its Role, below
+		}
+		g.Go(func() error {
+			got, err := r.ensureObject(gctx, want)
+			if err != nil {
+				return err
+			}
+			switch o := got.(type) {
+			case *corev1.ServiceAccount:
+				secret, out, err = r.ensureCredentials(gctx, req, ns, o)
+				return err
+			case *rbacv1.Role:
+				for _, rb := range bindingsOf[o.Name] {
+					if _, err := r.ensureObject(gctx, rb); err != nil {
+						return err
+					}
+				}
+			}
+			return nil
+		})
+	}
+	g.Go(func() error { return r.removeUnwantedDefaults(gctx, req.Namespace) })
+	return secret, out, g.Wait()
 }
 
 // ensureNamespace returns the request's namespace, creating it when missing, and makes it the
@@ -287,7 +342,6 @@ func (r *Reconciler) ensureNamespace(ctx context.Context, cm *corev1.ConfigMap, 
 			err = r.APIReader.Get(ctx, client.ObjectKey{Name: req.Namespace}, ns)
 		} else if err == nil {
 			created = true
-			r.Recorder.Eventf(ns, nil, corev1.EventTypeNormal, "NamespaceCreated", "Create", "created for request %s/%s", rns, req.Namespace)
 		}
 		if err != nil {
 			return nil, outcome{}, err
@@ -319,17 +373,8 @@ func (r *Reconciler) ensureNamespace(ctx context.Context, cm *corev1.ConfigMap, 
 		return nil, outcome{status: nsrequest.StatusPending, reason: "NamespaceTerminating",
 			message: fmt.Sprintf("namespace %s is being deleted", req.Namespace)}, nil
 	}
-	// Own the request at once: from here on, deleting the namespace deletes the request, and the
-	// controller knows the request was served even if it stops before the rest is done.
-	if servedUID != ns.UID {
-		patch := client.MergeFrom(cm.DeepCopy())
-		if err := controllerutil.SetOwnerReference(ns, cm, r.Client.Scheme()); err != nil {
-			return nil, outcome{}, err
-		}
-		if err := r.Client.Patch(ctx, cm, patch); err != nil {
-			return nil, outcome{}, err
-		}
-	}
+	// The request's status write makes the namespace its owner (writeStatus): until then, the
+	// namespace's request-uid annotation says whose it is.
 	return ns, outcome{}, nil
 }
 
@@ -431,21 +476,9 @@ func (r *Reconciler) annotateExpiry(ctx context.Context, ns *corev1.Namespace, e
 	return r.Client.Patch(ctx, ns, patch)
 }
 
-// ensureNamespaceObjects creates or repairs the ServiceAccount, RBAC and defaults inside the
-// namespace, deletes defaults no longer configured, and returns the ServiceAccount.
-func (r *Reconciler) ensureNamespaceObjects(ctx context.Context, name string) (*corev1.ServiceAccount, error) {
-	rns := r.Policy.RequestsNamespace
-	var sa *corev1.ServiceAccount
-	for _, want := range nsrequest.NamespaceObjects(rns, name, r.Defaults) {
-		got, err := r.ensureObject(ctx, want)
-		if err != nil {
-			return nil, err
-		}
-		if s, ok := got.(*corev1.ServiceAccount); ok {
-			sa = s
-		}
-	}
-	// Defaults removed from the operator's configuration are removed from the namespaces too.
+// removeUnwantedDefaults deletes the defaults no longer configured from the namespace: removed
+// from the operator's configuration, they are removed from the namespaces too.
+func (r *Reconciler) removeUnwantedDefaults(ctx context.Context, name string) error {
 	for _, obj := range []client.Object{&corev1.ResourceQuota{}, &corev1.LimitRange{}, &networkingv1.NetworkPolicy{}} {
 		if wanted(obj, r.Defaults) {
 			continue
@@ -455,15 +488,15 @@ func (r *Reconciler) ensureNamespaceObjects(ctx context.Context, name string) (*
 			continue
 		}
 		if err != nil {
-			return nil, err
+			return err
 		}
-		if nsrequest.IsOurs(obj.GetLabels(), rns, name) {
+		if nsrequest.IsOurs(obj.GetLabels(), r.Policy.RequestsNamespace, name) {
 			if err := r.Client.Delete(ctx, obj); client.IgnoreNotFound(err) != nil {
-				return nil, err
+				return err
 			}
 		}
 	}
-	return sa, nil
+	return nil
 }
 
 func wanted(obj client.Object, d *nsrequest.Defaults) bool {
@@ -523,7 +556,14 @@ func (r *Reconciler) writeStatus(ctx context.Context, cm *corev1.ConfigMap, out 
 	want.Annotations[nsrequest.AnnotationStatus] = string(out.status)
 	want.Annotations[nsrequest.AnnotationReason] = out.reason
 	want.Annotations[nsrequest.AnnotationMessage] = out.message
-	if maps.Equal(cm.Annotations, want.Annotations) {
+	// From here on, deleting the namespace deletes the request, and the controller knows the
+	// request was served.
+	if out.owner != nil && servedNamespaceUID(cm) != out.owner.UID {
+		if err := controllerutil.SetOwnerReference(out.owner, want, r.Client.Scheme()); err != nil {
+			return err
+		}
+	}
+	if maps.Equal(cm.Annotations, want.Annotations) && slices.EqualFunc(cm.OwnerReferences, want.OwnerReferences, sameOwnerReference) {
 		return nil
 	}
 	// A merge patch without a resourceVersion: it names only the annotations it changes, so a stale
@@ -533,6 +573,10 @@ func (r *Reconciler) writeStatus(ctx context.Context, cm *corev1.ConfigMap, out 
 	}
 	status.Announce(r.Recorder, cm, cm.Annotations[nsrequest.AnnotationReason], out.report())
 	return nil
+}
+
+func sameOwnerReference(a, b metav1.OwnerReference) bool {
+	return a.UID == b.UID && a.Kind == b.Kind && a.Name == b.Name && a.APIVersion == b.APIVersion
 }
 
 // report is the outcome in the terms every controller reports in: Invalid and Conflict wait for a
