@@ -48,3 +48,22 @@ func Server(data []byte) (string, error) {
 	}
 	return cluster.Server, nil
 }
+
+// Published returns the API server URL and CA of the kubeconfig a cluster publishes in
+// kube-public/cluster-info (as kubeadm does): one cluster entry, no context or user.
+func Published(data []byte) (server string, ca []byte, err error) {
+	cfg, err := clientcmd.Load(data)
+	if err != nil {
+		return "", nil, err
+	}
+	if len(cfg.Clusters) != 1 {
+		return "", nil, fmt.Errorf("want one cluster, found %d", len(cfg.Clusters))
+	}
+	for _, c := range cfg.Clusters {
+		server, ca = c.Server, c.CertificateAuthorityData
+	}
+	if server == "" {
+		return "", nil, fmt.Errorf("the cluster has no server")
+	}
+	return server, ca, nil
+}

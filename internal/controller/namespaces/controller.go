@@ -49,7 +49,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.DefaultsFile, "namespace-defaults", "",
 		"YAML file with the ResourceQuota, LimitRange and network isolation every requested namespace gets (see docs/namespaces.md).")
 	fs.StringVar(&o.ClusterServer, "cluster-server", "",
-		"API server URL written into handed-out kubeconfigs (default: the URL the manager itself uses).")
+		"API server URL written into handed-out kubeconfigs (default: the one the cluster publishes in kube-public/cluster-info, else the URL the manager itself uses).")
 	fs.StringVar(&o.ClusterCAFile, "cluster-ca-file", "",
 		"CA bundle written into handed-out kubeconfigs (default: the CA the manager itself trusts).")
 	fs.DurationVar(&o.TokenTTL, "token-ttl", 24*time.Hour, "Lifetime of handed-out tokens; a request may ask for another with data key token-ttl.")

@@ -1,7 +1,10 @@
 package namespaces
 
 import (
+	"bytes"
 	"context"
+	"encoding/base64"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -92,6 +95,10 @@ func TestRequestGetsNamespaceRBACDefaultsAndCredentials(t *testing.T) {
 			t.Errorf("%s ownerReferences = %+v, want the namespace", o.GetName(), refs)
 		}
 	}
+	if msg := cm.Annotations[nsrequest.AnnotationMessage]; !strings.Contains(msg, "the kubeconfig names API server "+f.env.Config.Host+" (the address the manager itself uses)") {
+		t.Errorf("the status message does not say which API server the kubeconfig names: %q", msg)
+	}
+
 	// One Event tells the outcome: the request is Ready, with where its credentials are.
 	ready := f.waitEvent(t, cm, "Ready")
 	if !strings.Contains(ready.Note, "credentials in Secret "+requestsNS+"/ci-branch-foo") {
@@ -328,4 +335,34 @@ func TestTTLHoldsAfterTheRequestIsDeleted(t *testing.T) {
 	eventually(t, "the namespace to be deleted at its ttl although its request is gone", func() bool {
 		return f.c.Get(ctx, client.ObjectKey{Name: "orphaned"}, ns) == nil && ns.DeletionTimestamp != nil
 	}, nil)
+}
+
+// TestKubeconfigNamesThePublishedServer: without --cluster-server, handed-out kubeconfigs name the
+// API server and CA the cluster publishes in kube-public/cluster-info (kubeadm's bootstrap
+// kubeconfig: one cluster, no context), and the request's message says so.
+func TestKubeconfigNamesThePublishedServer(t *testing.T) {
+	env := newEnv(t)
+	ctx := context.Background()
+	const server = "https://api.published.example:6443"
+	ca := []byte("-----BEGIN CERTIFICATE-----\npublished\n-----END CERTIFICATE-----\n")
+	published := fmt.Sprintf("apiVersion: v1\nkind: Config\nclusters:\n- name: \"\"\n  cluster:\n    server: %s\n    certificate-authority-data: %s\n",
+		server, base64.StdEncoding.EncodeToString(ca))
+	must(t, env.Client.Create(ctx, &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "kube-public", Name: "cluster-info"},
+		Data:       map[string]string{"kubeconfig": published},
+	}))
+	f := runController(t, env, nil)
+	f.request(t, "published", nil)
+	cm := f.waitStatus(t, "published", nsrequest.StatusReady)
+	if msg := cm.Annotations[nsrequest.AnnotationMessage]; !strings.Contains(msg, "the kubeconfig names API server "+server+" (published in kube-public/cluster-info)") {
+		t.Errorf("status message %q does not name the published server", msg)
+	}
+	secret := &corev1.Secret{}
+	must(t, f.c.Get(ctx, client.ObjectKey{Namespace: requestsNS, Name: "published"}, secret))
+	kc, err := clientcmd.Load(secret.Data["kubeconfig"])
+	must(t, err)
+	cluster := kc.Clusters[kc.Contexts[kc.CurrentContext].Cluster]
+	if cluster.Server != server || !bytes.Equal(cluster.CertificateAuthorityData, ca) || !bytes.Equal(secret.Data["ca.crt"], ca) {
+		t.Errorf("kubeconfig names %s with CA %q (ca.crt %q), want the published %s and its CA", cluster.Server, cluster.CertificateAuthorityData, secret.Data["ca.crt"], server)
+	}
 }

@@ -55,18 +55,38 @@ type Reconciler struct {
 	Defaults  *nsrequest.Defaults
 	Server    string
 	CAData    []byte
-	Now       func() time.Time
+	// ServerSource says where Server came from, for the status message.
+	ServerSource serverSource
+	Now          func() time.Time
 }
 
 // NewReconciler builds the reconciler; server and caFile override the manager's own API server URL
 // and CA in handed-out kubeconfigs.
+//
+// Without --cluster-server, kubeconfigs name the API server the cluster publishes in
+// kube-public/cluster-info (with its CA, unless --cluster-ca-file is given), and only when there
+// is none the address the manager itself uses: in a Pod that is the in-cluster Service address,
+// which a pipeline outside the cluster cannot reach.
 func NewReconciler(mgr ctrl.Manager, policy *nsrequest.Policy, defaults *nsrequest.Defaults, server, caFile string) (*Reconciler, error) {
 	cfg := mgr.GetConfig()
-	if server == "" {
-		server = cfg.Host
-	}
 	ca := cfg.CAData
-	if caFile == "" {
+	source := fromFlag
+	if server == "" {
+		published, publishedCA, why, err := publishedCluster(context.Background(), mgr.GetAPIReader())
+		if err != nil {
+			return nil, err
+		}
+		if published != "" {
+			server, source = published, fromClusterInfo
+			if len(publishedCA) > 0 {
+				ca = publishedCA
+			}
+		} else {
+			server, source = cfg.Host, fromManager
+			mgr.GetLogger().WithName(Name).Info("kubeconfigs name the manager's own API server address", "server", server, "why", why)
+		}
+	}
+	if caFile == "" && source != fromClusterInfo {
 		caFile = cfg.CAFile
 	}
 	if caFile != "" {
@@ -79,14 +99,15 @@ func NewReconciler(mgr ctrl.Manager, policy *nsrequest.Policy, defaults *nsreque
 	return &Reconciler{
 		// The request's annotations, the Secret's token times and the Namespace's annotations
 		// drive writes, Events and token minting: never read one older than our last write of it.
-		Client:    status.NewClient(mgr.GetClient(), &corev1.ConfigMap{}, &corev1.Secret{}, &corev1.Namespace{}),
-		APIReader: mgr.GetAPIReader(),
-		Recorder:  mgr.GetEventRecorder("quartermaster-namespaces"),
-		Policy:    policy,
-		Defaults:  defaults,
-		Server:    server,
-		CAData:    ca,
-		Now:       time.Now,
+		Client:       status.NewClient(mgr.GetClient(), &corev1.ConfigMap{}, &corev1.Secret{}, &corev1.Namespace{}),
+		APIReader:    mgr.GetAPIReader(),
+		Recorder:     mgr.GetEventRecorder("quartermaster-namespaces"),
+		Policy:       policy,
+		Defaults:     defaults,
+		Server:       server,
+		CAData:       ca,
+		ServerSource: source,
+		Now:          time.Now,
 	}, nil
 }
 
@@ -253,8 +274,8 @@ func (r *Reconciler) serve(ctx context.Context, cm *corev1.ConfigMap) (outcome, 
 	}
 
 	state := tokenState(secret)
-	msg := fmt.Sprintf("namespace %s is ready; credentials in Secret %s/%s expire at %s",
-		req.Namespace, secret.Namespace, secret.Name, state.ExpiresAt.UTC().Format(time.RFC3339))
+	msg := fmt.Sprintf("namespace %s is ready; credentials in Secret %s/%s expire at %s; the kubeconfig names API server %s (%s)",
+		req.Namespace, secret.Namespace, secret.Name, state.ExpiresAt.UTC().Format(time.RFC3339), r.Server, r.ServerSource)
 	requeue := state.RefreshAt(nsrequest.Jitter(req.Namespace)).Sub(now)
 	if !expires.IsZero() {
 		msg += "; the namespace is deleted at " + expires.UTC().Format(time.RFC3339)

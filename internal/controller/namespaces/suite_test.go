@@ -47,14 +47,26 @@ isolateNetwork: true
 // start runs the controller; tweak adjusts its options before it starts.
 func start(t *testing.T, tweak func(*Options)) *fixture {
 	t.Helper()
+	return runController(t, newEnv(t), tweak)
+}
+
+// newEnv starts an API server with the requests and operator namespaces.
+func newEnv(t *testing.T) *testenv.Env {
+	t.Helper()
 	logf.SetLogger(zap.New(zap.UseDevMode(true), zap.WriteTo(os.Stderr), zap.Level(zap.Options{}.Level)))
 	env := testenv.Start(t)
-	ctx := context.Background()
 	for _, ns := range []string{requestsNS, "quartermaster-system"} {
-		if err := env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+		if err := env.Client.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
 			t.Fatal(err)
 		}
 	}
+	return env
+}
+
+// runController runs the controller against env.
+func runController(t *testing.T, env *testenv.Env, tweak func(*Options)) *fixture {
+	t.Helper()
+	ctx := context.Background()
 	defaults := filepath.Join(t.TempDir(), "defaults.yaml")
 	if err := os.WriteFile(defaults, []byte(defaultsYAML), 0o600); err != nil {
 		t.Fatal(err)
