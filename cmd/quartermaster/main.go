@@ -3,6 +3,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 
@@ -33,7 +34,7 @@ func controllers() []registry.Controller {
 }
 
 // subcommands are the other programs of the suite that ship in the same binary and image (the
-// registry mirror's cache and its node agent); each file that defines one adds it in init. The
+// registry mirror's cache and its node agent, the pipeline's namespace request); each file that defines one adds it in init. The
 // manager runs when the first argument names none of them.
 var subcommands = map[string]func(ctx context.Context, args []string) error{}
 
@@ -42,7 +43,12 @@ func main() {
 		if run, ok := subcommands[os.Args[1]]; ok {
 			if err := run(ctrl.SetupSignalHandler(), os.Args[2:]); err != nil {
 				fmt.Fprintf(os.Stderr, "quartermaster %s: %v\n", os.Args[1], err)
-				os.Exit(1)
+				code := 1
+				var coded interface{ ExitCode() int }
+				if errors.As(err, &coded) {
+					code = coded.ExitCode()
+				}
+				os.Exit(code)
 			}
 			return
 		}

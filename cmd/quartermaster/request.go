@@ -1,0 +1,70 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"time"
+
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/config"
+
+	"github.com/quartermaster-dev/quartermaster/internal/nsclient"
+)
+
+func init() {
+	subcommands["request"] = request
+}
+
+// request is the pipeline side of a namespace request: quartermaster request NAME.
+func request(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("request", flag.ContinueOnError)
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), `Usage: quartermaster request [flags] NAME
+
+Asks the namespaces controller for namespace NAME (creating the request ConfigMap NAME, or reusing
+it), waits for the answer and writes the kubeconfig it hands out. Exits 0 when the namespace is
+ready, 2 at once when the request is refused (Invalid or Conflict, with the controller's reason),
+and 1 on a timeout or any other error. Needs only create/get/delete of ConfigMaps and get of Secrets
+in the requests namespace (config/samples/namespaces/pipeline-rbac.yaml).
+
+Flags:
+`)
+		fs.PrintDefaults()
+	}
+	r := nsclient.Request{}
+	fs.StringVar(&r.RequestsNamespace, "requests-namespace", "namespace-requests", "the namespace whose ConfigMaps are requests (the controller's --requests-namespace)")
+	fs.DurationVar(&r.TTL, "ttl", 0, "delete the namespace this long after its creation (0: no expiry, or the operator's --max-ttl)")
+	fs.DurationVar(&r.TokenTTL, "token-ttl", 0, "lifetime of the handed-out token (0: the operator's --token-ttl)")
+	fs.DurationVar(&r.Timeout, "timeout", 2*time.Minute, "how long to wait for the namespace to be ready")
+	fs.StringVar(&r.KubeconfigPath, "kubeconfig-out", "kubeconfig", "where to write the namespace's kubeconfig (mode 0600)")
+	config.RegisterFlags(fs) // --kubeconfig: the pipeline's own identity
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
+		}
+		return err
+	}
+	if fs.NArg() != 1 {
+		fs.Usage()
+		return errors.New("want exactly one argument, the namespace's name")
+	}
+	r.Name = fs.Arg(0)
+	cfg, err := config.GetConfig()
+	if err != nil {
+		return fmt.Errorf("no API server to talk to (use --kubeconfig or KUBECONFIG): %w", err)
+	}
+	c, err := client.New(cfg, client.Options{Scheme: clientgoscheme.Scheme})
+	if err != nil {
+		return err
+	}
+	served, err := nsclient.Run(ctx, c, r, os.Stderr)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(os.Stderr, "namespace %s is ready; kubeconfig written to %s (token expires at %s)\n", served.Namespace, r.KubeconfigPath, served.TokenExpiresAt)
+	return nil
+}
