@@ -144,8 +144,19 @@ func (o *Options) cacheByObject() map[client.Object]cache.ByObject {
 		&corev1.ServiceAccount{}:      byLabel,
 		&rbacv1.Role{}:                byLabel,
 		&rbacv1.RoleBinding{}:         byLabel,
-		&corev1.ResourceQuota{}:       byLabel,
+		&corev1.ResourceQuota{}:       {Label: managed, Transform: withoutQuotaStatus},
 		&corev1.LimitRange{}:          byLabel,
 		&networkingv1.NetworkPolicy{}: byLabel,
 	}
+}
+
+// withoutQuotaStatus keeps a ResourceQuota in the cache without its status: the quota controller
+// rewrites the usage at every pod the tenant creates or deletes, and the controller reads only the
+// spec. (It also drops managedFields, as the manager's default transform does for every other kind.)
+func withoutQuotaStatus(obj any) (any, error) {
+	obj, err := cache.TransformStripManagedFields()(obj)
+	if q, ok := obj.(*corev1.ResourceQuota); ok {
+		q.Status = corev1.ResourceQuotaStatus{}
+	}
+	return obj, err
 }

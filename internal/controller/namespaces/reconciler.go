@@ -14,6 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -116,10 +117,14 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
 	toRequest := handler.EnqueueRequestsFromMapFunc(r.mapToRequest)
 	// Objects made for a request wake it when someone changes or deletes them. Their creation does
 	// not: the controller made them (one reconcile per request instead of one per object), and at
-	// start-up every request is reconciled anyway.
+	// start-up every request is reconciled anyway. Neither does an update that changes nothing the
+	// cache keeps (a quota's usage, which the cache drops).
 	isOurs := predicate.And(predicate.NewPredicateFuncs(func(o client.Object) bool {
 		return o.GetLabels()[nsrequest.LabelManagedBy] == nsrequest.ManagedByValue
-	}), predicate.Funcs{CreateFunc: func(event.CreateEvent) bool { return false }})
+	}), predicate.Funcs{
+		CreateFunc: func(event.CreateEvent) bool { return false },
+		UpdateFunc: func(e event.UpdateEvent) bool { return contentChanged(e.ObjectOld, e.ObjectNew) },
+	})
 	return builder.ControllerManagedBy(mgr).
 		Named(Name).
 		For(&corev1.ConfigMap{}, builder.WithPredicates(requestPredicate(r.Policy.RequestsNamespace))).
@@ -133,6 +138,18 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
 		Watches(&networkingv1.NetworkPolicy{}, toRequest, builder.WithPredicates(isOurs)).
 		WithOptions(controller.Options{MaxConcurrentReconciles: concurrency}).
 		Complete(r)
+}
+
+// contentChanged reports whether two versions of an object differ in more than their
+// resourceVersion.
+func contentChanged(old, new client.Object) bool {
+	if old.GetGeneration() != new.GetGeneration() {
+		return true
+	}
+	o, n := old.DeepCopyObject().(client.Object), new.DeepCopyObject().(client.Object)
+	o.SetResourceVersion("")
+	n.SetResourceVersion("")
+	return !equality.Semantic.DeepEqual(o, n)
 }
 
 // mapToRequest maps an object made for a request back to the request ConfigMap: a Namespace by its
