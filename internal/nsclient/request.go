@@ -46,8 +46,6 @@ func (r *Refused) Error() string {
 type Served struct {
 	Namespace      string
 	TokenExpiresAt string
-	Message        string
-	Reused         bool
 }
 
 // The first answer is asked for quickly (a request is usually served within tens of
@@ -70,11 +68,9 @@ func Run(ctx context.Context, c client.Client, r Request, log io.Writer) (*Serve
 	}
 	key := client.ObjectKey{Namespace: r.RequestsNamespace, Name: r.Name}
 	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name}, Data: data}
-	reused := false
 	err := c.Create(ctx, cm)
 	switch {
 	case apierrors.IsAlreadyExists(err):
-		reused = true
 		if err := c.Get(ctx, key, cm); err != nil {
 			return nil, fmt.Errorf("reading the existing request %s: %w", key, err)
 		}
@@ -129,8 +125,6 @@ func Run(ctx context.Context, c client.Client, r Request, log io.Writer) (*Serve
 	return &Served{
 		Namespace:      string(secret.Data["namespace"]),
 		TokenExpiresAt: secret.Annotations[nsrequest.AnnotationTokenExpiresAt],
-		Message:        last.Annotations[nsrequest.AnnotationMessage],
-		Reused:         reused,
 	}, nil
 }
 

@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 
 	"github.com/quartermaster-dev/quartermaster/internal/testing/testenv"
 )
@@ -21,34 +20,10 @@ type managerProcess struct {
 	done chan error
 }
 
-var (
-	buildOnce sync.Once
-	binary    string
-	buildErr  error
-)
-
-// managerBinary builds cmd/quartermaster once per run.
-func managerBinary() (string, error) {
-	buildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "qm-bench-bin")
-		if err != nil {
-			buildErr = err
-			return
-		}
-		binary = filepath.Join(dir, "quartermaster")
-		build := exec.Command("go", "build", "-o", binary, "./cmd/quartermaster")
-		build.Dir = testenv.RepoRoot()
-		if out, err := build.CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("building the manager: %w\n%s", err, out)
-		}
-	})
-	return binary, buildErr
-}
-
-// startProcess runs the manager with args as the cluster's admin.
-func startProcess(e *env, args ...string) (*managerProcess, error) {
-	bin, err := managerBinary()
-	if err != nil {
+// startProcess builds cmd/quartermaster into dir and runs it with args as the cluster's admin.
+func startProcess(e *env, dir string, args ...string) (*managerProcess, error) {
+	bin := filepath.Join(dir, "quartermaster")
+	if err := testenv.GoBuild(bin, "./cmd/quartermaster"); err != nil {
 		return nil, err
 	}
 	p := &managerProcess{logs: &testenv.LogBuffer{}, done: make(chan error, 1)}

@@ -15,8 +15,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
@@ -54,11 +52,7 @@ func TestClusterIssuesServiceAccountTokensAndEnforcesRBAC(t *testing.T) {
 	ctx := context.Background()
 	ns := newNamespace(t)
 	must(t, admin.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "robot"}}))
-	data, _, err := cluster.ServiceAccountKubeconfig(ctx, ns, "robot", 10*time.Minute)
-	must(t, err)
-	cfg, err := clientcmd.RESTConfigFromKubeConfig(data)
-	must(t, err)
-	robot, err := kubernetes.NewForConfig(cfg)
+	robot, err := clientsetAs(ctx, ns, "robot")
 	must(t, err)
 
 	review, err := robot.AuthenticationV1().SelfSubjectReviews().Create(ctx, &authenticationv1.SelfSubjectReview{}, metav1.CreateOptions{})

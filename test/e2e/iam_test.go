@@ -53,11 +53,7 @@ var emulatorListening = regexp.MustCompile(`listening on (http://\S+)`)
 func startIAMEmulator(t *testing.T) *iamEmulatorProcess {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "iam-emulator")
-	build := exec.Command("go", "build", "-o", bin, "./cmd/iam-emulator")
-	build.Dir = testenv.RepoRoot()
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("building the IAM emulator: %v\n%s", err, out)
-	}
+	must(t, testenv.GoBuild(bin, "./cmd/iam-emulator"))
 	e := &iamEmulatorProcess{logs: &testenv.LogBuffer{}}
 	e.cmd = exec.Command(bin, "--listen=127.0.0.1:0", "--account-id="+iamAccount)
 	e.cmd.Stdout, e.cmd.Stderr = e.logs, e.logs

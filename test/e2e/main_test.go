@@ -9,7 +9,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"testing"
 
@@ -62,10 +61,8 @@ func run(m *testing.M) int {
 	}
 	defer os.RemoveAll(dir)
 	managerBin = filepath.Join(dir, "quartermaster")
-	build := exec.Command("go", "build", "-o", managerBin, "./cmd/quartermaster")
-	build.Dir = testenv.RepoRoot()
-	if out, err := build.CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "e2e: building the manager: %v\n%s", err, out)
+	if err := testenv.GoBuild(managerBin, "./cmd/quartermaster"); err != nil {
+		fmt.Fprintln(os.Stderr, "e2e:", err)
 		return 1
 	}
 	if _, err := cluster.Kubectl(context.Background(), "apply", "--server-side", "-k", "config/local"); err != nil {

@@ -21,6 +21,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/quartermaster-dev/quartermaster/internal/testing/testenv"
@@ -112,6 +115,24 @@ func (p *process) kill(t *testing.T) error {
 	p.stopped = true
 	must(t, p.cmd.Process.Signal(syscall.SIGKILL))
 	return <-p.done
+}
+
+// restConfigAs is a client configuration authenticated as the ServiceAccount namespace/name.
+func restConfigAs(ctx context.Context, namespace, name string) (*rest.Config, error) {
+	kubeconfig, _, err := cluster.ServiceAccountKubeconfig(ctx, namespace, name, 10*time.Minute)
+	if err != nil {
+		return nil, err
+	}
+	return clientcmd.RESTConfigFromKubeConfig(kubeconfig)
+}
+
+// clientsetAs is a clientset authenticated as the ServiceAccount namespace/name.
+func clientsetAs(ctx context.Context, namespace, name string) (*kubernetes.Clientset, error) {
+	cfg, err := restConfigAs(ctx, namespace, name)
+	if err != nil {
+		return nil, err
+	}
+	return kubernetes.NewForConfig(cfg)
 }
 
 func freeAddr(t *testing.T) string {

@@ -197,9 +197,7 @@ func startAgent(t *testing.T, root, pod string, rm *registryv1alpha1.RegistryMir
 // not.
 func TestManagerRunsOnlyItsOwnPodsInTheMirrorsNamespace(t *testing.T) {
 	ctx := context.Background()
-	kubeconfig, _, err := cluster.ServiceAccountKubeconfig(ctx, managerNamespace, "quartermaster-manager", 10*time.Minute)
-	must(t, err)
-	cfg, err := clientcmd.RESTConfigFromKubeConfig(kubeconfig)
+	cfg, err := restConfigAs(ctx, managerNamespace, "quartermaster-manager")
 	must(t, err)
 	asManager, err := client.New(cfg, client.Options{Scheme: manager.Scheme()})
 	must(t, err)

@@ -209,11 +209,7 @@ func TestNamespaceRequestsSurviveAManagerKill(t *testing.T) {
 // manager's cluster-wide token and RBAC permissions to the namespaces it manages.
 func TestManagerCannotMintTokensOutsideItsNamespaces(t *testing.T) {
 	ctx := context.Background()
-	kubeconfig, _, err := cluster.ServiceAccountKubeconfig(ctx, managerNamespace, "quartermaster-manager", 10*time.Minute)
-	must(t, err)
-	cfg, err := clientcmd.RESTConfigFromKubeConfig(kubeconfig)
-	must(t, err)
-	asManager, err := kubernetes.NewForConfig(cfg)
+	asManager, err := clientsetAs(ctx, managerNamespace, "quartermaster-manager")
 	must(t, err)
 
 	// Allowed by RBAC, denied by the policy.
@@ -253,11 +249,7 @@ func TestManagerCannotMintTokensOutsideItsNamespaces(t *testing.T) {
 // it does not manage are refused, while its own work goes on.
 func TestManagerCannotTakeOverOrDeleteOtherNamespaces(t *testing.T) {
 	ctx := context.Background()
-	kubeconfig, _, err := cluster.ServiceAccountKubeconfig(ctx, managerNamespace, "quartermaster-manager", 10*time.Minute)
-	must(t, err)
-	cfg, err := clientcmd.RESTConfigFromKubeConfig(kubeconfig)
-	must(t, err)
-	asManager, err := kubernetes.NewForConfig(cfg)
+	asManager, err := clientsetAs(ctx, managerNamespace, "quartermaster-manager")
 	must(t, err)
 
 	victim := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "e2e-not-quartermasters"}}

@@ -13,8 +13,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/clientcmd"
 )
 
 // waitForManagerPolicies returns once the API server enforces the manager's admission policies
@@ -22,15 +20,7 @@ import (
 // test that runs first would otherwise see its escape allowed. Each probe is a dry run, as the
 // manager, of a write its policy refuses.
 func waitForManagerPolicies(ctx context.Context) error {
-	kubeconfig, _, err := cluster.ServiceAccountKubeconfig(ctx, managerNamespace, "quartermaster-manager", 10*time.Minute)
-	if err != nil {
-		return err
-	}
-	cfg, err := clientcmd.RESTConfigFromKubeConfig(kubeconfig)
-	if err != nil {
-		return err
-	}
-	asManager, err := kubernetes.NewForConfig(cfg)
+	asManager, err := clientsetAs(ctx, managerNamespace, "quartermaster-manager")
 	if err != nil {
 		return err
 	}

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"maps"
 	"os"
-	"slices"
 	"time"
 
 	"golang.org/x/sync/errgroup"
@@ -70,7 +69,7 @@ type Reconciler struct {
 // which a pipeline outside the cluster cannot reach.
 func NewReconciler(mgr ctrl.Manager, policy *nsrequest.Policy, defaults *nsrequest.Defaults, server, caFile string) (*Reconciler, error) {
 	cfg := mgr.GetConfig()
-	ca := cfg.CAData
+	ca, publishedCAUsed := cfg.CAData, false
 	source := fromFlag
 	if server == "" {
 		published, publishedCA, why, err := publishedCluster(context.Background(), mgr.GetAPIReader())
@@ -80,14 +79,14 @@ func NewReconciler(mgr ctrl.Manager, policy *nsrequest.Policy, defaults *nsreque
 		if published != "" {
 			server, source = published, fromClusterInfo
 			if len(publishedCA) > 0 {
-				ca = publishedCA
+				ca, publishedCAUsed = publishedCA, true
 			}
 		} else {
 			server, source = cfg.Host, fromManager
 			mgr.GetLogger().WithName(Name).Info("kubeconfigs name the manager's own API server address", "server", server, "why", why)
 		}
 	}
-	if caFile == "" && source != fromClusterInfo {
+	if caFile == "" && !publishedCAUsed {
 		caFile = cfg.CAFile
 	}
 	if caFile != "" {
@@ -142,14 +141,10 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
 
 // contentChanged reports whether two versions of an object differ in more than their
 // resourceVersion.
-func contentChanged(old, new client.Object) bool {
-	if old.GetGeneration() != new.GetGeneration() {
-		return true
-	}
-	o, n := old.DeepCopyObject().(client.Object), new.DeepCopyObject().(client.Object)
-	o.SetResourceVersion("")
-	n.SetResourceVersion("")
-	return !equality.Semantic.DeepEqual(o, n)
+func contentChanged(before, after client.Object) bool {
+	sameVersion := after.DeepCopyObject().(client.Object)
+	sameVersion.SetResourceVersion(before.GetResourceVersion())
+	return !equality.Semantic.DeepEqual(before, sameVersion)
 }
 
 // mapToRequest maps an object made for a request back to the request ConfigMap: a Namespace by its
@@ -270,23 +265,26 @@ func (r *Reconciler) serve(ctx context.Context, cm *corev1.ConfigMap) (outcome, 
 	if ns == nil || err != nil {
 		return out, err
 	}
-	owned := outcome{owner: ns}
+	out, err = r.serveIn(ctx, req, ns)
+	out.owner = ns
+	return out, err
+}
+
+// serveIn does the work of a request whose namespace exists and is the request's.
+func (r *Reconciler) serveIn(ctx context.Context, req *nsrequest.Request, ns *corev1.Namespace) (outcome, error) {
 	now := r.Now()
 	var expires time.Time
 	if req.TTL > 0 {
 		expires = ns.CreationTimestamp.Add(req.TTL)
 	}
 	if err := r.annotateExpiry(ctx, ns, expires); err != nil {
-		return owned, err
+		return outcome{}, err
 	}
 	if expired, _, err := r.enforceExpiry(ctx, ns); expired || err != nil {
-		out := expiredOutcome(ns, expires)
-		out.owner = ns
-		return out, err
+		return expiredOutcome(ns, expires), err
 	}
 	secret, out, err := r.ensureContents(ctx, req, ns)
 	if secret == nil || err != nil {
-		out.owner = ns
 		return out, err
 	}
 
@@ -301,7 +299,7 @@ func (r *Reconciler) serve(ctx context.Context, cm *corev1.ConfigMap) (outcome, 
 	for _, n := range req.Notes {
 		msg += "; " + n
 	}
-	return outcome{status: nsrequest.StatusReady, reason: "Ready", message: msg, requeue: max(requeue, time.Second), owner: ns}, nil
+	return outcome{status: nsrequest.StatusReady, reason: "Ready", message: msg, requeue: max(requeue, time.Second)}, nil
 }
 
 // ensureContents makes everything the request gets once its namespace exists, concurrently. The
@@ -315,18 +313,17 @@ func (r *Reconciler) ensureContents(ctx context.Context, req *nsrequest.Request,
 		secret *corev1.Secret
 		out    outcome
 	)
-	objs := nsrequest.NamespaceObjects(r.Policy.RequestsNamespace, req.Namespace, r.Defaults)
-	bindingsOf := map[string][]client.Object{} // Role name → the RoleBindings that refer to it
-	for _, obj := range objs {
+	var first []client.Object                  // made at once
+	bindingsOf := map[string][]client.Object{} // made after the Role they refer to, by name
+	for _, obj := range nsrequest.NamespaceObjects(r.Policy.RequestsNamespace, req.Namespace, r.Defaults) {
 		if rb, ok := obj.(*rbacv1.RoleBinding); ok && rb.RoleRef.Kind == "Role" {
 			bindingsOf[rb.RoleRef.Name] = append(bindingsOf[rb.RoleRef.Name], rb)
+		} else {
+			first = append(first, obj)
 		}
 	}
 	g, gctx := errgroup.WithContext(ctx)
-	for _, want := range objs {
-		if rb, ok := want.(*rbacv1.RoleBinding); ok && rb.RoleRef.Kind == "Role" {
-			continue // made after its Role, below
-		}
+	for _, want := range first {
 		g.Go(func() error {
 			got, err := r.ensureObject(gctx, want)
 			if err != nil {
@@ -596,12 +593,13 @@ func (r *Reconciler) writeStatus(ctx context.Context, cm *corev1.ConfigMap, out 
 	want.Annotations[nsrequest.AnnotationMessage] = out.message
 	// From here on, deleting the namespace deletes the request, and the controller knows the
 	// request was served.
-	if out.owner != nil && servedNamespaceUID(cm) != out.owner.UID {
+	owning := out.owner != nil && servedNamespaceUID(cm) != out.owner.UID
+	if owning {
 		if err := controllerutil.SetOwnerReference(out.owner, want, r.Client.Scheme()); err != nil {
 			return err
 		}
 	}
-	if maps.Equal(cm.Annotations, want.Annotations) && slices.EqualFunc(cm.OwnerReferences, want.OwnerReferences, sameOwnerReference) {
+	if !owning && maps.Equal(cm.Annotations, want.Annotations) {
 		return nil
 	}
 	// A merge patch without a resourceVersion: it names only the annotations it changes, so a stale
@@ -611,10 +609,6 @@ func (r *Reconciler) writeStatus(ctx context.Context, cm *corev1.ConfigMap, out 
 	}
 	status.Announce(r.Recorder, cm, cm.Annotations[nsrequest.AnnotationReason], out.report())
 	return nil
-}
-
-func sameOwnerReference(a, b metav1.OwnerReference) bool {
-	return a.UID == b.UID && a.Kind == b.Kind && a.Name == b.Name && a.APIVersion == b.APIVersion
 }
 
 // report is the outcome in the terms every controller reports in: Invalid and Conflict wait for a

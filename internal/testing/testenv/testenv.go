@@ -21,6 +21,17 @@ import (
 	"github.com/quartermaster-dev/quartermaster/internal/manager"
 )
 
+// GoBuild builds the repository's main package pkg (e.g. ./cmd/quartermaster) into out, for tests
+// and benchmarks that run a binary as its own process.
+func GoBuild(out, pkg string) error {
+	build := exec.Command("go", "build", "-o", out, pkg)
+	build.Dir = RepoRoot()
+	if output, err := build.CombinedOutput(); err != nil {
+		return fmt.Errorf("building %s: %w\n%s", pkg, err, output)
+	}
+	return nil
+}
+
 // RepoRoot is the repository's top folder, found from this file's location.
 func RepoRoot() string {
 	_, file, _, _ := runtime.Caller(0)
