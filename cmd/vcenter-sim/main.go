@@ -37,6 +37,10 @@ func run(envFile, template string) error {
 		return err
 	}
 	defer sim.Stop()
+	// VMware Tools in the guests: VMs report IP addresses, so they become ready.
+	if sim.Guests, err = sim.StartGuests(ctx); err != nil {
+		return fmt.Errorf("starting the guests: %w", err)
+	}
 	path, err := sim.CreateTemplate(ctx, template)
 	if err != nil {
 		return fmt.Errorf("creating the template: %w", err)

@@ -4,6 +4,7 @@
 package vsphere
 
 import (
+	"cmp"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -16,10 +17,12 @@ import (
 const MaxNameLength = 80
 
 // Keys of the extraConfig entries written on every VM the operator clones. They mark the VM as the
-// group's (only such VMs are ever changed or destroyed) and record the template it came from.
+// group's (only such VMs are ever changed or destroyed) and record the template and the
+// first-boot data (a fingerprint, never the data) it came from.
 const (
 	KeyGroup    = "quartermaster.vmgroup"
 	KeyTemplate = "quartermaster.template"
+	KeyBoot     = "quartermaster.boot"
 )
 
 // GroupKey is the value of KeyGroup for a VmGroup.
@@ -39,6 +42,31 @@ func FolderName(namespace, name string) string {
 
 // VMName is the name of the VM with the given ordinal: <group>-<ordinal>.
 func VMName(group string, ordinal int) string { return group + "-" + strconv.Itoa(ordinal) }
+
+// CompareVMNames orders the VM names of a group by ordinal (web-2 before web-10), other names
+// after them by name.
+func CompareVMNames(a, b string) int {
+	an, aok := trailingOrdinal(a)
+	bn, bok := trailingOrdinal(b)
+	switch {
+	case aok && bok && a[:strings.LastIndexByte(a, '-')] == b[:strings.LastIndexByte(b, '-')]:
+		return cmp.Compare(an, bn)
+	case aok != bok:
+		if aok {
+			return -1
+		}
+		return 1
+	}
+	return strings.Compare(a, b)
+}
+
+func trailingOrdinal(name string) (int, bool) {
+	i := strings.LastIndexByte(name, '-')
+	if i < 0 {
+		return 0, false
+	}
+	return Ordinal(name[:i], name)
+}
 
 // Ordinal parses a VM name made by VMName for group. Only the canonical form is accepted (no sign,
 // no leading zeros), so every ordinal has exactly one name.

@@ -17,14 +17,17 @@ const (
 
 // VM is one VM found in a group's folder.
 type VM struct {
-	ID         string // vCenter's managed object id, e.g. vm-42
-	Name       string
-	PowerState PowerState
-	IP         string
-	CPU        int32
-	MemoryMB   int32
-	Group      string // the KeyGroup extraConfig value; "" on VMs the operator did not clone
-	Template   string // the KeyTemplate extraConfig value
+	ID           string // vCenter's managed object id, e.g. vm-42
+	Name         string
+	PowerState   PowerState
+	IP           string   // the guest's primary address, as VMware Tools report it
+	IPs          []string // every address of the guest's network adapters
+	ToolsRunning bool     // VMware Tools run in the guest: it can be asked to shut down
+	CPU          int32
+	MemoryMB     int32
+	Group        string // the KeyGroup extraConfig value; "" on VMs the operator did not clone
+	Template     string // the KeyTemplate extraConfig value
+	Boot         string // the KeyBoot extraConfig value: fingerprint of the first-boot data
 }
 
 // Spec is what a group asks for, in vCenter's units.
@@ -35,6 +38,10 @@ type Spec struct {
 	CPU      int32
 	MemoryMB int32
 	Template string
+	// Boot is the fingerprint of the first-boot data (cloud-init user data and metadata); "" for none.
+	Boot string
+	// GuestIP: a VM is ready only once its guest reports an IP address, not as soon as it is on.
+	GuestIP bool
 }
 
 // Member is one of the group's VMs with its ordinal.
@@ -43,11 +50,15 @@ type Member struct {
 	Ordinal int
 }
 
-// Available reports whether the VM serves: it is powered on.
+// Available reports whether the VM is powered on.
 func (m Member) Available() bool { return m.PowerState == PoweredOn }
 
-// NeedsReplace reports whether the VM was cloned from another template than the spec's.
-func (m Member) NeedsReplace(s Spec) bool { return m.Template != s.Template }
+// Ready reports whether the VM serves: powered on and, when the spec asks, with a guest IP.
+func (m Member) Ready(s Spec) bool { return m.Available() && (!s.GuestIP || m.IP != "") }
+
+// NeedsReplace reports whether the VM was cloned from another template, or with other first-boot
+// data, than the spec's: both are read by the guest once, so only a new VM takes a change.
+func (m Member) NeedsReplace(s Spec) bool { return m.Template != s.Template || m.Boot != s.Boot }
 
 // NeedsReconfigure reports whether the VM's CPU or memory differ from the spec's.
 func (m Member) NeedsReconfigure(s Spec) bool { return m.CPU != s.CPU || m.MemoryMB != s.MemoryMB }
@@ -62,13 +73,16 @@ type Observation struct {
 }
 
 // Observe sorts the VMs of a group's folder. A VM is a member when it carries the group's mark and
-// its name is <name>-<ordinal>; anything else was put there by someone else.
-func Observe(s Spec, vms []VM) Observation {
+// its name is <name>-<ordinal>; anything else was put there by someone else, except a VM of a
+// name being cloned right now (cloning), which vCenter may show before its clone has finished.
+func Observe(s Spec, vms []VM, cloning map[string]bool) Observation {
 	var o Observation
 	for _, vm := range vms {
-		if n, ok := Ordinal(s.Name, vm.Name); ok && vm.Group == s.Key {
+		n, ok := Ordinal(s.Name, vm.Name)
+		switch {
+		case ok && vm.Group == s.Key:
 			o.Members = append(o.Members, Member{VM: vm, Ordinal: n})
-		} else {
+		case !cloning[vm.Name]:
 			o.Unmanaged = append(o.Unmanaged, vm)
 		}
 	}
@@ -77,88 +91,135 @@ func Observe(s Spec, vms []VM) Observation {
 	return o
 }
 
-// Plan is the next bounded step towards the spec. Steps that reduce availability are taken one VM
-// at a time and only when every other VM is available, so at most one VM is ever unavailable
-// because of the operator.
+// InFlight is what runs for a group in the background while a plan is made.
+type InFlight struct {
+	Cloning map[string]bool // names of VMs being cloned
+	Busy    map[string]bool // members under another operation: removal, power-on, replacement, reconfiguration
+}
+
+// Empty reports whether nothing runs.
+func (f InFlight) Empty() bool { return len(f.Cloning) == 0 && len(f.Busy) == 0 }
+
+// busy reports whether something runs on the VM: vCenter may show a clone before it has finished
+// (powered off, say), which must not be acted on.
+func (f InFlight) busy(name string) bool { return f.Busy[name] || f.Cloning[name] }
+
+// Plan is what to start now towards the spec. Steps that reduce availability are taken one VM at a
+// time and only when every other VM is ready and nothing else runs, so at most one VM is ever
+// unavailable because of the operator.
 type Plan struct {
 	// Delete are members beyond spec.Replicas, highest ordinal first.
 	Delete []Member
-	// Create are the ordinals to clone now, lowest first: at most the batch size of the Missing.
+	// Create are the ordinals to clone now, lowest first: as many of the Missing as there are free
+	// clone slots.
 	Create []int
-	// Missing is how many VMs are missing in all.
+	// Missing is how many VMs neither exist nor are being cloned.
 	Missing int
 	// PowerOn are kept members found powered off or suspended (drift).
 	PowerOn []Member
-	// Replace is the one member to destroy and clone again from the spec's template.
+	// Replace is the one member to destroy and clone again from the spec's template and first-boot data.
 	Replace *Member
 	// Reconfigure is the one member to power off, give the spec's CPU and memory, and power on.
 	Reconfigure *Member
+	// Waiting are kept members powered on whose guest has not reported an IP address yet.
+	Waiting []Member
+	// Settled: the group matches the spec, every VM is ready and nothing runs.
+	Settled bool
 }
 
-// Empty reports whether the group already matches the spec.
+// Empty reports whether there is nothing to start.
 func (p Plan) Empty() bool {
-	return len(p.Delete) == 0 && len(p.Create) == 0 && p.Missing == 0 && len(p.PowerOn) == 0 &&
-		p.Replace == nil && p.Reconfigure == nil
+	return len(p.Delete) == 0 && len(p.Create) == 0 && len(p.PowerOn) == 0 && p.Replace == nil && p.Reconfigure == nil
 }
 
-// NewPlan computes the next step. batch bounds the clones of one step, so a newer spec is read
-// between batches (5 → 20 → 3 does not first create 15 VMs).
-func NewPlan(s Spec, o Observation, batch int) Plan {
-	batch = max(batch, 1)
+// NewPlan computes what to start now, given what already runs. cloneSlots bounds the clones it
+// starts: the group's share of the clone concurrency not taken by its clones in flight, so a newer
+// spec is read each time a clone ends (5 → 20 → 3 does not first create 15 VMs).
+func NewPlan(s Spec, o Observation, running InFlight, cloneSlots int) Plan {
 	replicas := max(s.Replicas, 0)
 	var p Plan
-	keep := o.Members
-	if len(keep) > replicas {
-		for i := len(keep) - 1; i >= replicas; i-- {
-			p.Delete = append(p.Delete, keep[i])
-		}
-		keep = keep[:replicas]
-	}
 
-	// An ordinal is never reused while a VM of that name exists, ours or not.
-	used := map[int]bool{}
-	for _, m := range o.Members {
-		used[m.Ordinal] = true
+	// The members and the VMs being cloned, by ordinal: the lowest replicas of them are kept.
+	type slot struct {
+		ordinal int
+		member  *Member // nil: being cloned
+	}
+	var have []slot
+	used := map[int]bool{} // an ordinal is never reused while a VM of that name exists, ours or not
+	for i := range o.Members {
+		have = append(have, slot{o.Members[i].Ordinal, &o.Members[i]})
+		used[o.Members[i].Ordinal] = true
+	}
+	for name := range running.Cloning {
+		if n, ok := Ordinal(s.Name, name); ok && !used[n] {
+			have = append(have, slot{ordinal: n})
+			used[n] = true
+		}
 	}
 	for _, vm := range o.Unmanaged {
 		if n, ok := Ordinal(s.Name, vm.Name); ok {
 			used[n] = true
 		}
 	}
+	slices.SortFunc(have, func(a, b slot) int { return cmp.Compare(a.ordinal, b.ordinal) })
+	keep := have
+	if len(have) > replicas {
+		keep = have[:replicas]
+		for i := len(have) - 1; i >= replicas; i-- {
+			// A clone beyond the spec is removed once it exists: cancelling it half-way could
+			// leave a VM behind that nobody knows of.
+			if m := have[i].member; m != nil && !running.busy(m.Name) {
+				p.Delete = append(p.Delete, *m)
+			}
+		}
+	}
+
 	p.Missing = replicas - len(keep)
-	for n := 0; len(p.Create) < min(p.Missing, batch); n++ {
+	for n := 0; len(p.Create) < min(p.Missing, max(cloneSlots, 0)); n++ {
 		if !used[n] {
 			p.Create = append(p.Create, n)
 		}
 	}
 
-	for _, m := range keep {
-		if !m.Available() {
-			p.PowerOn = append(p.PowerOn, m)
+	allReady := true
+	for _, k := range keep {
+		m := k.member
+		switch {
+		case m == nil:
+			allReady = false
+		case running.busy(m.Name):
+			allReady = false
+		case !m.Available():
+			p.PowerOn = append(p.PowerOn, *m)
+			allReady = false
+		case !m.Ready(s):
+			p.Waiting = append(p.Waiting, *m)
+			allReady = false
 		}
 	}
-	if len(p.Delete) > 0 || p.Missing > 0 || len(p.PowerOn) > 0 {
-		return p // roll only a complete, fully available group
+	if len(have) > replicas || p.Missing > 0 || !allReady || !running.Empty() {
+		return p // roll only a complete, fully ready group with nothing in flight
 	}
-	for i := range keep {
-		if keep[i].NeedsReplace(s) {
-			p.Replace = &keep[i]
+	for _, k := range keep {
+		if k.member.NeedsReplace(s) {
+			p.Replace = k.member
 			return p
 		}
 	}
-	for i := range keep {
-		if keep[i].NeedsReconfigure(s) {
-			p.Reconfigure = &keep[i]
+	for _, k := range keep {
+		if k.member.NeedsReconfigure(s) {
+			p.Reconfigure = k.member
 			return p
 		}
 	}
+	p.Settled = true
 	return p
 }
 
 // Summary counts a group's members.
 type Summary struct {
 	Current  int // members that exist
-	Ready    int // members powered on
+	Ready    int // members ready
 	UpToDate int // members matching the spec
 }
 
@@ -166,7 +227,7 @@ type Summary struct {
 func Summarize(s Spec, o Observation) Summary {
 	sum := Summary{Current: len(o.Members)}
 	for _, m := range o.Members {
-		if m.Available() {
+		if m.Ready(s) {
 			sum.Ready++
 		}
 		if m.UpToDate(s) {

@@ -65,17 +65,17 @@ func TestNewPlan(t *testing.T) {
 			create: []int{2, 3}, missing: 2, replace: -1, reconfigure: -1, unmanaged: 2},
 		{name: "another group's VM in the folder is not ours", replicas: 1,
 			vms: []VM{vm(0, func(v *VM) { v.Group = "other/web" })}, batch: 1, create: []int{1}, missing: 1, replace: -1, reconfigure: -1, unmanaged: 1},
-		{name: "zero batch still progresses", replicas: 2, batch: 0, create: []int{0}, missing: 2, replace: -1, reconfigure: -1},
+		{name: "no free clone slot starts no clone", replicas: 2, batch: 0, missing: 2, replace: -1, reconfigure: -1},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			s := spec
 			s.Replicas = c.replicas
-			o := Observe(s, c.vms)
+			o := Observe(s, c.vms, nil)
 			if len(o.Unmanaged) != c.unmanaged {
 				t.Errorf("unmanaged = %v, want %d", o.Unmanaged, c.unmanaged)
 			}
-			p := NewPlan(s, o, c.batch)
+			p := NewPlan(s, o, InFlight{}, c.batch)
 			if !slices.Equal(p.Create, c.create) {
 				t.Errorf("create = %v, want %v", p.Create, c.create)
 			}
@@ -96,10 +96,70 @@ func TestNewPlan(t *testing.T) {
 			}
 			sum := Summarize(s, o)
 			converged := sum.Current == s.Replicas && sum.Ready == s.Replicas && sum.UpToDate == s.Replicas
-			if p.Empty() != converged {
-				t.Errorf("plan empty = %v but summary %+v", p.Empty(), sum)
+			if p.Settled != converged || converged && !p.Empty() {
+				t.Errorf("plan settled = %v, empty = %v, but summary %+v", p.Settled, p.Empty(), sum)
 			}
 		})
+	}
+}
+
+// TestNewPlanInFlight: what runs in the background counts, and nothing runs twice.
+func TestNewPlanInFlight(t *testing.T) {
+	set := func(names ...string) map[string]bool {
+		m := map[string]bool{}
+		for _, n := range names {
+			m[n] = true
+		}
+		return m
+	}
+	s := spec
+	s.Replicas = 6
+	t.Run("clones in flight count and take slots", func(t *testing.T) {
+		o := Observe(s, []VM{vm(0), vm(1)}, nil)
+		p := NewPlan(s, o, InFlight{Cloning: set("web-2", "web-3")}, 1)
+		if !slices.Equal(p.Create, []int{4}) || p.Missing != 2 || p.Settled {
+			t.Errorf("plan = %+v, want web-4 created and 2 missing", p)
+		}
+	})
+	t.Run("a half-made clone is neither a member nor unmanaged", func(t *testing.T) {
+		o := Observe(s, []VM{vm(0), {Name: "web-1"}}, set("web-1"))
+		if len(o.Members) != 1 || len(o.Unmanaged) != 0 {
+			t.Errorf("observation = %+v", o)
+		}
+	})
+	t.Run("scale down waits for clones beyond the spec and leaves busy VMs", func(t *testing.T) {
+		s := s
+		s.Replicas = 1
+		o := Observe(s, []VM{vm(0), vm(1), vm(2)}, nil)
+		p := NewPlan(s, o, InFlight{Cloning: set("web-3"), Busy: set("web-2")}, 4)
+		if got := ordinals(p.Delete); !slices.Equal(got, []int{1}) || len(p.Create) > 0 {
+			t.Errorf("delete = %v, create = %v; want web-1 deleted alone", got, p.Create)
+		}
+	})
+	t.Run("no rolling while anything runs or a guest has no address", func(t *testing.T) {
+		s := s
+		s.Replicas, s.GuestIP = 2, true
+		withIP := func(v *VM) { v.IP = "10.0.0.1" }
+		o := Observe(s, []VM{vm(0, oldTemplate, withIP), vm(1)}, nil)
+		p := NewPlan(s, o, InFlight{}, 4)
+		if p.Replace != nil || len(p.Waiting) != 1 || p.Waiting[0].Ordinal != 1 {
+			t.Errorf("plan = %+v, want web-1 waiting for its address and no replacement", p)
+		}
+		o = Observe(s, []VM{vm(0, oldTemplate, withIP), vm(1, withIP)}, nil)
+		if p := NewPlan(s, o, InFlight{Busy: set("web-1")}, 4); p.Replace != nil {
+			t.Errorf("replacing while web-1 is busy")
+		}
+		if p := NewPlan(s, o, InFlight{}, 4); ordinalOf(p.Replace) != 0 {
+			t.Errorf("replace = %v, want web-0", ordinalOf(p.Replace))
+		}
+	})
+}
+
+func TestCompareVMNames(t *testing.T) {
+	names := []string{"web-10", "web-2", "scratch", "web-1"}
+	slices.SortFunc(names, CompareVMNames)
+	if want := []string{"web-1", "web-2", "web-10", "scratch"}; !slices.Equal(names, want) {
+		t.Errorf("sorted = %v, want %v", names, want)
 	}
 }
 
@@ -118,7 +178,7 @@ func ordinalOf(m *Member) int {
 }
 
 func TestSummarize(t *testing.T) {
-	o := Observe(spec, []VM{vm(0), vm(1, off), vm(2, oldCPU), {Name: "x"}})
+	o := Observe(spec, []VM{vm(0), vm(1, off), vm(2, oldCPU), {Name: "x"}}, nil)
 	got := Summarize(spec, o)
 	if got != (Summary{Current: 3, Ready: 2, UpToDate: 2}) {
 		t.Errorf("Summarize = %+v", got)
@@ -152,8 +212,8 @@ func FuzzNewPlan(f *testing.F) {
 			}
 			vms = append(vms, v)
 		}
-		o := Observe(s, vms)
-		p := NewPlan(s, o, int(batch%8))
+		o := Observe(s, vms, nil)
+		p := NewPlan(s, o, InFlight{}, int(batch%8))
 
 		names := map[string]bool{}
 		for _, v := range vms {
@@ -164,7 +224,7 @@ func FuzzNewPlan(f *testing.F) {
 				t.Fatalf("plan creates %s, which exists", VMName(s.Name, n))
 			}
 		}
-		if len(p.Create) > max(int(batch%8), 1) {
+		if len(p.Create) > int(batch%8) {
 			t.Fatalf("plan creates %d VMs in one batch of %d", len(p.Create), batch%8)
 		}
 		if len(o.Members)-len(p.Delete)+p.Missing != s.Replicas {

@@ -2,6 +2,7 @@ package v1alpha1
 
 import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 )
 
 // VmGroupSpec is the group a user asks for: how many VMs, their size and the template they are
@@ -28,16 +29,73 @@ type VmGroupSpec struct {
 	// +required
 	Template string `json:"template"`
 
-	// Replicas is the number of VMs. Scale down removes the highest ordinals first.
+	// Replicas is the number of VMs. Scale down removes the highest ordinals first. At most 1000
+	// here; the operator's --vsphere-max-replicas (default 100) may allow fewer.
 	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=1000
 	// +kubebuilder:default=1
 	// +optional
 	Replicas *int32 `json:"replicas,omitempty"`
+
+	// Readiness says when a VM counts as ready: GuestIP (default) once it is powered on and VMware
+	// Tools report an IP address of its guest; PowerState as soon as it is powered on (guests
+	// without VMware Tools).
+	// +kubebuilder:validation:Enum=GuestIP;PowerState
+	// +kubebuilder:default=GuestIP
+	// +optional
+	Readiness Readiness `json:"readiness,omitempty"`
+
+	// ShutdownTimeout is how long a VM's guest gets to shut down (asked through VMware Tools) before
+	// it is powered off hard, when the VM is removed or reconfigured. VMs without running VMware
+	// Tools, and a timeout of 0s, are powered off at once.
+	// +kubebuilder:default="60s"
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('0s') && duration(self) <= duration('1h')",message="shutdownTimeout must be between 0s and 1h"
+	// +optional
+	ShutdownTimeout *metav1.Duration `json:"shutdownTimeout,omitempty"`
+
+	// UserData is the cloud-init user data each VM gets at first boot (guestinfo.userdata), from a
+	// Secret in the VmGroup's namespace. Changing it (or the Secret's data) replaces the VMs one at
+	// a time.
+	// +optional
+	UserData *UserDataSource `json:"userData,omitempty"`
+
+	// Metadata is cloud-init metadata each VM gets at first boot (guestinfo.metadata), as an object
+	// (network configuration, say); instance-id and local-hostname are set to the VM's name.
+	// Changing it replaces the VMs one at a time.
+	// +kubebuilder:validation:Type=object
+	// +kubebuilder:pruning:PreserveUnknownFields
+	// +optional
+	Metadata *runtime.RawExtension `json:"metadata,omitempty"`
 
 	// Placement says where in vCenter the VMs go; each field left empty takes the operator's
 	// default (its --vsphere-* flags). Immutable.
 	// +optional
 	Placement *Placement `json:"placement,omitempty"`
+}
+
+// Readiness is when a VM counts as ready.
+type Readiness string
+
+// Readiness values.
+const (
+	ReadinessGuestIP    Readiness = "GuestIP"
+	ReadinessPowerState Readiness = "PowerState"
+)
+
+// DefaultUserDataKey is the Secret key of the user data when spec.userData.key is empty.
+const DefaultUserDataKey = "userData"
+
+// UserDataSource names the Secret key holding cloud-init user data.
+type UserDataSource struct {
+	// SecretName is the Secret's name, in the VmGroup's namespace.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +required
+	SecretName string `json:"secretName"`
+	// Key is the Secret's key holding the user data; default userData.
+	// +kubebuilder:validation:MaxLength=253
+	// +optional
+	Key string `json:"key,omitempty"`
 }
 
 // Placement locates the group's VMs in vCenter.
@@ -103,7 +161,12 @@ type VMStatus struct {
 	// IP is the guest's primary IP address, when VMware Tools report one.
 	// +optional
 	IP string `json:"ip,omitempty"`
-	// Ready is true when the VM is powered on.
+	// IPAddresses are every address of the guest's network adapters, as VMware Tools report them.
+	// +optional
+	// +listType=atomic
+	IPAddresses []string `json:"ipAddresses,omitempty"`
+	// Ready is true when the VM is powered on and, unless spec.readiness is PowerState, its guest
+	// reports an IP address.
 	Ready bool `json:"ready"`
 }
 
@@ -115,9 +178,12 @@ type VmGroupStatus struct {
 	// CurrentReplicas is the number of the group's VMs that exist.
 	// +optional
 	CurrentReplicas int32 `json:"currentReplicas"`
-	// ReadyReplicas is the number of the group's VMs that are powered on.
+	// ReadyReplicas is the number of the group's VMs that are ready (see spec.readiness).
 	// +optional
 	ReadyReplicas int32 `json:"readyReplicas"`
+	// Ready is readyReplicas/replicas, for kubectl get.
+	// +optional
+	Ready string `json:"ready,omitempty"`
 	// DesiredReplicas is spec.replicas as last seen.
 	// +optional
 	DesiredReplicas int32 `json:"desiredReplicas"`
@@ -156,6 +222,7 @@ type VmGroupStatus struct {
 // +kubebuilder:subresource:status
 // +kubebuilder:subresource:scale:specpath=.spec.replicas,statuspath=.status.currentReplicas,selectorpath=.status.selector
 // +kubebuilder:resource:shortName=vg,categories=quartermaster
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.ready`
 // +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
 // +kubebuilder:printcolumn:name="Current",type=integer,JSONPath=`.status.currentReplicas`
 // +kubebuilder:printcolumn:name="Desired",type=integer,JSONPath=`.spec.replicas`

@@ -47,8 +47,8 @@ type Listing struct {
 
 // vmProperties are what a listing reads of each VM.
 var vmProperties = []string{
-	"name", "runtime.powerState", "guest.ipAddress", "config.hardware.numCPU", "config.hardware.memoryMB",
-	"config.template", "config.extraConfig",
+	"name", "runtime.powerState", "guest.ipAddress", "guest.net", "guest.toolsRunningStatus",
+	"config.hardware.numCPU", "config.hardware.memoryMB", "config.template", "config.extraConfig",
 }
 
 // FolderPath is the inventory path of the folder called name under the placement's parent folder.
@@ -183,6 +183,15 @@ func toVM(o types.ObjectContent) domain.VM {
 			}
 		case "guest.ipAddress":
 			vm.IP, _ = p.Val.(string)
+		case "guest.net":
+			if nics, ok := p.Val.(types.ArrayOfGuestNicInfo); ok {
+				for _, nic := range nics.GuestNicInfo {
+					vm.IPs = append(vm.IPs, nic.IpAddress...)
+				}
+			}
+		case "guest.toolsRunningStatus":
+			s, _ := p.Val.(string)
+			vm.ToolsRunning = s == string(types.VirtualMachineToolsRunningStatusGuestToolsRunning)
 		case "config.hardware.numCPU":
 			vm.CPU, _ = p.Val.(int32)
 		case "config.hardware.memoryMB":
@@ -199,6 +208,8 @@ func toVM(o types.ObjectContent) domain.VM {
 						vm.Group = v
 					case domain.KeyTemplate:
 						vm.Template = v
+					case domain.KeyBoot:
+						vm.Boot = v
 					}
 				}
 			}

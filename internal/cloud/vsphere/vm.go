@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"time"
 
 	"github.com/vmware/govmomi/fault"
 	"github.com/vmware/govmomi/find"
@@ -23,6 +24,7 @@ type API interface {
 	Clone(ctx context.Context, src *Source, f Folder, spec CloneSpec) (string, error)
 	PowerOn(ctx context.Context, id string) error
 	PowerOff(ctx context.Context, id string) error
+	ShutdownGuest(ctx context.Context, id string, timeout time.Duration) (bool, error)
 	Reconfigure(ctx context.Context, id string, cpu, memoryMB int32) error
 	Destroy(ctx context.Context, id string) error
 }
@@ -105,7 +107,7 @@ type CloneSpec struct {
 	Name        string
 	CPU         int32
 	MemoryMB    int32
-	ExtraConfig map[string]string // marks written on the VM (domain.KeyGroup, domain.KeyTemplate)
+	ExtraConfig map[string]string // marks (domain.KeyGroup, …) and guestinfo written on the VM
 }
 
 // Clone clones the source into the folder, with the spec's CPU and memory, powered on, and waits
@@ -168,6 +170,32 @@ func (c *Client) PowerOff(ctx context.Context, id string) error {
 		return nil
 	}
 	return err
+}
+
+// ShutdownGuest asks the guest's VMware Tools to shut the guest down and waits up to timeout for
+// the VM to be powered off. It reports whether it was; false with no error when the guest took
+// longer, or refused (tools not running after all), so the caller powers it off hard.
+func (c *Client) ShutdownGuest(ctx context.Context, id string, timeout time.Duration) (bool, error) {
+	vm := c.vm(id)
+	if err := vm.ShutdownGuest(ctx); err != nil {
+		switch {
+		case IsGone(err) || fault.Is(err, &types.InvalidPowerState{}):
+			return true, nil // gone or off already
+		case fault.Is(err, &types.ToolsUnavailable{}) || fault.Is(err, &types.InvalidState{}):
+			return false, nil
+		}
+		return false, c.redact(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	err := vm.WaitForPowerState(wctx, types.VirtualMachinePowerStatePoweredOff)
+	switch {
+	case err == nil || IsGone(err):
+		return true, nil
+	case wctx.Err() != nil && ctx.Err() == nil:
+		return false, nil // timed out: the caller powers off hard
+	}
+	return false, c.redact(err)
 }
 
 // Reconfigure sets the VM's CPU and memory (the VM is powered off by the caller).

@@ -4,119 +4,131 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
-	"sync"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	computev1alpha1 "github.com/quartermaster-dev/quartermaster/api/compute/v1alpha1"
 	vcenter "github.com/quartermaster-dev/quartermaster/internal/cloud/vsphere"
 	"github.com/quartermaster-dev/quartermaster/internal/vsphere"
 )
 
-// act carries out one plan step and says what it did, and the reason to show while progressing.
-func (r *Reconciler) act(ctx context.Context, api vcenter.API, vg *computev1alpha1.VmGroup, s vsphere.Spec,
-	p vcenter.Placement, folder vcenter.Folder, plan vsphere.Plan) (done []string, reason string, err error) {
-	reason = "Scaling"
-	if len(plan.Delete) > 0 {
-		names, err := r.each(ctx, plan.Delete, func(ctx context.Context, m vsphere.Member) error { return remove(ctx, api, m) })
-		if len(names) > 0 {
-			done = append(done, "deleted "+strings.Join(names, ", "))
-			r.Recorder.Eventf(vg, nil, corev1.EventTypeNormal, "VMsDeleted", "ScaleDown", "deleted %s", strings.Join(names, ", "))
-		}
-		if err != nil {
-			return done, reason, err
-		}
-	}
+// group is what a reconcile works with: the VmGroup, its spec in vCenter's units, where its VMs
+// go, and the vCenter session.
+type group struct {
+	vg        *computev1alpha1.VmGroup
+	key       types.NamespacedName
+	spec      vsphere.Spec
+	boot      *bootData // nil: no first-boot data
+	placement vcenter.Placement
+	folder    vcenter.Folder
+	api       vcenter.API
+	shutdown  time.Duration
+}
 
-	if len(plan.PowerOn) > 0 {
-		if len(plan.Delete) == 0 && len(plan.Create) == 0 {
-			reason = "Repairing"
-		}
-		names, err := r.each(ctx, plan.PowerOn, func(ctx context.Context, m vsphere.Member) error { return api.PowerOn(ctx, m.ID) })
-		if len(names) > 0 {
-			done = append(done, "powered on "+strings.Join(names, ", "))
-			r.Recorder.Eventf(vg, nil, corev1.EventTypeNormal, "VMsPoweredOn", "Repair",
-				"powered on %s: found powered off or suspended", strings.Join(names, ", "))
-		}
-		if err != nil {
-			return done, reason, err
-		}
-	}
-
-	if len(plan.Create) > 0 {
-		src, err := api.Source(ctx, p, s.Template)
-		if err != nil {
-			return done, reason, err
-		}
-		members := make([]vsphere.Member, 0, len(plan.Create))
-		for _, n := range plan.Create {
-			members = append(members, vsphere.Member{VM: vsphere.VM{Name: vsphere.VMName(s.Name, n)}, Ordinal: n})
-		}
-		names, err := r.each(ctx, members, func(ctx context.Context, m vsphere.Member) error {
-			return r.clone(ctx, api, src, folder, s, m.Name)
+// startPlan starts the plan's operations in the background. It fails only when the clones'
+// template or placement cannot be resolved, before anything starts.
+func (r *Reconciler) startPlan(ctx context.Context, g *group, plan vsphere.Plan) *failure {
+	for _, m := range plan.Delete {
+		r.work.start(g.vg, m.Name, opDelete, "", func(ctx context.Context) (string, error) {
+			return r.powerDown(ctx, g, m)
 		})
-		if len(names) > 0 {
-			msg := "created " + strings.Join(names, ", ")
-			if rest := plan.Missing - len(names); rest > 0 {
-				msg += fmt.Sprintf(" (%d more to create)", rest)
-			}
-			done = append(done, msg)
-			r.Recorder.Eventf(vg, nil, corev1.EventTypeNormal, "VMsCreated", "ScaleUp", "%s", msg)
-		}
-		if err != nil {
-			return done, reason, err
-		}
+	}
+	for _, m := range plan.PowerOn {
+		r.work.start(g.vg, m.Name, opPowerOn, "", func(ctx context.Context) (string, error) {
+			return "", g.api.PowerOn(ctx, m.ID)
+		})
+	}
+	if len(plan.Create) == 0 && plan.Replace == nil && plan.Reconfigure == nil {
+		return nil
 	}
 
-	if m := plan.Replace; m != nil {
-		reason = "RollingUpdate"
-		// Resolve the new template before taking the VM down.
-		src, err := api.Source(ctx, p, s.Template)
+	if len(plan.Create) > 0 || plan.Replace != nil {
+		src, err := r.source(ctx, g)
 		if err != nil {
-			return done, reason, err
+			return classify(err)
 		}
-		if err := remove(ctx, api, *m); err != nil {
-			return done, reason, err
+		for _, n := range plan.Create {
+			name := vsphere.VMName(g.spec.Name, n)
+			r.work.start(g.vg, name, opClone, "", func(ctx context.Context) (string, error) {
+				return "", r.clone(ctx, g, src, name)
+			})
 		}
-		if err := r.clone(ctx, api, src, folder, s, m.Name); err != nil {
-			return done, reason, err
+		if m := plan.Replace; m != nil {
+			done := fmt.Sprintf("replaced %s: template %q → %q", m.Name, m.Template, g.spec.Template)
+			if m.Template == g.spec.Template {
+				done = fmt.Sprintf("replaced %s: its first-boot data changed", m.Name)
+			}
+			r.work.start(g.vg, m.Name, opReplace, done, func(ctx context.Context) (string, error) {
+				warning, err := r.powerDown(ctx, g, *m)
+				if err == nil {
+					err = r.clone(ctx, g, src, m.Name)
+				}
+				return warning, err
+			})
 		}
-		msg := fmt.Sprintf("replaced %s: template %q → %q", m.Name, m.Template, s.Template)
-		done = append(done, msg)
-		r.Recorder.Eventf(vg, nil, corev1.EventTypeNormal, "VMReplaced", "RollingUpdate", "%s", msg)
 	}
 
 	if m := plan.Reconfigure; m != nil {
-		reason = "RollingUpdate"
-		err := api.PowerOff(ctx, m.ID)
-		if err == nil {
-			err = api.Reconfigure(ctx, m.ID, s.CPU, s.MemoryMB)
-		}
-		// Power on even after a failed reconfigure: the VM should not stay down because of us.
-		err = errors.Join(err, api.PowerOn(ctx, m.ID))
-		if err != nil {
-			return done, reason, err
-		}
-		msg := fmt.Sprintf("reconfigured %s: %d CPU, %d MB → %d CPU, %d MB", m.Name, m.CPU, m.MemoryMB, s.CPU, s.MemoryMB)
-		done = append(done, msg)
-		r.Recorder.Eventf(vg, nil, corev1.EventTypeNormal, "VMReconfigured", "RollingUpdate", "%s", msg)
+		done := fmt.Sprintf("reconfigured %s: %d CPU, %d MB → %d CPU, %d MB", m.Name, m.CPU, m.MemoryMB, g.spec.CPU, g.spec.MemoryMB)
+		r.work.start(g.vg, m.Name, opReconfigure, done, func(ctx context.Context) (string, error) {
+			warning, err := r.stop(ctx, g, *m)
+			if err == nil {
+				err = g.api.Reconfigure(ctx, m.ID, g.spec.CPU, g.spec.MemoryMB)
+			}
+			// Power on even after a failed reconfigure: the VM should not stay down because of us.
+			return warning, errors.Join(err, g.api.PowerOn(ctx, m.ID))
+		})
 	}
-	return done, reason, nil
+	return nil
 }
 
-// remove powers a VM off and destroys it; one already gone is fine.
-func remove(ctx context.Context, api vcenter.API, m vsphere.Member) error {
-	if m.PowerState != vsphere.PoweredOff {
-		if err := api.PowerOff(ctx, m.ID); err != nil {
-			return err
-		}
+// source resolves the template and placement of the group's clones, once while the group changes.
+func (r *Reconciler) source(ctx context.Context, g *group) (*vcenter.Source, error) {
+	id := fmt.Sprintf("%s|%+v", g.spec.Template, g.placement)
+	if src := r.work.cachedSource(g.key, id); src != nil {
+		return src, nil
 	}
-	return api.Destroy(ctx, m.ID)
+	src, err := g.api.Source(ctx, g.placement, g.spec.Template)
+	if err != nil {
+		return nil, err
+	}
+	r.work.keepSource(g.key, id, src)
+	return src, nil
+}
+
+// powerDown stops a VM and destroys it; one already gone is fine. It returns a warning when the
+// guest did not shut down in time and was powered off hard.
+func (r *Reconciler) powerDown(ctx context.Context, g *group, m vsphere.Member) (string, error) {
+	warning, err := r.stop(ctx, g, m)
+	if err != nil {
+		return warning, err
+	}
+	return warning, g.api.Destroy(ctx, m.ID)
+}
+
+// stop powers a VM off: it asks the guest to shut down when VMware Tools run in it and waits up to
+// the group's shutdown timeout, then powers off hard.
+func (r *Reconciler) stop(ctx context.Context, g *group, m vsphere.Member) (string, error) {
+	if m.PowerState == vsphere.PoweredOff {
+		return "", nil
+	}
+	warning := ""
+	if m.PowerState == vsphere.PoweredOn && m.ToolsRunning && g.shutdown > 0 {
+		off, err := g.api.ShutdownGuest(ctx, m.ID, g.shutdown)
+		if err != nil || off {
+			return "", err
+		}
+		warning = fmt.Sprintf("%s did not shut down within %s of the guest being asked to; powered off", m.Name, g.shutdown)
+	}
+	return warning, g.api.PowerOff(ctx, m.ID)
 }
 
 // clone makes one VM of the group, waiting for a slot shared by all groups.
-func (r *Reconciler) clone(ctx context.Context, api vcenter.API, src *vcenter.Source, folder vcenter.Folder, s vsphere.Spec, name string) error {
+func (r *Reconciler) clone(ctx context.Context, g *group, src *vcenter.Source, name string) error {
 	sem := r.cloneSlots()
 	select {
 	case sem <- struct{}{}:
@@ -124,10 +136,12 @@ func (r *Reconciler) clone(ctx context.Context, api vcenter.API, src *vcenter.So
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-	_, err := api.Clone(ctx, src, folder, vcenter.CloneSpec{
-		Name: name, CPU: s.CPU, MemoryMB: s.MemoryMB,
-		ExtraConfig: map[string]string{vsphere.KeyGroup: s.Key, vsphere.KeyTemplate: s.Template},
-	})
+	extra := map[string]string{vsphere.KeyGroup: g.spec.Key, vsphere.KeyTemplate: g.spec.Template}
+	if g.boot != nil {
+		extra[vsphere.KeyBoot] = g.spec.Boot
+		g.boot.guestinfo(name, extra)
+	}
+	_, err := g.api.Clone(ctx, src, g.folder, vcenter.CloneSpec{Name: name, CPU: g.spec.CPU, MemoryMB: g.spec.MemoryMB, ExtraConfig: extra})
 	return err
 }
 
@@ -140,27 +154,48 @@ func (r *Reconciler) cloneSlots() chan struct{} {
 	return r.clones
 }
 
-// each runs f on the members, at most CloneConcurrency at a time, and returns the names it
-// succeeded on (in order) and every error.
-func (r *Reconciler) each(ctx context.Context, ms []vsphere.Member, f func(context.Context, vsphere.Member) error) ([]string, error) {
-	errs := make([]error, len(ms))
-	limit := make(chan struct{}, max(r.CloneConcurrency, 1))
-	var wg sync.WaitGroup
-	for i, m := range ms {
-		wg.Go(func() {
-			limit <- struct{}{}
-			defer func() { <-limit }()
-			if err := f(ctx, m); err != nil {
-				errs[i] = fmt.Errorf("%s: %w", m.Name, err)
-			}
-		})
-	}
-	wg.Wait()
-	var names []string
-	for i, m := range ms {
-		if errs[i] == nil {
-			names = append(names, m.Name)
+// announce records an Event for what the operations that ended did, and returns their errors.
+func (r *Reconciler) announce(vg *computev1alpha1.VmGroup, ends []ended, toCreate int) error {
+	names := map[opKind][]string{}
+	var errs []error
+	for _, e := range ends {
+		if e.warning != "" {
+			r.Recorder.Eventf(vg, nil, corev1.EventTypeWarning, "ShutdownTimedOut", "PowerOff", "%s", e.warning)
 		}
+		if e.err != nil {
+			errs = append(errs, fmt.Errorf("%s %s: %w", e.kind, e.vm, e.err))
+			continue
+		}
+		if e.done != "" {
+			reason := "VMReplaced"
+			if e.kind == opReconfigure {
+				reason = "VMReconfigured"
+			}
+			r.Recorder.Eventf(vg, nil, corev1.EventTypeNormal, reason, "RollingUpdate", "%s", e.done)
+			continue
+		}
+		names[e.kind] = append(names[e.kind], e.vm)
 	}
-	return names, errors.Join(errs...)
+	list := func(k opKind) string {
+		slices.SortFunc(names[k], vsphere.CompareVMNames)
+		return strings.Join(names[k], ", ")
+	}
+	if len(names[opClone]) > 0 {
+		msg := "created " + list(opClone)
+		if toCreate > 0 {
+			msg += fmt.Sprintf(" (%d more to create)", toCreate)
+		}
+		r.Recorder.Eventf(vg, nil, corev1.EventTypeNormal, "VMsCreated", "ScaleUp", "%s", msg)
+	}
+	if len(names[opDelete]) > 0 {
+		action := "ScaleDown"
+		if !vg.DeletionTimestamp.IsZero() {
+			action = "Delete"
+		}
+		r.Recorder.Eventf(vg, nil, corev1.EventTypeNormal, "VMsDeleted", action, "deleted %s", list(opDelete))
+	}
+	if len(names[opPowerOn]) > 0 {
+		r.Recorder.Eventf(vg, nil, corev1.EventTypeNormal, "VMsPoweredOn", "Repair", "powered on %s: found powered off or suspended", list(opPowerOn))
+	}
+	return errors.Join(errs...)
 }

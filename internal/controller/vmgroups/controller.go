@@ -28,6 +28,7 @@ type Options struct {
 	Secret           string
 	Insecure         bool
 	CloneConcurrency int
+	MaxReplicas      int
 	Resync           time.Duration
 	Concurrency      int
 	Defaults         vcenter.Placement
@@ -40,6 +41,8 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&o.Insecure, "vsphere-insecure", false, "Do not verify vCenter's TLS certificate (self-signed certificates).")
 	fs.IntVar(&o.CloneConcurrency, "vsphere-clone-concurrency", 4,
 		"Clones running at once (across all VmGroups); also the most VMs one reconcile clones before it reads the spec again.")
+	fs.IntVar(&o.MaxReplicas, "vsphere-max-replicas", 100,
+		"The most VMs one VmGroup may ask for (the CRD allows up to 1000): a group asking more stalls with a condition naming this flag, and nothing is cloned. 0: the CRD's limit only.")
 	fs.DurationVar(&o.Resync, "vsphere-resync", 5*time.Minute, "How often each VmGroup is checked for drift (jittered by 10%).")
 	fs.IntVar(&o.Concurrency, "vmgroups-concurrency", 4, "VmGroups reconciled in parallel.")
 	fs.StringVar(&o.Defaults.Datacenter, "vsphere-datacenter", "", "Default datacenter (default: the only one).")
@@ -61,6 +64,8 @@ func (o *Options) validate() error {
 	switch {
 	case o.CloneConcurrency < 1:
 		return errors.New("--vsphere-clone-concurrency must be at least 1")
+	case o.MaxReplicas < 0:
+		return errors.New("--vsphere-max-replicas must not be negative")
 	case o.Resync <= 0:
 		return errors.New("--vsphere-resync must be positive")
 	case o.Concurrency < 1:

@@ -13,16 +13,31 @@ import (
 
 	computev1alpha1 "github.com/quartermaster-dev/quartermaster/api/compute/v1alpha1"
 	vcenter "github.com/quartermaster-dev/quartermaster/internal/cloud/vsphere"
+	"github.com/quartermaster-dev/quartermaster/internal/controller/status"
 	"github.com/quartermaster-dev/quartermaster/internal/vsphere"
 )
 
-// reconcileDelete powers off and destroys the group's VMs, then its folder when nothing else is in
+// reconcileDelete shuts down and destroys the group's VMs, then its folder when nothing else is in
 // it, then drops the finalizer. released says the finalizer is gone.
 func (r *Reconciler) reconcileDelete(ctx context.Context, vg *computev1alpha1.VmGroup) (reconcile.Result, bool, error) {
 	if !controllerutil.ContainsFinalizer(vg, Finalizer) {
 		return reconcile.Result{}, true, nil
 	}
+	key := client.ObjectKeyFromObject(vg)
 	keep := fmt.Sprintf("; the VmGroup stays until its VMs are deleted (remove the finalizer %s to leave them behind)", Finalizer)
+	// Operations in flight end first (a clone ending after the folder is gone would leave a VM
+	// nobody knows of); each end wakes the group.
+	if n := r.work.running(key); n > 0 {
+		r.report(vg, computev1alpha1.PhaseDeleting, status.Progressing("Deleting", fmt.Sprintf("waiting for %d operation(s) in flight to end", n), r.Resync).Silenced())
+		return reconcile.Result{RequeueAfter: r.Resync}, false, nil
+	}
+	ends, _ := r.work.take(key)
+	if err := r.announce(vg, ends, 0); err != nil {
+		fl := vcenterFailure(err)
+		fl.Message += keep
+		res, err := r.fail(vg, fl)
+		return res, false, err
+	}
 	api, f := r.connect(ctx)
 	if f != nil {
 		f.Message += keep
@@ -46,16 +61,17 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, vg *computev1alpha1.Vm
 		res, err := r.fail(vg, vcenterFailure(err))
 		return res, false, err
 	}
-	obs := vsphere.Observe(spec(vg), listing.VMs)
-	names, err := r.each(ctx, obs.Members, func(ctx context.Context, m vsphere.Member) error { return remove(ctx, api, m) })
-	if len(names) > 0 {
-		r.Recorder.Eventf(vg, nil, corev1.EventTypeNormal, "VMsDeleted", "Delete", "deleted %s", strings.Join(names, ", "))
-	}
-	if err != nil {
-		fl := vcenterFailure(err)
-		fl.Message += keep
-		res, err := r.fail(vg, fl)
-		return res, false, err
+	s := spec(vg)
+	obs := vsphere.Observe(s, listing.VMs, nil)
+	if len(obs.Members) > 0 {
+		g := &group{vg: vg, key: key, spec: s, api: api, folder: folder, shutdown: shutdownTimeout(vg)}
+		names := make([]string, 0, len(obs.Members))
+		for _, m := range obs.Members {
+			r.work.start(vg, m.Name, opDelete, "", func(ctx context.Context) (string, error) { return r.powerDown(ctx, g, m) })
+			names = append(names, m.Name)
+		}
+		r.report(vg, computev1alpha1.PhaseDeleting, status.Progressing("Deleting", "deleting "+strings.Join(names, ", "), r.Resync).Silenced())
+		return reconcile.Result{RequeueAfter: r.Resync}, false, nil
 	}
 
 	// vCenter destroys a folder with everything in it: look again right before, and keep a folder
@@ -81,7 +97,11 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, vg *computev1alpha1.Vm
 				folder.Path, len(after.VMs), after.Others, strings.Join(left, ", "))
 		}
 	}
-	return r.release(ctx, vg)
+	res, released, err := r.release(ctx, vg)
+	if released {
+		r.work.forget(key)
+	}
+	return res, released, err
 }
 
 // release drops the finalizer.

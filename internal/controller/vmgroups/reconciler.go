@@ -5,12 +5,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/workqueue"
@@ -20,9 +23,11 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
 	ctrl "sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	computev1alpha1 "github.com/quartermaster-dev/quartermaster/api/compute/v1alpha1"
 	vcenter "github.com/quartermaster-dev/quartermaster/internal/cloud/vsphere"
@@ -42,8 +47,10 @@ import (
 const Finalizer = "compute.quartermaster.dev/vms"
 
 const (
-	reconcileTimeout = 30 * time.Minute
+	reconcileTimeout = 10 * time.Minute
 	statusTimeout    = 10 * time.Second
+	// defaultShutdownTimeout is spec.shutdownTimeout's default, for objects written before it had one.
+	defaultShutdownTimeout = time.Minute
 )
 
 // SelectorLabel is the label key of the scale subresource's selector.
@@ -66,12 +73,17 @@ type Reconciler struct {
 	// SlowRetry is how often a problem only a person can fix (missing template, Secret or
 	// placement) is checked again.
 	SlowRetry time.Duration
-	// StepDelay separates the bounded steps of a change.
-	StepDelay time.Duration
+	// GuestPoll is how often a group whose VMs wait for their guests' addresses looks again.
+	GuestPoll time.Duration
+	// MaxReplicas is the most VMs one group may ask for; a group asking more stalls, cloning none.
+	MaxReplicas int
+	// Reader reads the Secrets of groups' user data, uncached.
+	Reader client.Reader
 
 	secrets   cache.Cache // Secrets' cache, watched; nil when Secrets is another reader
 	clones    chan struct{}
 	slotsOnce sync.Once
+	work      *background
 }
 
 // NewReconciler builds the reconciler from the options.
@@ -101,7 +113,10 @@ func NewReconciler(mgr ctrl.Manager, o *Options) (*Reconciler, error) {
 		CloneConcurrency: o.CloneConcurrency,
 		Resync:           o.Resync,
 		SlowRetry:        time.Minute,
-		StepDelay:        time.Second,
+		MaxReplicas:      o.MaxReplicas,
+		GuestPoll:        2 * time.Second,
+		Reader:           mgr.GetAPIReader(),
+		work:             newBackground(),
 	}, nil
 }
 
@@ -113,9 +128,13 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
 	deleting := predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
 		return e.ObjectOld.GetDeletionTimestamp() == nil && e.ObjectNew.GetDeletionTimestamp() != nil
 	}}
+	if r.work == nil {
+		r.work = newBackground()
+	}
 	err := mgr.Add(ctrl.RunnableFunc(func(ctx context.Context) error {
 		<-ctx.Done()
-		r.Connector.Close() // log out of vCenter on shutdown
+		r.work.stop()       // operations in flight end (their vCenter tasks go on)
+		r.Connector.Close() // then log out of vCenter
 		return nil
 	}))
 	if err != nil {
@@ -130,6 +149,8 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
 		}
 		b = b.WatchesRawSource(r.secretSource())
 	}
+	// An operation's end wakes its group.
+	b = b.WatchesRawSource(source.Channel(r.work.wake, &handler.TypedEnqueueRequestForObject[*computev1alpha1.VmGroup]{}))
 	return b.
 		WithOptions(controller.Options{
 			MaxConcurrentReconciles: concurrency,
@@ -145,6 +166,9 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
 func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (res reconcile.Result, retErr error) {
 	vg := &computev1alpha1.VmGroup{}
 	if err := r.Client.Get(ctx, req.NamespacedName, vg); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.work.forget(req.NamespacedName)
+		}
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
 	before := vg.Status.DeepCopy()
@@ -190,7 +214,16 @@ func spec(vg *computev1alpha1.VmGroup) vsphere.Spec {
 		CPU:      vg.Spec.CPU,
 		MemoryMB: vg.Spec.Memory * 1024,
 		Template: vg.Spec.Template,
+		GuestIP:  vg.Spec.Readiness != computev1alpha1.ReadinessPowerState,
 	}
+}
+
+// shutdownTimeout is how long a guest gets to shut down before a hard power-off.
+func shutdownTimeout(vg *computev1alpha1.VmGroup) time.Duration {
+	if t := vg.Spec.ShutdownTimeout; t != nil {
+		return max(t.Duration, 0)
+	}
+	return defaultShutdownTimeout
 }
 
 // placement is the spec's placement with the operator's defaults for what it leaves empty.
@@ -207,19 +240,37 @@ func (r *Reconciler) placement(vg *computev1alpha1.VmGroup) vcenter.Placement {
 }
 
 func (r *Reconciler) reconcileNormal(ctx context.Context, vg *computev1alpha1.VmGroup, before *computev1alpha1.VmGroupStatus) (reconcile.Result, error) {
-	s := spec(vg)
+	key := client.ObjectKeyFromObject(vg)
+	ends, running := r.work.take(key)
+	g := &group{vg: vg, key: key, spec: spec(vg), placement: r.placement(vg), shutdown: shutdownTimeout(vg)}
+	s := &g.spec
 	vg.Status.DesiredReplicas = int32(s.Replicas)
 	vg.Status.Selector = SelectorLabel + "=" + vg.Name
+	opErr := r.announce(vg, ends, 0)
+
+	if r.MaxReplicas > 0 && s.Replicas > r.MaxReplicas {
+		return r.fail(vg, stalled("TooManyReplicas", fmt.Sprintf(
+			"spec.replicas %d is above this operator's limit of %d (its --vsphere-max-replicas flag); nothing is cloned or removed until it is at most %d",
+			s.Replicas, r.MaxReplicas, r.MaxReplicas)))
+	}
+	boot, f := r.readBoot(ctx, vg)
+	if f != nil {
+		return r.fail(vg, f)
+	}
+	if boot != nil {
+		g.boot, s.Boot = boot, boot.fingerprint()
+	}
 
 	api, f := r.connect(ctx)
 	if f != nil {
 		return r.fail(vg, f)
 	}
-	placement := r.placement(vg)
-	folder, f := r.folder(ctx, api, vg, placement, true)
+	g.api = api
+	folder, f := r.folder(ctx, api, vg, g.placement, true)
 	if f != nil {
 		return r.fail(vg, f)
 	}
+	g.folder = folder
 	vg.Status.Folder = folder.Path
 
 	var listing vcenter.Listing
@@ -229,31 +280,102 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, vg *computev1alpha1.Vm
 			return r.fail(vg, vcenterFailure(err))
 		}
 	}
-	obs := vsphere.Observe(s, listing.VMs)
-	plan := vsphere.NewPlan(s, obs, r.CloneConcurrency)
-	if plan.Empty() {
-		r.observe(vg, before, obs)
-		o := status.Healthy("Running", fmt.Sprintf("%d/%d VMs running", len(obs.Members), s.Replicas)+unmanagedNote(obs), r.Resync)
+	obs := vsphere.Observe(*s, listing.VMs, running.Cloning)
+	r.observe(vg, before, *s, obs)
+
+	// A failed step backs the group off by its own count (the workqueue's would restart at every
+	// wake-up of an operation that ended well).
+	if opErr != nil {
+		fl := classify(opErr)
+		return r.waitOut(vg, fl, r.work.failed(key, fl, r.SlowRetry))
+	}
+	if fl, wait := r.work.backingOff(key); fl != nil {
+		return r.waitOut(vg, fl, wait)
+	}
+	if len(ends) > 0 {
+		r.work.succeeded(key)
+	}
+
+	plan := vsphere.NewPlan(*s, obs, running, r.CloneConcurrency-len(running.Cloning))
+	if f := r.startPlan(ctx, g, plan); f != nil {
+		return r.waitOut(vg, f, r.work.failed(key, f, r.SlowRetry))
+	}
+
+	if plan.Settled {
+		r.work.settle(key)
+		o := status.Healthy("Running", fmt.Sprintf("%d/%d VMs ready", len(obs.Members), s.Replicas)+unmanagedNote(obs), r.Resync)
 		r.report(vg, computev1alpha1.PhaseRunning, o)
 		return o.Result()
 	}
-
-	done, reason, actErr := r.act(ctx, api, vg, s, placement, folder, plan)
-	// Observe again so the status shows what is, not what was planned.
-	if l, err := api.List(ctx, folder); err == nil {
-		obs = vsphere.Observe(s, l.VMs)
+	_, now := r.work.take(key)
+	reason, msg := progress(*s, obs, plan, now)
+	// Each operation's end wakes the group (the resync is a safety net). Nothing tells when a
+	// guest reports its address, so while only that is awaited the group looks again every
+	// GuestPoll: one vCenter call per look.
+	after := r.Resync
+	if now.Empty() && plan.Empty() && len(plan.Waiting) > 0 {
+		after = r.GuestPoll
 	}
-	r.observe(vg, before, obs)
-	if actErr != nil {
-		fl := classify(actErr)
-		if len(done) > 0 {
-			fl.Message = strings.Join(done, "; ") + "; then: " + fl.Message
-		}
-		return r.fail(vg, fl)
-	}
-	o := status.Progressing(reason, strings.Join(done, "; ")+unmanagedNote(obs), r.StepDelay).Silenced()
+	o := status.Progressing(reason, msg+unmanagedNote(obs), after).Silenced()
 	r.report(vg, computev1alpha1.PhasePending, o)
 	return o.Result()
+}
+
+// waitOut reports the failure and looks again after wait.
+func (r *Reconciler) waitOut(vg *computev1alpha1.VmGroup, f *failure, wait time.Duration) (reconcile.Result, error) {
+	o := *f
+	o.Err, o.RequeueAfter = nil, wait
+	return r.fail(vg, &o)
+}
+
+// progress says what a group that is not settled is doing, with the reason to show.
+func progress(s vsphere.Spec, obs vsphere.Observation, plan vsphere.Plan, running vsphere.InFlight) (string, string) {
+	ready := 0
+	for _, m := range obs.Members {
+		if m.Ready(s) {
+			ready++
+		}
+	}
+	parts := []string{fmt.Sprintf("%d/%d VMs ready", ready, s.Replicas)}
+	names := func(set map[string]bool, kind string) {
+		if len(set) > 0 {
+			list := slices.SortedFunc(maps.Keys(set), vsphere.CompareVMNames)
+			parts = append(parts, kind+" "+strings.Join(list, ", "))
+		}
+	}
+	names(running.Cloning, "cloning")
+	names(running.Busy, "changing")
+	if plan.Missing > len(plan.Create) {
+		parts = append(parts, fmt.Sprintf("%d more to create", plan.Missing-len(plan.Create)))
+	}
+	var waiting []string
+	for _, m := range plan.Waiting {
+		waiting = append(waiting, m.Name)
+	}
+	if len(waiting) > 0 {
+		parts = append(parts, "waiting for the guest of "+strings.Join(waiting, ", ")+" to report an IP address (VMware Tools)")
+	}
+	reason := "Scaling"
+	switch {
+	case len(running.Cloning) > 0 || plan.Missing > 0 || len(obs.Members) > s.Replicas:
+	case len(plan.PowerOn) > 0 || len(running.Busy) > 0 && !rolling(obs, s, running):
+		reason = "Repairing"
+	case rolling(obs, s, running):
+		reason = "RollingUpdate"
+	case len(waiting) > 0:
+		reason = "WaitingForGuest"
+	}
+	return reason, strings.Join(parts, "; ")
+}
+
+// rolling reports whether a member being changed is out of date (a replacement or reconfiguration).
+func rolling(obs vsphere.Observation, s vsphere.Spec, running vsphere.InFlight) bool {
+	for _, m := range obs.Members {
+		if running.Busy[m.Name] && !m.UpToDate(s) {
+			return true
+		}
+	}
+	return false
 }
 
 // folder finds (or with create, makes) the group's folder: the path recorded in the status when
@@ -277,17 +399,19 @@ func (r *Reconciler) folder(ctx context.Context, api vcenter.API, vg *computev1a
 }
 
 // observe records the group's VMs in the status and reports VMs that are not the group's.
-func (r *Reconciler) observe(vg *computev1alpha1.VmGroup, before *computev1alpha1.VmGroupStatus, obs vsphere.Observation) {
+func (r *Reconciler) observe(vg *computev1alpha1.VmGroup, before *computev1alpha1.VmGroupStatus, s vsphere.Spec, obs vsphere.Observation) {
 	st := &vg.Status
 	st.VMs = nil
 	st.CurrentReplicas, st.ReadyReplicas = 0, 0
 	for _, m := range obs.Members {
-		st.VMs = append(st.VMs, computev1alpha1.VMStatus{Name: m.Name, PowerState: string(m.PowerState), IP: m.IP, Ready: m.Available()})
+		ready := m.Ready(s)
+		st.VMs = append(st.VMs, computev1alpha1.VMStatus{Name: m.Name, PowerState: string(m.PowerState), IP: m.IP, IPAddresses: m.IPs, Ready: ready})
 		st.CurrentReplicas++
-		if m.Available() {
+		if ready {
 			st.ReadyReplicas++
 		}
 	}
+	st.Ready = fmt.Sprintf("%d/%d", st.ReadyReplicas, s.Replicas)
 	st.UnmanagedVMs = nil
 	for _, vm := range obs.Unmanaged {
 		st.UnmanagedVMs = append(st.UnmanagedVMs, vm.Name)

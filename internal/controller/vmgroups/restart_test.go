@@ -37,12 +37,12 @@ func testRestartMidScale(t *testing.T, f *fixture) {
 		t.Errorf("status lists %d VMs and unmanaged %v", len(vg.Status.VMs), vg.Status.UnmanagedVMs)
 	}
 
-	// Scale down 12 → 2: four destroys are answered, the next four carried out unanswered, and the
-	// manager stops.
+	// Scale down 12 → 2: the ten removals run at once; four destroys are answered, the other six
+	// carried out unanswered, and the manager stops.
 	f.faults.Set(&vsimtest.Rule{Kinds: []vsimtest.Kind{vsimtest.Hold}, Methods: []string{"Destroy_Task"}, After: 4, Fraction: 1})
 	f.update(t, ns, name, func(s *computev1alpha1.VmGroupSpec) { s.Replicas = ptr.To[int32](2) })
-	testenv.Eventually(t, "four destroys carried out, unanswered", func() (bool, string) {
-		return f.faults.Injected() == 4, fmt.Sprintf("%d held", f.faults.Injected())
+	testenv.Eventually(t, "six destroys carried out, unanswered", func() (bool, string) {
+		return f.faults.Injected() == 6, fmt.Sprintf("%d held", f.faults.Injected())
 	})
 	t.Logf("manager stopped with %d VMs in the folder", len(f.sim.Contents(t, folder)))
 	f.faults.Set(nil)

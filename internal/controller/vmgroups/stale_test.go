@@ -37,10 +37,11 @@ func testStaleCache(t *testing.T, f *fixture) {
 	req := reconcile.Request{NamespacedName: client.ObjectKeyFromObject(vg)}
 
 	var reasons []string
-	for i := 0; i < 10 && !slices.Contains(reasons, "Running"); i++ {
+	for i := 0; i < 20 && !slices.Contains(reasons, "Running"); i++ {
 		_, err := r.Reconcile(ctx, req)
 		must(t, err)
 		reasons = append(reasons, testenv.EventReasons(rec)...)
+		awaitWork(t, r, req.NamespacedName)
 	}
 	if !slices.Contains(reasons, "Running") {
 		t.Fatalf("not Running after 10 reconciles; Events %v", reasons)

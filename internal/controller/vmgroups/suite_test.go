@@ -69,7 +69,7 @@ func start(t *testing.T) *fixture {
 	must(t, c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: operatorNS}}))
 	f.secret(t, secretName, f.sim.Host(), f.sim.Password)
 
-	f.opts = &Options{Secret: operatorNS + "/" + secretName, Insecure: true, CloneConcurrency: 4, Resync: 2 * time.Second, Concurrency: 4}
+	f.opts = &Options{Secret: operatorNS + "/" + secretName, Insecure: true, CloneConcurrency: 4, MaxReplicas: 20, Resync: 2 * time.Second, Concurrency: 4}
 	f.setup(t, nil)
 	t.Cleanup(func() {
 		f.stop(t)
@@ -101,7 +101,7 @@ func (f *fixture) setup(t *testing.T, tune func(*Reconciler)) {
 	must(t, err)
 	f.r.Connector.Wrap = vsimtest.Chain(f.calls.Wrap, f.sim.Wrap, f.faults.Wrap)
 	f.r.SlowRetry = time.Second
-	f.r.StepDelay = 100 * time.Millisecond
+	f.r.GuestPoll = 200 * time.Millisecond
 	if tune != nil {
 		tune(f.r)
 	}
@@ -163,9 +163,13 @@ func (f *fixture) standalone(t *testing.T, c client.Client, secret string, wrap 
 	r := &Reconciler{
 		Client: c, Secrets: c, Recorder: f.mgr.GetEventRecorder("quartermaster-vmgroups-test"),
 		Connector: &vcenter.Connector{Wrap: wrap}, Secret: client.ObjectKey{Namespace: operatorNS, Name: secret},
-		Insecure: true, CloneConcurrency: 4, Resync: f.opts.Resync, SlowRetry: time.Second, StepDelay: 100 * time.Millisecond,
+		Insecure: true, CloneConcurrency: 4, Resync: f.opts.Resync, SlowRetry: time.Second, MaxReplicas: 100, GuestPoll: 200 * time.Millisecond, Reader: c,
+		work: newBackground(),
 	}
-	t.Cleanup(r.Connector.Close)
+	t.Cleanup(func() {
+		r.work.stop()
+		r.Connector.Close()
+	})
 	return r
 }
 
@@ -232,5 +236,19 @@ func must(t *testing.T, err error) {
 	t.Helper()
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// awaitWork waits, for a reconciler called directly, until the work it started in the background
+// wakes the group, when anything runs.
+func awaitWork(t *testing.T, r *Reconciler, key client.ObjectKey) {
+	t.Helper()
+	if !r.work.active(key) {
+		return
+	}
+	select {
+	case <-r.work.wake:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the background work of %s did not end within 30s", key)
 	}
 }

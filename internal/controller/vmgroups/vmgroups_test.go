@@ -80,6 +80,10 @@ func TestVmGroups(t *testing.T) {
 		{"injected vSphere faults", testInjectedFaults, true},
 		{"a cache behind the controller's own writes", testStaleCache, true},
 		{"the vCenter Secret is cached and watched", testSecretWatched, true},
+		{"replicas capped at admission and by the operator", testReplicasCap, true},
+		{"readiness from the guest", testGuestReadiness, true},
+		{"graceful guest shutdown", testGracefulShutdown, true},
+		{"first-boot data through guestinfo", testFirstBoot, true},
 		{"credentials never shown", testNoCredentialsShown, true},
 	}
 	for _, s := range steps {
@@ -153,7 +157,7 @@ func testCreate(t *testing.T, f *fixture) {
 
 	folder := "/DC0/vm/t-create-web"
 	if vg.Status.Folder != folder || vg.Status.Selector != SelectorLabel+"=web" || vg.Status.DesiredReplicas != 3 ||
-		vg.Status.LastMessage != "3/3 VMs running" {
+		vg.Status.LastMessage != "3/3 VMs ready" {
 		t.Errorf("status = %+v", vg.Status)
 	}
 	if !controllerutil.ContainsFinalizer(vg, Finalizer) {

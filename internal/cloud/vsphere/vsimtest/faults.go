@@ -37,6 +37,9 @@ const (
 	SOAPFault Kind = iota
 	// Reset carries the call out, then reports a connection reset: the answer is lost.
 	Reset
+	// Ignore answers as if the call was carried out, and does nothing: a guest that ignores a
+	// request to shut down, say.
+	Ignore
 	// Hold carries the call out, then keeps the answer until the caller gives up (its context
 	// ends): the caller dies not knowing what it did, as a manager stopped mid-call.
 	Hold
@@ -95,6 +98,9 @@ func (r faultRT) RoundTrip(ctx context.Context, req, res soap.HasFault) error {
 		_ = r.next.RoundTrip(ctx, req, res)
 		r.f.count()
 		return &url.Error{Op: "Post", URL: "https://vcsim/sdk", Err: syscall.ECONNRESET}
+	case Ignore:
+		r.f.count()
+		return nil
 	case Hold:
 		_ = r.next.RoundTrip(ctx, req, res)
 		r.f.count() // counted once carried out, so a test may stop the caller then

@@ -48,6 +48,8 @@ type Sim struct {
 	Password string
 	// Admin is a session of its own for assertions and out-of-band changes.
 	Admin *govmomi.Client
+	// Guests plays the VMs' VMware Tools (Start runs it; New leaves it to the caller).
+	Guests *Guests
 
 	taskMu    sync.Mutex
 	doneTasks map[types.ManagedObjectReference]bool
@@ -63,6 +65,9 @@ func Start(t testing.TB) *Sim {
 		t.Fatalf("starting vcsim: %v", err)
 	}
 	t.Cleanup(s.Stop)
+	if s.Guests, err = s.StartGuests(context.Background()); err != nil {
+		t.Fatalf("starting vcsim's guests: %v", err)
+	}
 	return s
 }
 
@@ -152,6 +157,9 @@ func Chain(wrappers ...func(soap.RoundTripper) soap.RoundTripper) func(soap.Roun
 
 // Stop shuts the simulator down.
 func (s *Sim) Stop() {
+	if s.Guests != nil {
+		s.Guests.Stop()
+	}
 	if s.Admin != nil {
 		_ = s.Admin.Logout(context.Background())
 	}
@@ -310,7 +318,7 @@ func (s *Sim) ListVMs(ctx context.Context, folderPath string) (map[string]VM, er
 		if m.Config != nil {
 			vm.CPU, vm.MemoryMB, vm.Template = m.Config.Hardware.NumCPU, m.Config.Hardware.MemoryMB, m.Config.Template
 			for _, o := range m.Config.ExtraConfig {
-				if ov := o.GetOptionValue(); strings.HasPrefix(ov.Key, "quartermaster.") {
+				if ov := o.GetOptionValue(); strings.HasPrefix(ov.Key, "quartermaster.") || strings.HasPrefix(ov.Key, "guestinfo.") {
 					vm.ExtraConfig[ov.Key], _ = ov.Value.(string)
 				}
 			}
