@@ -115,6 +115,13 @@ func (g *groupWork) inFlight() vsphere.InFlight {
 	return f
 }
 
+// inFlight is what runs for the group now; unlike take, it leaves what ended for the next reconcile.
+func (b *background) inFlight(key types.NamespacedName) vsphere.InFlight {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.group(key).inFlight()
+}
+
 // running counts the operations running for the group.
 func (b *background) running(key types.NamespacedName) int {
 	b.mu.Lock()

@@ -307,7 +307,7 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, vg *computev1alpha1.Vm
 		r.report(vg, computev1alpha1.PhaseRunning, o)
 		return o.Result()
 	}
-	_, now := r.work.take(key)
+	now := r.work.inFlight(key) // what ended meanwhile stays for the reconcile it woke
 	reason, msg := progress(*s, obs, plan, now)
 	// Each operation's end wakes the group (the resync is a safety net). Nothing tells when a
 	// guest reports its address, so while only that is awaited the group looks again every
