@@ -3,13 +3,19 @@ package main
 import (
 	"context"
 	"fmt"
+	"net/url"
 	"path/filepath"
 	"time"
 
+	"github.com/vmware/govmomi"
+	"github.com/vmware/govmomi/find"
 	"github.com/vmware/govmomi/simulator"
+	vmtypes "github.com/vmware/govmomi/vim25/types"
+	"golang.org/x/sync/errgroup"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
@@ -25,17 +31,65 @@ import (
 )
 
 const (
-	vmgroupReplicas = 50
-	// cloneDelay is how long vcsim takes per clone; its own clones finish at once, which would hide
-	// what the clone concurrency buys.
-	cloneDelay    = 200 * time.Millisecond
 	benchTemplate = "ubuntu-22.04-template"
 	idleResyncs   = 20
+	// defaultCloneConcurrency is --vsphere-clone-concurrency's default.
+	defaultCloneConcurrency = 4
 )
 
-// vmgroupsBench runs the vmgroups controller in-process against an in-process vcsim and times a
-// VmGroup of 50 replicas from creation to every VM Running, at clone concurrency 1, 4 and 8; then
-// counts the vSphere calls and API requests of a reconcile that finds nothing to do (a resync).
+// vmgroupsCase is one timed scaling of a VmGroup.
+type vmgroupsCase struct {
+	name     string
+	from, to int32 // replicas: the group is created with from (and waited for), then scaled to
+	// cloneDelay is how long vcsim takes per clone (0: at once, vcsim's own behaviour).
+	cloneDelay time.Duration
+	// latency is added to every vSphere call, as a slow link to vCenter would.
+	latency     time.Duration
+	concurrency int // --vsphere-clone-concurrency
+	// bare: also time the same clones by the simplest client (bareClones).
+	bare bool
+	note func(secs float64, fig vmgroupsFigures) string
+}
+
+// vmgroupsCases: the first two are the simplest peer's own measurements (codeconnect-vm-operator,
+// on the same simulator: 3 → 20 in 1.1 s with instant clones; 0 → 20 in 5.6 s with 50 ms added to
+// every call); the others show what clone concurrency buys when clones take time, against the floor
+// of ⌈replicas / concurrency⌉ clone times, pipelined.
+func vmgroupsCases() []vmgroupsCase {
+	peer := func(target string) func(float64, vmgroupsFigures) string {
+		return func(_ float64, fig vmgroupsFigures) string {
+			return fmt.Sprintf("target %s; %d clones, %d vSphere calls", target, fig.clones, fig.calls)
+		}
+	}
+	cs := []vmgroupsCase{
+		{name: "instant clones, 3 → 20, defaults", from: 3, to: 20, concurrency: defaultCloneConcurrency,
+			note: peer("≤ 1.1 s (the simplest peer's time)")},
+		{name: "50 ms per vSphere call, 0 → 20, defaults", to: 20, latency: 50 * time.Millisecond,
+			concurrency: defaultCloneConcurrency, note: peer("≤ 4.5 s (the simplest peer: 5.6 s)")},
+	}
+	const replicas, clone = 50, 200 * time.Millisecond
+	var base float64
+	for _, concurrency := range []int{1, 4, 8} {
+		batches := (replicas + concurrency - 1) / concurrency
+		floor := float64(batches) * clone.Seconds()
+		cs = append(cs, vmgroupsCase{
+			name: fmt.Sprintf("%d replicas, %s clones, clone concurrency %d", replicas, clone, concurrency),
+			to:   replicas, cloneDelay: clone, concurrency: concurrency, bare: true,
+			note: func(secs float64, fig vmgroupsFigures) string {
+				if concurrency == 1 {
+					base = secs
+				}
+				return fmt.Sprintf("%.2f× the floor %d × %s = %.1f s (target at 8: ≤ 1.3×); a bare govmomi loop of the same clones: %.2f s (%.2f× the floor); speed-up vs concurrency 1: %.2f; %d clones",
+					secs/floor, batches, clone, floor, fig.bare.Seconds(), fig.bare.Seconds()/floor, base/secs, fig.clones)
+			},
+		})
+	}
+	return cs
+}
+
+// vmgroupsBench runs the vmgroups controller in-process against an in-process vcsim and times
+// VmGroups from a change of replicas to every VM Running (vmgroupsCases); then counts the vSphere
+// calls and API requests of a reconcile that finds nothing to do (a resync).
 func vmgroupsBench(ctx context.Context, e *env) ([]result, error) {
 	scheme := manager.Scheme(computev1alpha1.AddToScheme)
 	c, err := client.New(e.cluster.Config, client.Options{Scheme: scheme})
@@ -50,16 +104,14 @@ func vmgroupsBench(ctx context.Context, e *env) ([]result, error) {
 		return nil, err
 	}
 
-	// Clones take cloneDelay without holding the template's lock meanwhile ("LockHandoff": 0), so
-	// clones run side by side as in vCenter. The bench's calls do not go through Sim.Wrap: running
-	// vcsim's tasks one at a time is needed only under the race detector, and would hide the
-	// concurrency measured here.
-	simulator.TaskDelay.MethodDelay = map[string]int{"CloneVm": int(cloneDelay.Milliseconds()), "LockHandoff": 0}
+	// The bench's calls do not go through Sim.Wrap: running vcsim's tasks one at a time is needed
+	// only under the race detector, and would hide the concurrency measured here.
 	sim, err := vsimtest.New(ctx)
 	if err != nil {
 		return nil, err
 	}
 	defer sim.Stop()
+	defer func() { simulator.TaskDelay.MethodDelay = nil }()
 	if _, err := sim.CreateTemplate(ctx, benchTemplate); err != nil {
 		return nil, err
 	}
@@ -75,48 +127,48 @@ func vmgroupsBench(ctx context.Context, e *env) ([]result, error) {
 	}
 
 	var out []result
-	var base float64
-	for _, concurrency := range []int{1, 4, 8} {
-		o := &vmgroups.Options{Secret: secretNS + "/" + secretName, Insecure: true, CloneConcurrency: concurrency,
+	var fig vmgroupsFigures
+	for i, bc := range vmgroupsCases() {
+		// Clones take cloneDelay without holding the template's lock meanwhile ("LockHandoff": 0),
+		// so clones run side by side as in vCenter.
+		simulator.TaskDelay.MethodDelay = map[string]int{"CloneVm": int(bc.cloneDelay.Milliseconds()), "LockHandoff": 0}
+		o := &vmgroups.Options{Secret: secretNS + "/" + secretName, Insecure: true, CloneConcurrency: bc.concurrency,
 			Resync: 5 * time.Minute, Concurrency: 4}
-		run, err := vmgroupsRun(ctx, e.cluster.Config, c, o)
+		fig, err = vmgroupsRun(ctx, e.cluster.Config, c, o, bc, fmt.Sprintf("bench-vmgroups-%d", i))
 		if err != nil {
-			return nil, fmt.Errorf("clone concurrency %d: %w", concurrency, err)
+			return nil, fmt.Errorf("%s: %w", bc.name, err)
 		}
-		secs := run.running.Seconds()
-		if concurrency == 1 {
-			base = secs
+		if bc.bare {
+			if fig.bare, err = bareClones(ctx, sim, fmt.Sprintf("bench-bare-%d", i), int(bc.to), bc.concurrency); err != nil {
+				return nil, fmt.Errorf("%s, bare clones: %w", bc.name, err)
+			}
 		}
-		// The least time possible: ⌈replicas / concurrency⌉ clone times, clones pipelined.
-		batches := (vmgroupReplicas + concurrency - 1) / concurrency
-		floor := float64(batches) * cloneDelay.Seconds()
-		out = append(out, result{
-			metric: fmt.Sprintf("%d replicas, clone concurrency %d: seconds to all Running", vmgroupReplicas, concurrency),
-			value:  secs, unit: "s",
-			note: fmt.Sprintf("speed-up vs concurrency 1: %.2f; %.2f× the floor %d × %s clone = %.1f s; %d clones",
-				base/secs, secs/floor, batches, cloneDelay, floor, run.clones),
-		})
-		if concurrency == 8 {
-			out = append(out,
-				result{metric: "vSphere calls per idle resync", value: run.idleVSphere, unit: "calls",
-					note: fmt.Sprintf("mean of %d reconciles of a Running group of %d VMs", idleResyncs, vmgroupReplicas)},
-				result{metric: "API requests per idle resync", value: run.idleAPI, unit: "requests", note: "reads and writes"})
-		}
+		secs := fig.running.Seconds()
+		out = append(out, result{metric: bc.name + ": seconds to all Running", value: secs, unit: "s", note: bc.note(secs, fig)})
 	}
+	// The last case's group: 50 Running VMs.
+	out = append(out,
+		result{metric: "vSphere calls per idle resync", value: fig.idleVSphere, unit: "calls",
+			note: fmt.Sprintf("mean of %d reconciles of a Running group of %d VMs", idleResyncs, fig.replicas)},
+		result{metric: "API requests per idle resync", value: fig.idleAPI, unit: "requests", note: "reads and writes"})
 	return out, nil
 }
 
 type vmgroupsFigures struct {
-	running     time.Duration
-	clones      int
+	running     time.Duration // from the change of replicas to every VM Running
+	replicas    int32
+	clones      int           // CloneVM_Task calls while timed
+	calls       int           // vSphere calls while timed
+	bare        time.Duration // bareClones of the same VMs
 	idleVSphere float64
 	idleAPI     float64
 }
 
-// vmgroupsRun starts a manager with the controller, creates a VmGroup of 50 replicas in a
-// namespace of its own, waits until it is Running, measures idle reconciles, then deletes it.
-func vmgroupsRun(ctx context.Context, restCfg *rest.Config, c client.Client, o *vmgroups.Options) (vmgroupsFigures, error) {
-	var fig vmgroupsFigures
+// vmgroupsRun starts a manager with the controller, creates a VmGroup of bc.from replicas in a
+// namespace of its own and waits for it, times the scaling to bc.to replicas,
+// measures idle reconciles, then deletes the group.
+func vmgroupsRun(ctx context.Context, restCfg *rest.Config, c client.Client, o *vmgroups.Options, bc vmgroupsCase, ns string) (vmgroupsFigures, error) {
+	fig := vmgroupsFigures{replicas: bc.to}
 	cfg, api := testenv.Counting(restCfg)
 	mgr, err := newManager(cfg, ctrl.Options{Scheme: c.Scheme()})
 	if err != nil {
@@ -128,6 +180,9 @@ func vmgroupsRun(ctx context.Context, restCfg *rest.Config, c client.Client, o *
 	}
 	calls := &vsimtest.Counter{}
 	r.Connector.Wrap = calls.Wrap
+	if bc.latency > 0 {
+		r.Connector.Wrap = vsimtest.Chain(vsimtest.Latency(bc.latency).Wrap, calls.Wrap)
+	}
 	if err := r.SetupWithManager(mgr, o.Concurrency); err != nil {
 		return fig, err
 	}
@@ -137,33 +192,45 @@ func vmgroupsRun(ctx context.Context, restCfg *rest.Config, c client.Client, o *
 	}
 	defer stop()
 
-	ns := fmt.Sprintf("bench-vmgroups-c%d", o.CloneConcurrency)
 	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
 		return fig, err
 	}
 	vg := &computev1alpha1.VmGroup{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "web"},
 		// Ready when powered on: the bench's vCenter has no guests to report addresses.
-		Spec: computev1alpha1.VmGroupSpec{CPU: 1, Memory: 1, Template: benchTemplate, Replicas: ptr.To[int32](vmgroupReplicas),
+		Spec: computev1alpha1.VmGroupSpec{CPU: 1, Memory: 1, Template: benchTemplate, Replicas: ptr.To(bc.from),
 			Readiness: computev1alpha1.ReadinessPowerState},
 	}
-	start := time.Now()
+	key := client.ObjectKeyFromObject(vg)
+	running := func(replicas int32) error {
+		return wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, 15*time.Minute, true, func(ctx context.Context) (bool, error) {
+			if err := c.Get(ctx, key, vg); err != nil {
+				return false, err
+			}
+			st := vg.Status
+			return st.Phase == computev1alpha1.PhaseRunning && st.ReadyReplicas == replicas && st.ObservedGeneration == vg.Generation, nil
+		})
+	}
+	// The group is settled at bc.from first (0 too: by then the manager runs and is logged in), so
+	// the time is the scaling's alone, as the peer's figures are.
 	if err := c.Create(ctx, vg); err != nil {
 		return fig, err
 	}
-	key := client.ObjectKeyFromObject(vg)
-	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 15*time.Minute, true, func(ctx context.Context) (bool, error) {
-		if err := c.Get(ctx, key, vg); err != nil {
-			return false, err
-		}
-		st := vg.Status
-		return st.Phase == computev1alpha1.PhaseRunning && st.ReadyReplicas == vmgroupReplicas && st.ObservedGeneration == vg.Generation, nil
-	})
-	if err != nil {
-		return fig, fmt.Errorf("waiting for %d VMs Running (%s): %w", vmgroupReplicas, vg.Status.LastMessage, err)
+	if err := running(bc.from); err != nil {
+		return fig, fmt.Errorf("waiting for %d VMs Running (%s): %w", bc.from, vg.Status.LastMessage, err)
+	}
+	calls.Reset()
+	start := time.Now()
+	patch := client.RawPatch(types.MergePatchType, fmt.Appendf(nil, `{"spec":{"replicas":%d}}`, bc.to))
+	if err := c.Patch(ctx, vg, patch); err != nil {
+		return fig, err
+	}
+	if err := running(bc.to); err != nil {
+		return fig, fmt.Errorf("waiting for %d VMs Running (%s): %w", bc.to, vg.Status.LastMessage, err)
 	}
 	fig.running = time.Since(start)
 	fig.clones = calls.Calls()["CloneVM_Task"]
+	fig.calls = calls.Total()
 
 	// Idle resyncs: the same reconcile the resync timer runs, called directly so it is counted alone
 	// (the group's own resync is 5 minutes away).
@@ -189,4 +256,66 @@ func vmgroupsRun(ctx context.Context, restCfg *rest.Config, c client.Client, o *
 		return apierrors.IsNotFound(err), client.IgnoreNotFound(err)
 	})
 	return fig, err
+}
+
+// bareClones is the simplest client of the same vCenter: workers goroutines cloning the bench's
+// template n times, powered on, each clone waited for as govmomi waits for a task; no listing, no
+// status. Its time is what vcsim itself costs beyond the clone delay (its task polls, its
+// property collector's 20 ms tick).
+func bareClones(ctx context.Context, sim *vsimtest.Sim, folderName string, n, workers int) (time.Duration, error) {
+	u := *sim.URL
+	u.User = url.UserPassword(sim.User, sim.Password)
+	c, err := govmomi.NewClient(ctx, &u, true)
+	if err != nil {
+		return 0, err
+	}
+	defer func() { _ = c.Logout(context.WithoutCancel(ctx)) }()
+	f := find.NewFinder(c.Client)
+	dc, err := f.Datacenter(ctx, vsimtest.Datacenter)
+	if err != nil {
+		return 0, err
+	}
+	f.SetDatacenter(dc)
+	template, err := f.VirtualMachine(ctx, benchTemplate)
+	if err != nil {
+		return 0, err
+	}
+	pool, err := f.DefaultResourcePool(ctx)
+	if err != nil {
+		return 0, err
+	}
+	root, err := f.Folder(ctx, vsimtest.VMFolder)
+	if err != nil {
+		return 0, err
+	}
+	folder, err := root.CreateFolder(ctx, folderName)
+	if err != nil {
+		return 0, err
+	}
+	poolRef := pool.Reference()
+	names := make(chan string, n)
+	for i := range n {
+		names <- fmt.Sprintf("%s-%d", folderName, i)
+	}
+	close(names)
+	start := time.Now()
+	g, gctx := errgroup.WithContext(ctx)
+	for range workers {
+		g.Go(func() error {
+			for name := range names {
+				task, err := template.Clone(gctx, folder, name, vmtypes.VirtualMachineCloneSpec{
+					Location: vmtypes.VirtualMachineRelocateSpec{Pool: &poolRef}, PowerOn: true,
+				})
+				if err != nil {
+					return err
+				}
+				if _, err := task.WaitForResult(gctx); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	}
+	err = g.Wait()
+	return time.Since(start), err
 }

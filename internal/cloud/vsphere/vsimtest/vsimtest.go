@@ -15,6 +15,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/vmware/govmomi"
 	"github.com/vmware/govmomi/fault"
@@ -430,4 +431,30 @@ func must(t testing.TB, err error) {
 	if err != nil {
 		t.Fatal(err)
 	}
+}
+
+// Latency delays every call through it by the given time, as a slow link to vCenter would (the
+// round trip of both ways together); use Wrap as (part of) the adapter's Wrapper. It delays every
+// SOAP call alike, the long polls of task waits included, as a real link does.
+type Latency time.Duration
+
+// Wrap delays every call through rt.
+func (d Latency) Wrap(rt soap.RoundTripper) soap.RoundTripper {
+	return latencyRT{d: time.Duration(d), next: rt}
+}
+
+type latencyRT struct {
+	d    time.Duration
+	next soap.RoundTripper
+}
+
+func (r latencyRT) RoundTrip(ctx context.Context, req, res soap.HasFault) error {
+	t := time.NewTimer(r.d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+	}
+	return r.next.RoundTrip(ctx, req, res)
 }
