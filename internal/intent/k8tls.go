@@ -84,6 +84,8 @@ func assessTLSObjects(cnp *intentv1alpha1.ClusterNimbusPolicy, owner map[string]
 	if addresses := externalAddresses(r); len(addresses) > 0 {
 		cmName := name + "-addresses"
 		cm := namespacedObject(ConfigMapKind, cmName, K8TLSNamespace, owner)
+		// Marked as the CronJob is, so it is deleted with the rule's addresses (Nimbus's has no mark).
+		cm.SetAnnotations(map[string]string{ManagedBy: "nimbus-k8tls"})
 		cm.Object["data"] = map[string]any{"addresses": strings.Join(addresses, "\n")}
 		out = append(out, Policy{Engine: K8TLS, Object: cm}) // before the CronJob that mounts it
 

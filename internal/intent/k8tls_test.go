@@ -68,7 +68,8 @@ apiVersion: v1
 kind: ConfigMap
 metadata:
   name: all-assesstls-addresses
-  namespace: nimbus-k8tls-env`+clusterOwner+`
+  namespace: nimbus-k8tls-env
+  annotations: {app.kubernetes.io/managed-by: nimbus-k8tls}`+clusterOwner+`
 data:
   addresses: "dh480.badssl.com:443 Dh480\ngoogle.com:443 Google\nlocalhost Localhost"
 `)

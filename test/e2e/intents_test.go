@@ -4,10 +4,16 @@ package e2e
 
 import (
 	"context"
+
 	"path/filepath"
 	"strings"
 	"testing"
 
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/quartermaster-dev/quartermaster/internal/intent"
 	"github.com/quartermaster-dev/quartermaster/internal/testing/enginecrds"
 	"github.com/quartermaster-dev/quartermaster/internal/testing/testenv"
 )
@@ -79,5 +85,42 @@ func TestSecurityIntentsOnTheLocalCluster(t *testing.T) {
 			return err == nil && !strings.Contains(out, "escapetohost") && !strings.Contains(out, "nimbuspolicy.intent.security.nimbus.com/escape-to-host-binding")
 		})
 	})
+	t.Run("assessTLS once nimbus-k8tls is installed, its scans narrowed by the admission policy", func(t *testing.T) {
+		// What nimbus-k8tls's chart installs that the controller looks for, then the optional RBAC.
+		kubectlOK(t, "create", "namespace", intent.K8TLSNamespace)
+		t.Cleanup(func() { _, _ = cluster.Kubectl(ctx, "delete", "namespace", intent.K8TLSNamespace, "--wait=false") })
+		kubectlOK(t, "create", "serviceaccount", "-n", intent.K8TLSNamespace, intent.K8TLSServiceAccount)
+		kubectlOK(t, "apply", "-k", filepath.Join(testenv.RepoRoot(), "config", "rbac", "intents-k8tls"))
+		t.Cleanup(func() {
+			_, _ = cluster.Kubectl(ctx, "delete", "-k", filepath.Join(testenv.RepoRoot(), "config", "rbac", "intents-k8tls"), "--ignore-not-found")
+		})
+		kubectlOK(t, "apply", "-f", filepath.Join(samples, "assess-tls.yaml"))
+		t.Cleanup(func() {
+			_, _ = cluster.Kubectl(ctx, "delete", "-f", filepath.Join(samples, "assess-tls.yaml"), "--ignore-not-found")
+		})
+		const cronJob = "tls-assessment-binding-assesstls"
+		eventually(t, "the scan's CronJob and its addresses", func() bool {
+			out, err := cluster.Kubectl(ctx, "get", "-n", intent.K8TLSNamespace, "cronjob/"+cronJob, "configmap/"+cronJob+"-addresses", "-o", "name")
+			return err == nil && strings.Count(out, "\n") == 2
+		})
+		kubectlOK(t, "wait", "cwnp", "tls-assessment-binding", "--for=condition=Ready", "--timeout=60s")
+
+		// The manager may write CronJobs there now; only the scans it generates get through.
+		asManager, err := clientsetAs(ctx, managerNamespace, "quartermaster-manager")
+		must(t, err)
+		rogue := &batchv1.CronJob{
+			ObjectMeta: metav1.ObjectMeta{Name: "qm-rogue"},
+			Spec: batchv1.CronJobSpec{Schedule: "@daily", JobTemplate: batchv1.JobTemplateSpec{Spec: batchv1.JobSpec{Template: corev1.PodTemplateSpec{
+				Spec: corev1.PodSpec{RestartPolicy: corev1.RestartPolicyNever, ServiceAccountName: intent.K8TLSServiceAccount,
+					Containers: []corev1.Container{{Name: "x", Image: "busybox", Command: []string{"sh"}}}},
+			}}}},
+		}
+		// Polled: the API server enforces a policy some time after it is created.
+		eventually(t, "a CronJob of another image, as the manager, refused by quartermaster-manager-k8tls-scans", func() bool {
+			_, err := asManager.BatchV1().CronJobs(intent.K8TLSNamespace).Create(ctx, rogue, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+			return err != nil && strings.Contains(err.Error(), "quartermaster-manager-k8tls-scans")
+		})
+	})
+
 	mgr.stop(t)
 }

@@ -103,7 +103,11 @@ func (b *base) applyPolicies(ctx context.Context, parent types.UID, desired []in
 		}
 		list := &unstructured.UnstructuredList{}
 		list.SetGroupVersionKind(gvk.GroupVersion().WithKind(gvk.Kind + "List"))
-		if err := b.objects.List(ctx, list, client.InNamespace(namespace)); err != nil {
+		in := namespace
+		if engineOf(gvk) == intent.K8TLS {
+			in = intent.K8TLSNamespace // whoever owns them, they are there
+		}
+		if err := b.objects.List(ctx, list, client.InNamespace(in)); err != nil {
 			return a, err
 		}
 		for i := range list.Items {

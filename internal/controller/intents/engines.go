@@ -7,11 +7,13 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/discovery"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/quartermaster-dev/quartermaster/internal/intent"
 )
@@ -23,11 +25,14 @@ const enginePollInterval = 10 * time.Second
 // when one appears (its CRDs installed late) so its policies are generated then.
 type engines struct {
 	discovery discovery.DiscoveryInterface
+	reader    client.Reader // reads K8TLS's ServiceAccount, uncached
 	interval  time.Duration
 	log       logr.Logger
 	// appeared is called, once per engine, when it is first seen (wake: reconcile every policy,
 	// false before the controllers have started and reconcile everything anyway).
 	appeared func(ctx context.Context, e intent.Engine, wake bool) error
+
+	forbiddenOnce sync.Once
 
 	mu      sync.RWMutex
 	present map[intent.Engine]bool
@@ -55,7 +60,7 @@ func (e *engines) Start(ctx context.Context) error {
 // detect looks for engines installed since, and marks each present before its watches and the
 // wake-up of every policy, so a policy reconciled for the new engine sees it.
 func (e *engines) detect(ctx context.Context) {
-	for _, en := range e.markServed() {
+	for _, en := range e.markServed(ctx) {
 		e.watch(ctx, en, true)
 	}
 }
@@ -68,14 +73,20 @@ func (e *engines) watchInstalled(ctx context.Context, installed []intent.Engine)
 }
 
 // markServed marks present, and returns, the engines not present yet whose kinds discovery
-// serves now.
-func (e *engines) markServed() []intent.Engine {
+// serves now (K8TLS: whose namespace and ServiceAccount exist).
+func (e *engines) markServed(ctx context.Context) []intent.Engine {
 	var out []intent.Engine
-	for _, en := range []intent.Engine{intent.KubeArmor, intent.Kyverno} {
+	for _, en := range []intent.Engine{intent.KubeArmor, intent.Kyverno, intent.K8TLS} {
 		if e.has(en) {
 			continue
 		}
-		served, err := allServed(e.discovery, intent.EngineKinds[en])
+		var served bool
+		var err error
+		if en == intent.K8TLS {
+			served, err = e.k8tlsInstalled(ctx)
+		} else {
+			served, err = allServed(e.discovery, intent.EngineKinds[en])
+		}
 		if err != nil {
 			e.log.Error(err, "asking discovery for a policy engine's kinds; retrying", "engine", en)
 			continue
@@ -103,6 +114,28 @@ func (e *engines) setPresent(en intent.Engine, present bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.present[en] = present
+}
+
+// k8tlsInstalled reports whether nimbus-k8tls's namespace and the ServiceAccount its scans run as
+// exist: its kinds (CronJob, ConfigMap) are built in, so they say nothing. Without the optional
+// Role of config/rbac/intents-k8tls the manager may not read the ServiceAccount: not installed,
+// as far as it can tell, and the log says why once.
+func (e *engines) k8tlsInstalled(ctx context.Context) (bool, error) {
+	sa := &corev1.ServiceAccount{}
+	err := e.reader.Get(ctx, client.ObjectKey{Namespace: intent.K8TLSNamespace, Name: intent.K8TLSServiceAccount}, sa)
+	switch {
+	case err == nil:
+		return true, nil
+	case apierrors.IsNotFound(err):
+		return false, nil
+	case apierrors.IsForbidden(err):
+		e.forbiddenOnce.Do(func() {
+			e.log.Info("may not read nimbus-k8tls's ServiceAccount: assessTLS stays off until the Role of config/rbac/intents-k8tls is applied",
+				"namespace", intent.K8TLSNamespace, "serviceAccount", intent.K8TLSServiceAccount)
+		})
+		return false, nil
+	}
+	return false, err
 }
 
 func allServed(d discovery.DiscoveryInterface, kinds []schema.GroupVersionKind) (bool, error) {

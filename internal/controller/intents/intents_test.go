@@ -38,6 +38,7 @@ func TestIntents(t *testing.T) {
 		{"the samples", testSamples},
 		{"Kyverno mutate and generate intents", testMutateAndGenerate},
 		{"edge cases", testEdgeCases},
+		{"assessTLS once nimbus-k8tls is installed", testAssessTLS},
 	} {
 		if !t.Run(s.name, func(t *testing.T) { s.run(t, f) }) {
 			return
@@ -366,6 +367,15 @@ func testSamples(t *testing.T, f *fixture) {
 	if _, err := f.engineObject("ClusterPolicy", "", "escape-to-host-cluster-binding-escapetohost"); err != nil {
 		t.Errorf("the cluster binding's Kyverno ClusterPolicy: %v", err)
 	}
+	// nimbus-k8tls is not installed yet (testAssessTLS installs it): the scan waits for it.
+	eventually(t, "assess-tls.yaml's ClusterNimbusPolicy waiting for K8TLS", func() (bool, string) {
+		cnp := &intentv1alpha1.ClusterNimbusPolicy{}
+		if err := f.c.Get(ctx, client.ObjectKey{Name: "tls-assessment-binding"}, cnp); err != nil {
+			return false, err.Error()
+		}
+		c := meta.FindStatusCondition(cnp.Status.Conditions, "Ready")
+		return c != nil && c.Reason == "EngineNotInstalled" && strings.Contains(c.Message, "K8TLS"), fmt.Sprint(c)
+	})
 }
 
 func testMutateAndGenerate(t *testing.T, f *fixture) {

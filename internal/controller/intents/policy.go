@@ -35,10 +35,11 @@ const engineRecheck = 5 * time.Minute
 // conflictRetry is how often a policy blocked by an object it does not control looks again.
 const conflictRetry = 5 * time.Minute
 
-// namespacedKinds are the engine kinds a NimbusPolicy generates; clusterKinds a ClusterNimbusPolicy's.
+// namespacedKinds are the engine kinds a NimbusPolicy generates; clusterKinds a ClusterNimbusPolicy's
+// (assessTLS's CronJob and ConfigMap, in K8TLS's namespace, included).
 var (
 	namespacedKinds = []schema.GroupVersionKind{intent.KubeArmorPolicyKind, intent.NetworkPolicyKind, intent.KyvernoPolicyKind}
-	clusterKinds    = []schema.GroupVersionKind{intent.KyvernoClusterPolicyKind}
+	clusterKinds    = []schema.GroupVersionKind{intent.KyvernoClusterPolicyKind, intent.CronJobKind, intent.ConfigMapKind}
 )
 
 // policyReconciler generates the engine policies of each NimbusPolicy.

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/discovery"
@@ -94,7 +95,7 @@ func setup(mgr ctrl.Manager, o Options, engineInterval time.Duration) (*base, er
 	if err != nil {
 		return nil, err
 	}
-	b.engines = &engines{discovery: dc, interval: engineInterval, log: mgr.GetLogger().WithName("intents"), present: map[intent.Engine]bool{}}
+	b.engines = &engines{discovery: dc, reader: mgr.GetAPIReader(), interval: engineInterval, log: mgr.GetLogger().WithName("intents"), present: map[intent.Engine]bool{}}
 	if err := index(mgr); err != nil {
 		return nil, err
 	}
@@ -102,7 +103,7 @@ func setup(mgr ctrl.Manager, o Options, engineInterval time.Duration) (*base, er
 	// them up in a manager that is already running, where each starts the moment it is built, and
 	// a policy reconciled before an installed engine is known would wait a recheck period. Their
 	// watches are added once the controllers exist.
-	installed := b.engines.markServed()
+	installed := b.engines.markServed(context.Background())
 	opts := controller.Options{
 		MaxConcurrentReconciles: o.Concurrency,
 		RateLimiter:             workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](200*time.Millisecond, 2*time.Minute),
@@ -144,8 +145,14 @@ func newCache(mgr ctrl.Manager) (cache.Cache, error) {
 	c, err := cache.New(mgr.GetConfig(), cache.Options{
 		Scheme: mgr.GetScheme(), Mapper: mgr.GetRESTMapper(),
 		DefaultTransform: cache.TransformStripManagedFields(),
-		// Of a Node only its pod range is read: its status (images, conditions) is most of its size.
-		ByObject: map[client.Object]cache.ByObject{&corev1.Node{}: {Transform: nodeSpecOnly}},
+		ByObject: map[client.Object]cache.ByObject{
+			// Of a Node only its pod range is read: its status (images, conditions) is most of its size.
+			&corev1.Node{}: {Transform: nodeSpecOnly},
+			// assessTLS's objects, the only ConfigMaps and CronJobs generated, are in K8TLS's
+			// namespace: no other is cached (nor may the manager list them).
+			&corev1.ConfigMap{}: {Namespaces: map[string]cache.Config{intent.K8TLSNamespace: {}}},
+			&batchv1.CronJob{}:  {Namespaces: map[string]cache.Config{intent.K8TLSNamespace: {}}},
+		},
 	})
 	if err != nil {
 		return nil, err
