@@ -108,8 +108,16 @@ func (b *base) bindingsOf(list client.ObjectList) handler.MapFunc {
 
 // ensurePolicy creates want, or updates the existing object when its labels, spec or controller
 // differ. An existing object controlled by someone else is left alone: false.
-func (b *base) ensurePolicy(ctx context.Context, want, cur client.Object, owner metav1.Object, same func() bool, copySpec func()) (bool, string, error) {
+//
+// made says the owner's status lists want as generated. The status is read through the guarded
+// client, so it is never older than our own last write of it: when it says so and the cache shows
+// no such object, the cache is behind the create that made it (or someone deleted it since), and
+// the API server is asked before creating, rather than repeating the create for a refusal.
+func (b *base) ensurePolicy(ctx context.Context, want, cur client.Object, owner metav1.Object, made bool, same func() bool, copySpec func()) (bool, string, error) {
 	err := b.client.Get(ctx, client.ObjectKeyFromObject(want), cur)
+	if apierrors.IsNotFound(err) && made {
+		err = b.apiReader.Get(ctx, client.ObjectKeyFromObject(want), cur)
+	}
 	if apierrors.IsNotFound(err) {
 		err = b.client.Create(ctx, want)
 		if err == nil {
@@ -225,7 +233,7 @@ func (r *bindingReconciler) bind(ctx context.Context, sib *intentv1alpha1.Securi
 		return status.Outcome{}, err
 	}
 	cur := &intentv1alpha1.NimbusPolicy{}
-	ok, did, err := r.ensurePolicy(ctx, want, cur, sib,
+	ok, did, err := r.ensurePolicy(ctx, want, cur, sib, st.NimbusPolicy == sib.Name,
 		func() bool { return equality.Semantic.DeepEqual(cur.Spec, want.Spec) },
 		func() { cur.Spec = want.Spec })
 	if inTerminatingNamespace(err) {

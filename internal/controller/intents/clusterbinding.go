@@ -163,7 +163,7 @@ func (r *clusterBindingReconciler) ensureClusterPolicy(ctx context.Context, csib
 		return false, err
 	}
 	cur := &intentv1alpha1.ClusterNimbusPolicy{}
-	ok, _, err := r.ensurePolicy(ctx, want, cur, csib,
+	ok, _, err := r.ensurePolicy(ctx, want, cur, csib, csib.Status.ClusterNimbusPolicy == csib.Name,
 		func() bool { return equality.Semantic.DeepEqual(cur.Spec, want.Spec) },
 		func() { cur.Spec = want.Spec })
 	return ok, err
@@ -212,7 +212,7 @@ func (r *clusterBindingReconciler) ensureNamespacePolicies(ctx context.Context, 
 			return nil, nil, err
 		}
 		cur := &intentv1alpha1.NimbusPolicy{}
-		ok, _, err := r.ensurePolicy(ctx, want, cur, csib,
+		ok, _, err := r.ensurePolicy(ctx, want, cur, csib, slices.Contains(csib.Status.NimbusPolicyNamespaces, ns),
 			func() bool { return equality.Semantic.DeepEqual(cur.Spec, want.Spec) },
 			func() { cur.Spec = want.Spec })
 		if apierrors.IsNotFound(err) || inTerminatingNamespace(err) {

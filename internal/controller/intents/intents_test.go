@@ -39,6 +39,7 @@ func TestIntents(t *testing.T) {
 		{"Kyverno mutate and generate intents", testMutateAndGenerate},
 		{"edge cases", testEdgeCases},
 		{"assessTLS once nimbus-k8tls is installed", testAssessTLS},
+		{"a reconcile on a stale cache repeats nothing", testStaleCache},
 	} {
 		if !t.Run(s.name, func(t *testing.T) { s.run(t, f) }) {
 			return

@@ -37,8 +37,11 @@ type fixture struct {
 	c      client.Client
 	scheme *runtime.Scheme
 	logs   *testenv.LogBuffer
-	mgr    ctrl.Manager
-	base   *base // the running controllers' shared parts
+	mgr    ctrl.Manager // the running manager
+	base   *base        // the running controllers' shared parts
+
+	cancel context.CancelFunc // stops the running manager; nil when none runs
+	done   chan error
 }
 
 func start(t *testing.T) *fixture {
@@ -50,6 +53,19 @@ func start(t *testing.T) *fixture {
 	c, err := client.New(f.env.Config, client.Options{Scheme: f.scheme})
 	must(t, err)
 	f.c = c
+	f.run(t)
+	t.Cleanup(func() {
+		f.stop(t)
+		if t.Failed() {
+			t.Logf("controller logs (last 20 kB):\n%s", f.logs.Tail(20000))
+		}
+	})
+	return f
+}
+
+// newManager makes a manager with the intents controllers set up (not started).
+func (f *fixture) newManager(t *testing.T) (ctrl.Manager, *base) {
+	t.Helper()
 	mgr, err := ctrl.New(f.env.Config, ctrl.Options{
 		Scheme:     f.scheme,
 		Cache:      cache.Options{DefaultTransform: cache.TransformStripManagedFields()},
@@ -57,22 +73,32 @@ func start(t *testing.T) *fixture {
 		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
 	})
 	must(t, err)
-	f.mgr = mgr
-	f.base, err = setup(mgr, Options{Concurrency: 4}, 200*time.Millisecond)
+	b, err := setup(mgr, Options{Concurrency: 4}, 200*time.Millisecond)
 	must(t, err)
+	return mgr, b
+}
+
+// run starts a new manager with the intents controllers.
+func (f *fixture) run(t *testing.T) {
+	t.Helper()
+	mgr, b := f.newManager(t)
+	f.mgr, f.base = mgr, b
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- mgr.Start(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("manager: %v", err)
-		}
-		if t.Failed() {
-			t.Logf("controller logs (last 20 kB):\n%s", f.logs.Tail(20000))
-		}
-	})
-	return f
+	f.cancel, f.done = cancel, make(chan error, 1)
+	go func() { f.done <- mgr.Start(ctx) }()
+}
+
+// stop stops the running manager, if any.
+func (f *fixture) stop(t *testing.T) {
+	t.Helper()
+	if f.cancel == nil {
+		return
+	}
+	f.cancel()
+	f.cancel = nil
+	if err := <-f.done; err != nil {
+		t.Errorf("manager: %v", err)
+	}
 }
 
 // installKyverno installs Kyverno's CRDs, as a cluster admin installing the engine late would.

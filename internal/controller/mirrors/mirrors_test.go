@@ -36,6 +36,7 @@ func TestMirrors(t *testing.T) {
 	t.Run("duplicate host", func(t *testing.T) { testDuplicateHost(t, f) })
 	t.Run("name taken", func(t *testing.T) { testNameTaken(t, f) })
 	t.Run("node port", func(t *testing.T) { testNodePort(t, f) })
+	t.Run("stale cache", func(t *testing.T) { testStaleCache(t, f) })
 }
 
 func testValidation(t *testing.T, f *fixture) {

@@ -13,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -35,12 +36,17 @@ const testNamespace = "quartermaster-mirrors"
 // and one that wants the user "puller" with the password "right" (or "rotated").
 type fixture struct {
 	env     *testenv.Env
+	scheme  *runtime.Scheme
 	c       client.Client
 	logs    *testenv.LogBuffer
-	r       *Reconciler
-	api     *testenv.RequestCounter
-	open    string // the open upstream's URL
-	guarded string // the upstream that wants credentials
+	opts    Options
+	r       *Reconciler             // the running manager's
+	api     *testenv.RequestCounter // API requests of the running manager
+	open    string                  // the open upstream's URL
+	guarded string                  // the upstream that wants credentials
+
+	cancel context.CancelFunc // stops the running manager; nil when none runs
+	done   chan error
 }
 
 func start(t *testing.T) *fixture {
@@ -48,43 +54,67 @@ func start(t *testing.T) *fixture {
 	f := &fixture{logs: &testenv.LogBuffer{}}
 	logf.SetLogger(zap.New(zap.UseDevMode(true), zap.WriteTo(f.logs), zap.StacktraceLevel(zapcore.PanicLevel)))
 	f.env = testenv.Start(t)
-	scheme := manager.Scheme(registryv1alpha1.AddToScheme)
-	c, err := client.New(f.env.Config, client.Options{Scheme: scheme})
+	f.scheme = manager.Scheme(registryv1alpha1.AddToScheme)
+	c, err := client.New(f.env.Config, client.Options{Scheme: f.scheme})
 	must(t, err)
 	f.c = c
 	must(t, c.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: testNamespace}}))
 	f.open, f.guarded = upstreams(t)
 
-	cfg, api := testenv.Counting(f.env.Config)
-	f.api = api
-	mgr, err := ctrl.New(cfg, ctrl.Options{
-		Scheme:     scheme,
-		Cache:      cache.Options{DefaultTransform: cache.TransformStripManagedFields()},
-		Metrics:    metricsserver.Options{BindAddress: "0"},
-		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
-	})
-	must(t, err)
-	o := Options{
+	f.opts = Options{
 		Namespace: testNamespace, Image: "quartermaster:test", AgentServiceAccount: "quartermaster-node-agent",
 		Concurrency: 4, Resync: time.Hour, CheckUpstream: true,
 	}
-	must(t, o.validate())
-	f.r, err = setup(mgr, o)
-	must(t, err)
-	f.r.slowRetry = time.Second
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- mgr.Start(ctx) }()
+	must(t, f.opts.validate())
+	f.run(t)
 	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("manager: %v", err)
-		}
+		f.stop(t)
 		if t.Failed() {
 			t.Logf("controller logs (last 20 kB):\n%s", f.logs.Tail(20000))
 		}
 	})
 	return f
+}
+
+// newManager makes a manager with the mirrors controller set up as in the operator (not started),
+// its API requests counted.
+func (f *fixture) newManager(t *testing.T) (ctrl.Manager, *Reconciler, *testenv.RequestCounter) {
+	t.Helper()
+	cfg, api := testenv.Counting(f.env.Config)
+	mgr, err := ctrl.New(cfg, ctrl.Options{
+		Scheme:     f.scheme,
+		Cache:      cache.Options{DefaultTransform: cache.TransformStripManagedFields()},
+		Metrics:    metricsserver.Options{BindAddress: "0"},
+		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
+	})
+	must(t, err)
+	r, err := setup(mgr, f.opts)
+	must(t, err)
+	r.slowRetry = time.Second
+	return mgr, r, api
+}
+
+// run starts a new manager with the mirrors controller.
+func (f *fixture) run(t *testing.T) {
+	t.Helper()
+	mgr, r, api := f.newManager(t)
+	f.r, f.api = r, api
+	ctx, cancel := context.WithCancel(context.Background())
+	f.cancel, f.done = cancel, make(chan error, 1)
+	go func() { f.done <- mgr.Start(ctx) }()
+}
+
+// stop stops the running manager, if any.
+func (f *fixture) stop(t *testing.T) {
+	t.Helper()
+	if f.cancel == nil {
+		return
+	}
+	f.cancel()
+	f.cancel = nil
+	if err := <-f.done; err != nil {
+		t.Errorf("manager: %v", err)
+	}
 }
 
 // upstreams serves /v2/ as registries do: the open one to anyone, the guarded one with a Basic
