@@ -45,6 +45,22 @@ lint: ## gofmt check, go vet and golangci-lint.
 build: ## Build the manager into bin/quartermaster.
 	$(GO) build -o bin/quartermaster ./cmd/quartermaster
 
+# The image: hack/image (go-containerregistry) builds it without a Docker engine. TAG names it in
+# the layout and in the registry; REGISTRY is where image-push sends it, as $(REGISTRY)/quartermaster:$(TAG).
+IMAGE_DIR ?= bin/image
+TAG ?= dev
+REGISTRY ?=
+
+.PHONY: image
+image: ## Build the manager's image (linux/amd64 + linux/arm64 index, reproducible) without Docker into bin/image/.
+	hack/image.sh build --out $(IMAGE_DIR) --tag $(TAG)
+
+.PHONY: image-push
+image-push: ## Build the image and push its index as REGISTRY/quartermaster:TAG (make image-push REGISTRY=registry.example.com/team TAG=v0.1.0).
+	@if [[ -z "$(REGISTRY)" ]]; then echo "set REGISTRY, e.g. make image-push REGISTRY=registry.example.com/team TAG=v0.1.0" >&2; exit 1; fi
+	hack/image.sh build --out $(IMAGE_DIR) --tag $(TAG)
+	hack/image.sh push --layout $(IMAGE_DIR)/oci $(REGISTRY)/quartermaster:$(TAG)
+
 .PHONY: k8s-bin
 k8s-bin: ## Build kube-apiserver, controller-manager, scheduler, kubectl, etcd, kwok(ctl) from source into the cache.
 	@hack/k8s-bin.sh
