@@ -88,7 +88,8 @@ func TestSecurityIntentsOnTheLocalCluster(t *testing.T) {
 	t.Run("assessTLS once nimbus-k8tls is installed, its scans narrowed by the admission policy", func(t *testing.T) {
 		// What nimbus-k8tls's chart installs that the controller looks for, then the optional RBAC.
 		kubectlOK(t, "create", "namespace", intent.K8TLSNamespace)
-		t.Cleanup(func() { _, _ = cluster.Kubectl(ctx, "delete", "namespace", intent.K8TLSNamespace, "--wait=false") })
+		// Gone before the next test's manager starts: it would find nimbus-k8tls without the Role.
+		t.Cleanup(func() { _, _ = cluster.Kubectl(ctx, "delete", "namespace", intent.K8TLSNamespace, "--timeout=120s") })
 		kubectlOK(t, "create", "serviceaccount", "-n", intent.K8TLSNamespace, intent.K8TLSServiceAccount)
 		kubectlOK(t, "apply", "-k", filepath.Join(testenv.RepoRoot(), "config", "rbac", "intents-k8tls"))
 		t.Cleanup(func() {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -123,6 +124,13 @@ func (e *engines) setPresent(en intent.Engine, present bool) {
 func (e *engines) k8tlsInstalled(ctx context.Context) (bool, error) {
 	sa := &corev1.ServiceAccount{}
 	err := e.reader.Get(ctx, client.ObjectKey{Namespace: intent.K8TLSNamespace, Name: intent.K8TLSServiceAccount}, sa)
+	if err == nil {
+		// Its kinds must be listable there too (the Role grants both): a watch that is refused
+		// would fail for ever, and a namespace left behind may still hold the ServiceAccount.
+		if err = e.reader.List(ctx, &batchv1.CronJobList{}, client.InNamespace(intent.K8TLSNamespace), client.Limit(1)); err == nil {
+			err = e.reader.List(ctx, &corev1.ConfigMapList{}, client.InNamespace(intent.K8TLSNamespace), client.Limit(1))
+		}
+	}
 	switch {
 	case err == nil:
 		return true, nil
@@ -130,7 +138,7 @@ func (e *engines) k8tlsInstalled(ctx context.Context) (bool, error) {
 		return false, nil
 	case apierrors.IsForbidden(err):
 		e.forbiddenOnce.Do(func() {
-			e.log.Info("may not read nimbus-k8tls's ServiceAccount: assessTLS stays off until the Role of config/rbac/intents-k8tls is applied",
+			e.log.Info("may not read nimbus-k8tls's ServiceAccount, CronJobs or ConfigMaps: assessTLS stays off until the Role of config/rbac/intents-k8tls is applied",
 				"namespace", intent.K8TLSNamespace, "serviceAccount", intent.K8TLSServiceAccount)
 		})
 		return false, nil
