@@ -41,14 +41,13 @@ const (
 type vmgroupsCase struct {
 	name     string
 	from, to int32 // replicas: the group is created with from (and waited for), then scaled to
-	// cloneDelay is how long vcsim takes per clone (0: at once, vcsim's own behaviour).
+	// cloneDelay is how long vcsim takes per clone (0: at once, vcsim's own behaviour). Delayed
+	// clones are also timed by the simplest client (bareClones).
 	cloneDelay time.Duration
 	// latency is added to every vSphere call, as a slow link to vCenter would.
 	latency     time.Duration
 	concurrency int // --vsphere-clone-concurrency
-	// bare: also time the same clones by the simplest client (bareClones).
-	bare bool
-	note func(secs float64, fig vmgroupsFigures) string
+	note        func(fig vmgroupsFigures) string
 }
 
 // vmgroupsCases: the first two are the simplest peer's own measurements (codeconnect-vm-operator,
@@ -56,8 +55,8 @@ type vmgroupsCase struct {
 // every call); the others show what clone concurrency buys when clones take time, against the floor
 // of ⌈replicas / concurrency⌉ clone times, pipelined.
 func vmgroupsCases() []vmgroupsCase {
-	peer := func(target string) func(float64, vmgroupsFigures) string {
-		return func(_ float64, fig vmgroupsFigures) string {
+	peer := func(target string) func(vmgroupsFigures) string {
+		return func(fig vmgroupsFigures) string {
 			return fmt.Sprintf("target %s; %d clones, %d vSphere calls", target, fig.clones, fig.calls)
 		}
 	}
@@ -74,8 +73,9 @@ func vmgroupsCases() []vmgroupsCase {
 		floor := float64(batches) * clone.Seconds()
 		cs = append(cs, vmgroupsCase{
 			name: fmt.Sprintf("%d replicas, %s clones, clone concurrency %d", replicas, clone, concurrency),
-			to:   replicas, cloneDelay: clone, concurrency: concurrency, bare: true,
-			note: func(secs float64, fig vmgroupsFigures) string {
+			to:   replicas, cloneDelay: clone, concurrency: concurrency,
+			note: func(fig vmgroupsFigures) string {
+				secs := fig.running.Seconds()
 				if concurrency == 1 {
 					base = secs
 				}
@@ -138,13 +138,12 @@ func vmgroupsBench(ctx context.Context, e *env) ([]result, error) {
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", bc.name, err)
 		}
-		if bc.bare {
+		if bc.cloneDelay > 0 {
 			if fig.bare, err = bareClones(ctx, sim, fmt.Sprintf("bench-bare-%d", i), int(bc.to), bc.concurrency); err != nil {
 				return nil, fmt.Errorf("%s, bare clones: %w", bc.name, err)
 			}
 		}
-		secs := fig.running.Seconds()
-		out = append(out, result{metric: bc.name + ": seconds to all Running", value: secs, unit: "s", note: bc.note(secs, fig)})
+		out = append(out, result{metric: bc.name + ": seconds to all Running", value: fig.running.Seconds(), unit: "s", note: bc.note(fig)})
 	}
 	// The last case's group: 50 Running VMs.
 	out = append(out,

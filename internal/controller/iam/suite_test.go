@@ -51,8 +51,7 @@ type fixture struct {
 	logs   *testenv.LogBuffer
 	opts   Options
 
-	cancel context.CancelFunc
-	done   chan error
+	running *testenv.Running // the running manager; nil when none runs
 	// stuck is the goroutines still busy when a manager missed its grace period: printed last, so
 	// a failure's tail names them.
 	stuck string
@@ -118,25 +117,19 @@ func (f *fixture) run(t *testing.T, opts Options) {
 	must(t, err)
 	b.SlowRetry, b.WaitRetry = time.Second, 500*time.Millisecond
 	must(t, register(mgr, b))
-	ctx, cancel := context.WithCancel(context.Background())
-	f.cancel, f.done = cancel, make(chan error, 1)
-	go func() { f.done <- mgr.Start(ctx) }()
+	f.running = testenv.Run(mgr)
 }
 
 // stop stops the running manager, if any.
 func (f *fixture) stop(t *testing.T) {
 	t.Helper()
-	if f.cancel == nil {
-		return
-	}
-	f.cancel()
-	if err := <-f.done; err != nil {
+	if err := f.running.Stop(); err != nil {
 		t.Errorf("manager: %v", err)
 		if f.stuck == "" {
 			f.stuck = testenv.OurGoroutines()
 		}
 	}
-	f.cancel = nil
+	f.running = nil
 }
 
 func (f *fixture) namespace(t *testing.T, name string) {

@@ -9,7 +9,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/events"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -44,8 +43,8 @@ func testStaleCache(t *testing.T, f *fixture) {
 	// hold what the reconcilers read, with the field indexes they list by. Reads lag behind the
 	// reconcilers' own writes; every request is counted.
 	mgr, built := f.newManager(t)
-	startCache(t, mgr.GetCache())
-	startCache(t, built.namespaces)
+	testenv.StartCache(t, mgr.GetCache())
+	testenv.StartCache(t, built.namespaces)
 	cfg, api := testenv.Counting(f.env.Config)
 	counted, err := client.New(cfg, client.Options{Scheme: f.scheme, Cache: &client.CacheOptions{Reader: mgr.GetCache()}})
 	must(t, err)
@@ -161,19 +160,4 @@ func readyReason(obj client.Object) string {
 		return status.ReadyReason(o.Status.Conditions)
 	}
 	panic(fmt.Sprintf("readyReason of a %T", obj))
-}
-
-// startCache runs c alone (its manager is not started) until the test ends.
-func startCache(t *testing.T, c cache.Cache) {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- c.Start(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		must(t, <-done)
-	})
-	if !c.WaitForCacheSync(ctx) {
-		t.Fatal("the cache did not sync")
-	}
 }

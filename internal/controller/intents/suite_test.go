@@ -40,8 +40,7 @@ type fixture struct {
 	mgr    ctrl.Manager // the running manager
 	base   *base        // the running controllers' shared parts
 
-	cancel context.CancelFunc // stops the running manager; nil when none runs
-	done   chan error
+	running *testenv.Running // the running manager; nil when none runs
 }
 
 func start(t *testing.T) *fixture {
@@ -83,22 +82,16 @@ func (f *fixture) run(t *testing.T) {
 	t.Helper()
 	mgr, b := f.newManager(t)
 	f.mgr, f.base = mgr, b
-	ctx, cancel := context.WithCancel(context.Background())
-	f.cancel, f.done = cancel, make(chan error, 1)
-	go func() { f.done <- mgr.Start(ctx) }()
+	f.running = testenv.Run(mgr)
 }
 
 // stop stops the running manager, if any.
 func (f *fixture) stop(t *testing.T) {
 	t.Helper()
-	if f.cancel == nil {
-		return
-	}
-	f.cancel()
-	f.cancel = nil
-	if err := <-f.done; err != nil {
+	if err := f.running.Stop(); err != nil {
 		t.Errorf("manager: %v", err)
 	}
+	f.running = nil
 }
 
 // installKyverno installs Kyverno's CRDs, as a cluster admin installing the engine late would.

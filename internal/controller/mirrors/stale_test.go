@@ -9,7 +9,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/client-go/tools/events"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -31,7 +30,7 @@ func testStaleCache(t *testing.T, f *fixture) {
 	// A manager set up as in the operator but not started: its cache, started alone, holds the
 	// mirrors with the field indexes the reconciler lists them by (one mirror per host).
 	mgr, built, _ := f.newManager(t)
-	startCache(t, mgr.GetCache())
+	testenv.StartCache(t, mgr.GetCache())
 	// Mirrors are read from that cache, their objects from the API server; both lag behind the
 	// reconciler's own writes. Every request is counted.
 	cfg, api := testenv.Counting(f.env.Config)
@@ -92,20 +91,5 @@ func testStaleCache(t *testing.T, f *fixture) {
 	must(t, f.c.Get(ctx, req.NamespacedName, got))
 	if reason := status.ReadyReason(got.Status.Conditions); reason != ReasonReady {
 		t.Errorf("the mirror is %s after the reconcile on the stale copy, want %s", reason, ReasonReady)
-	}
-}
-
-// startCache runs c alone (its manager is not started) until the test ends.
-func startCache(t *testing.T, c cache.Cache) {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- c.Start(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		must(t, <-done)
-	})
-	if !c.WaitForCacheSync(ctx) {
-		t.Fatal("the cache did not sync")
 	}
 }

@@ -45,8 +45,7 @@ type fixture struct {
 	open    string                  // the open upstream's URL
 	guarded string                  // the upstream that wants credentials
 
-	cancel context.CancelFunc // stops the running manager; nil when none runs
-	done   chan error
+	running *testenv.Running // the running manager; nil when none runs
 }
 
 func start(t *testing.T) *fixture {
@@ -99,22 +98,16 @@ func (f *fixture) run(t *testing.T) {
 	t.Helper()
 	mgr, r, api := f.newManager(t)
 	f.r, f.api = r, api
-	ctx, cancel := context.WithCancel(context.Background())
-	f.cancel, f.done = cancel, make(chan error, 1)
-	go func() { f.done <- mgr.Start(ctx) }()
+	f.running = testenv.Run(mgr)
 }
 
 // stop stops the running manager, if any.
 func (f *fixture) stop(t *testing.T) {
 	t.Helper()
-	if f.cancel == nil {
-		return
-	}
-	f.cancel()
-	f.cancel = nil
-	if err := <-f.done; err != nil {
+	if err := f.running.Stop(); err != nil {
 		t.Errorf("manager: %v", err)
 	}
+	f.running = nil
 }
 
 // upstreams serves /v2/ as registries do: the open one to anyone, the guarded one with a Basic

@@ -66,7 +66,6 @@ func newEnv(t *testing.T) *testenv.Env {
 // runController runs the controller against env.
 func runController(t *testing.T, env *testenv.Env, tweak func(*Options)) *fixture {
 	t.Helper()
-	ctx := context.Background()
 	defaults := filepath.Join(t.TempDir(), "defaults.yaml")
 	if err := os.WriteFile(defaults, []byte(defaultsYAML), 0o600); err != nil {
 		t.Fatal(err)
@@ -99,12 +98,9 @@ func runController(t *testing.T, env *testenv.Env, tweak func(*Options)) *fixtur
 	if err := r.SetupWithManager(mgr, o.Concurrency); err != nil {
 		t.Fatal(err)
 	}
-	mctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- mgr.Start(mctx) }()
+	running := testenv.Run(mgr)
 	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
+		if err := running.Stop(); err != nil {
 			t.Errorf("manager: %v", err)
 		}
 	})

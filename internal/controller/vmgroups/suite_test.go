@@ -47,9 +47,7 @@ type fixture struct {
 
 	mgr     ctrl.Manager
 	r       *Reconciler
-	started bool
-	cancel  context.CancelFunc
-	done    chan error
+	running *testenv.Running // nil until run
 }
 
 func start(t *testing.T) *fixture {
@@ -106,31 +104,23 @@ func (f *fixture) setup(t *testing.T, tune func(*Reconciler)) {
 		tune(f.r)
 	}
 	must(t, f.r.SetupWithManager(f.mgr, f.opts.Concurrency))
-	f.started = false
+	f.running = nil
 }
 
 // run starts the manager (once).
 func (f *fixture) run() {
-	if f.started {
-		return
+	if f.running == nil {
+		f.running = testenv.Run(f.mgr)
 	}
-	f.started = true
-	ctx, cancel := context.WithCancel(context.Background())
-	f.cancel, f.done = cancel, make(chan error, 1)
-	go func() { f.done <- f.mgr.Start(ctx) }()
 }
 
 // stop stops the manager, as a process ending: its reconciles are cancelled mid-call.
 func (f *fixture) stop(t *testing.T) {
 	t.Helper()
-	if !f.started {
-		return
-	}
-	f.cancel()
-	if err := <-f.done; err != nil {
+	if err := f.running.Stop(); err != nil {
 		t.Errorf("manager: %v", err)
 	}
-	f.started = false
+	f.running = nil
 }
 
 // restart stops the manager and starts a new one on the same API server and vCenter.

@@ -1,0 +1,52 @@
+package testenv
+
+import (
+	"context"
+	"testing"
+
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+)
+
+// starter is what Run starts: a manager, or a cache on its own.
+type starter interface {
+	Start(ctx context.Context) error
+}
+
+// Running is a manager (or cache) started in the background by Run.
+type Running struct {
+	cancel context.CancelFunc
+	done   chan error
+}
+
+// Run starts s until Stop.
+func Run(s starter) *Running {
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &Running{cancel: cancel, done: make(chan error, 1)}
+	go func() { r.done <- s.Start(ctx) }()
+	return r
+}
+
+// Stop cancels it, waits until Start returns, and returns its error. A nil Running is stopped
+// already.
+func (r *Running) Stop() error {
+	if r == nil {
+		return nil
+	}
+	r.cancel()
+	return <-r.done
+}
+
+// StartCache runs c alone (its manager is not started) until the test ends, and waits for it to
+// sync.
+func StartCache(t testing.TB, c cache.Cache) {
+	t.Helper()
+	r := Run(c)
+	t.Cleanup(func() {
+		if err := r.Stop(); err != nil {
+			t.Error(err)
+		}
+	})
+	if !c.WaitForCacheSync(context.Background()) {
+		t.Fatal("the cache did not sync")
+	}
+}
