@@ -48,13 +48,18 @@ type ClusterMatchWorkloads struct {
 }
 
 // SecurityIntentBindingSpec binds intents to the workloads of its namespace.
-// +kubebuilder:validation:XValidation:rule="(has(self.selector.workloadSelector) && has(self.selector.workloadSelector.matchLabels) && size(self.selector.workloadSelector.matchLabels) > 0) || (has(self.cel) && size(self.cel) > 0)",message="selector.workloadSelector.matchLabels must select the workloads (Nimbus silently generates nothing without it)"
+// +kubebuilder:validation:XValidation:rule="(has(self.selector.workloadSelector) && has(self.selector.workloadSelector.matchLabels) && size(self.selector.workloadSelector.matchLabels) > 0) || (has(self.cel) && size(self.cel) > 0)",message="select the workloads with selector.workloadSelector.matchLabels or cel (Nimbus silently generates nothing without either)"
 type SecurityIntentBindingSpec struct {
 	// Intents names SecurityIntents, in the order their rules appear in the NimbusPolicy.
 	// +kubebuilder:validation:MinItems=1
 	Intents  []MatchIntent  `json:"intents"`
 	Selector MatchWorkloads `json:"selector"`
-	// CEL expressions selecting workloads by their labels (Nimbus's extension).
+	// CEL expressions over a workload's labels that add to selector.workloadSelector.matchLabels,
+	// e.g. labels["app"] == "nginx". Each must require labels to have one value each (==, in a
+	// list of one, joined by &&): the engines select workloads by labels.
+	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:items:MinLength=1
+	// +kubebuilder:validation:items:MaxLength=1024
 	// +optional
 	CEL []string `json:"cel,omitempty"`
 }

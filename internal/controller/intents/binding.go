@@ -204,8 +204,14 @@ func (r *bindingReconciler) bind(ctx context.Context, sib *intentv1alpha1.Securi
 		}
 		st.Status, st.NimbusPolicy, st.BoundIntents, st.NumberOfBoundIntents = intentv1alpha1.StatusCreated, policy, bound, int32(len(bound))
 	}
-	if len(rules) == 0 || len(sib.Spec.CEL) > 0 {
-		// Nothing to bind (or nothing it can bind yet): what was generated before goes.
+	selector, err := intent.CELSelector(sib.Spec.CEL, sib.Spec.Selector.WorkloadSelector.MatchLabels)
+	if err != nil {
+		// A person's mistake in an edit: what the binding generated before keeps protecting its
+		// workloads until it is fixed.
+		return status.WaitsForPerson("InvalidCEL", err.Error()+"; what was generated before is left as it was", 0), nil //nolint:nilerr // reported in status, not retried
+	}
+	if len(rules) == 0 {
+		// Nothing to bind: what was generated before goes.
 		np := &intentv1alpha1.NimbusPolicy{}
 		err := r.client.Get(ctx, client.ObjectKey{Namespace: sib.Namespace, Name: sib.Name}, np)
 		if err == nil && metav1.IsControlledBy(np, sib) {
@@ -215,19 +221,13 @@ func (r *bindingReconciler) bind(ctx context.Context, sib *intentv1alpha1.Securi
 		} else if client.IgnoreNotFound(err) != nil {
 			return status.Outcome{}, err
 		}
-		if len(sib.Spec.CEL) > 0 {
-			bound = nil
-			setBound("")
-			return status.WaitsForPerson("CELNotSupported",
-				"spec.cel is not supported yet: select the workloads with selector.workloadSelector.matchLabels", 0), nil
-		}
 		setBound("")
 		return status.Progressing("IntentNotFound", fmt.Sprintf(
 			"no named SecurityIntent exists (%s); the NimbusPolicy is made when one does", strings.Join(missing, ", ")), 0), nil
 	}
 	want := &intentv1alpha1.NimbusPolicy{
 		ObjectMeta: metav1.ObjectMeta{Name: sib.Name, Namespace: sib.Namespace, Labels: sib.Labels},
-		Spec:       intentv1alpha1.NimbusPolicySpec{Selector: sib.Spec.Selector.WorkloadSelector, NimbusRules: rules},
+		Spec:       intentv1alpha1.NimbusPolicySpec{Selector: intentv1alpha1.LabelSelector{MatchLabels: selector}, NimbusRules: rules},
 	}
 	if err := controllerutil.SetControllerReference(sib, want, r.client.Scheme()); err != nil {
 		return status.Outcome{}, err

@@ -38,6 +38,7 @@ func TestIntents(t *testing.T) {
 		{"the samples", testSamples},
 		{"Kyverno mutate and generate intents", testMutateAndGenerate},
 		{"edge cases", testEdgeCases},
+		{"spec.cel selects workloads", testCEL},
 		{"assessTLS once nimbus-k8tls is installed", testAssessTLS},
 		{"a reconcile on a stale cache repeats nothing", testStaleCache},
 	} {
@@ -71,7 +72,7 @@ func testValidation(t *testing.T, f *fixture) {
 		{"no namespaces selected", "set nsSelector.matchNames", csib(intentv1alpha1.NamespaceSelector{})},
 		{"* not alone", `"*" in nsSelector.matchNames must be its only entry`, csib(intentv1alpha1.NamespaceSelector{MatchNames: []string{"a", "*"}})},
 		{"names and exclusions", "nsSelector.excludeNames can only be combined with matchNames", csib(intentv1alpha1.NamespaceSelector{MatchNames: []string{"a"}, ExcludeNames: []string{"b"}})},
-		{"binding without workloads", "selector.workloadSelector.matchLabels must select the workloads",
+		{"binding without workloads", "select the workloads with selector.workloadSelector.matchLabels or cel",
 			&intentv1alpha1.SecurityIntentBinding{ObjectMeta: metav1.ObjectMeta{Namespace: "t-valid", GenerateName: "sib-"},
 				Spec: intentv1alpha1.SecurityIntentBindingSpec{Intents: []intentv1alpha1.MatchIntent{{Name: "x"}}}}},
 		{"binding without intents", "spec.intents",
@@ -358,6 +359,11 @@ func testSamples(t *testing.T, f *fixture) {
 	f.waitPolicyStatus(t, np("samples", "escape-to-host-binding"), "Generated",
 		"KubeArmorPolicy/escape-to-host-binding-escapetohost-disallowchroot", "KubeArmorPolicy/escape-to-host-binding-escapetohost-disallowcapabilities",
 		"KubeArmorPolicy/escape-to-host-binding-escapetohost-swdeploymenttools", "KyvernoPolicy/escape-to-host-binding-escapetohost")
+	f.waitPolicyStatus(t, np("samples", "pkg-mgr-exec-cel-binding"), "Generated", "KubeArmorPolicy/pkg-mgr-exec-cel-binding-swdeploymenttools")
+	celPolicy := np("samples", "pkg-mgr-exec-cel-binding")
+	if f.get(t, celPolicy); len(celPolicy.Spec.Selector.MatchLabels) != 2 {
+		t.Errorf("cel-selector.yaml's selector: %v", celPolicy.Spec.Selector.MatchLabels)
+	}
 	const gen = "nimbus-ctlr-gen-"
 	f.waitPolicyStatus(t, np("prod", gen+"deny-ext-nw-access-foo-binding"), "Generated",
 		"NetworkPolicy/"+gen+"deny-ext-nw-access-foo-binding-denyexternalnetworkaccess")
