@@ -40,6 +40,7 @@ func TestSecurityIntentsOnTheLocalCluster(t *testing.T) {
 	mgr := startManager(t, "--controllers=intents", "--health-probe-bind-address=0")
 
 	ns := newNamespace(t)
+	t.Run("the manager's Kyverno policies are only the catalogue's", func(t *testing.T) { testManagerKyvernoPolicies(t, ns) })
 	samples := filepath.Join(testenv.RepoRoot(), "config", "samples", "intents")
 	for _, f := range []string{"escape-to-host.yaml", "multiple-intents.yaml"} {
 		kubectlOK(t, "apply", "-n", ns, "-f", filepath.Join(samples, f))
