@@ -72,6 +72,26 @@ func TestNamedControllerWithoutConfigurationIsAnError(t *testing.T) {
 	}
 }
 
+func TestLeaseSettingsLeaderElectionWouldRefuseAreRefusedAtOnce(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--leader-elect-retry-period=0s"}, "--leader-elect-retry-period must be positive"},
+		{[]string{"--leader-elect-retry-period=9s"}, "--leader-elect-renew-deadline (10s) must be longer than 1.2 × --leader-elect-retry-period (9s)"},
+		{[]string{"--leader-elect-lease-duration=10s"}, "--leader-elect-lease-duration (10s) must be longer than --leader-elect-renew-deadline (10s)"},
+	} {
+		_, err := manager.ParseFlags(tc.args, nil, &testenv.LogBuffer{})
+		if err == nil || err.Error() != tc.want {
+			t.Errorf("%v: %v, want %q", tc.args, err, tc.want)
+		}
+	}
+	o, err := manager.ParseFlags([]string{"--leader-elect-lease-duration=6s", "--leader-elect-renew-deadline=4s", "--leader-elect-retry-period=500ms"}, nil, &testenv.LogBuffer{})
+	if err != nil || o.LeaseDuration != 6*time.Second || o.RenewDeadline != 4*time.Second || o.RetryPeriod != 500*time.Millisecond {
+		t.Errorf("shorter consistent settings: %+v, %v", o, err)
+	}
+}
+
 // TestControllerWaitsForItsCRDAndStartsWhenInstalled runs the whole manager against a real API
 // server that does not serve the controller's kind yet, then installs the CRD.
 func TestControllerWaitsForItsCRDAndStartsWhenInstalled(t *testing.T) {

@@ -1,0 +1,287 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/vmware/govmomi/event"
+	vimtypes "github.com/vmware/govmomi/vim25/types"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/quartermaster-dev/quartermaster/internal/cloud/vsphere/vsimtest"
+	"github.com/quartermaster-dev/quartermaster/internal/irsa"
+	"github.com/quartermaster-dev/quartermaster/internal/manager"
+)
+
+// TestFailoverUnderKillAcrossControllers runs two managers with leader election and every
+// controller that talks to the outside (namespaces, iam against the IAM emulator, vmgroups against
+// vcsim) while they converge 200 namespace requests, 100 IAMServiceAccounts and a 20-VM VmGroup;
+// kills the leader with SIGKILL twice, each time starting a new standby; then stops the last leader
+// with SIGTERM. The end state must be exact and every outside action done once: each request's
+// Namespace and Secret written once, 100 roles each created once, 20 clones and no VM removed.
+// The takeover times are logged (make bench reports them; no timed assertion here).
+func TestFailoverUnderKillAcrossControllers(t *testing.T) {
+	ctx := context.Background()
+	const (
+		requests = 200
+		roles    = 100
+		vms      = 20
+		lease    = "e2e-failover"
+		prefix   = "e2e-ha-"
+	)
+	cs, err := kubernetes.NewForConfig(cluster.Config)
+	must(t, err)
+
+	// Every write the test must see once, watched from before the first manager starts.
+	writes := newWriteLog()
+	for _, w := range []func() (watch.Interface, error){
+		func() (watch.Interface, error) {
+			return cs.CoreV1().Secrets(requestsNamespace).Watch(ctx, metav1.ListOptions{})
+		},
+		func() (watch.Interface, error) { return cs.CoreV1().Namespaces().Watch(ctx, metav1.ListOptions{}) },
+	} {
+		wi, err := w()
+		must(t, err)
+		t.Cleanup(wi.Stop)
+		go writes.follow(wi, prefix)
+	}
+
+	// The outside systems.
+	emu := startIAMEmulator(t)
+	sim := vsimtest.Start(t)
+	sim.AddTemplate(t, "ha-template")
+	secret := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Namespace: managerNamespace, Name: "e2e-ha-vcenter"},
+		StringData: map[string]string{"VC_HOST": sim.URL.String(), "VC_USER": sim.User, "VC_PASS": sim.Password},
+	}
+	must(t, admin.Create(ctx, secret))
+	t.Cleanup(func() { _ = admin.Delete(context.Background(), secret) })
+	for k, v := range map[string]string{
+		"AWS_ENDPOINT_URL_IAM": emu.url, "AWS_ENDPOINT_URL_STS": emu.url, "AWS_REGION": "us-east-1",
+		"AWS_ACCESS_KEY_ID": "AKIDE2EEXAMPLE", "AWS_SECRET_ACCESS_KEY": iamSecretKey,
+		"AWS_EC2_METADATA_DISABLED": "true", "AWS_PROFILE": "", "AWS_CONFIG_FILE": os.DevNull,
+		"AWS_SHARED_CREDENTIALS_FILE": os.DevNull,
+	} {
+		t.Setenv(k, v)
+	}
+	defaults := filepath.Join(t.TempDir(), "defaults.yaml")
+	must(t, os.WriteFile(defaults, []byte("resourceQuota:\n  hard: {pods: \"10\"}\n"), 0o600))
+	args := []string{"--controllers=namespaces,iam,vmgroups", "--health-probe-bind-address=0",
+		"--leader-elect", "--leader-election-namespace=" + managerNamespace, "--leader-election-id=" + lease,
+		"--namespace-defaults=" + defaults,
+		"--cluster-name=" + iamCluster, "--oidc-issuer=" + iamIssuer, "--aws-account-id=" + iamAccount,
+		"--allowed-policy-arns=" + readOnlyARN,
+		"--vsphere-secret=" + managerNamespace + "/e2e-ha-vcenter", "--vsphere-insecure", "--vsphere-clone-concurrency=2"}
+	managers := 0
+	start := func() *process {
+		managers++
+		return startManager(t, args...)
+	}
+	holder := func() string {
+		l := &coordinationv1.Lease{}
+		if err := admin.Get(ctx, client.ObjectKey{Namespace: managerNamespace, Name: lease}, l); err != nil || l.Spec.HolderIdentity == nil {
+			return ""
+		}
+		return *l.Spec.HolderIdentity
+	}
+	t.Cleanup(func() {
+		_ = admin.Delete(context.Background(), &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: managerNamespace, Name: lease}})
+	})
+	// waitHolder polls the Lease every 20 ms until it names someone other than old, and says when.
+	waitHolder := func(old string) (string, time.Time) {
+		var now string
+		eventually(t, "a new holder of the Lease", func() bool {
+			now = holder()
+			return now != "" && now != old
+		})
+		return now, time.Now()
+	}
+
+	leader := start()
+	leaderID, _ := waitHolder("")
+	standby := start()
+
+	// The work, all at once.
+	ns := newNamespace(t)
+	var wg sync.WaitGroup
+	created := make(chan error, requests)
+	for i := range requests {
+		name := fmt.Sprintf("%s%03d", prefix, i)
+		t.Cleanup(func() {
+			_ = admin.Delete(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}})
+			_ = admin.Delete(context.Background(), &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: requestsNamespace, Name: name}})
+		})
+		wg.Go(func() {
+			created <- admin.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: requestsNamespace, Name: name}})
+		})
+	}
+	var manifest strings.Builder
+	for i := range roles {
+		fmt.Fprintf(&manifest, "---\napiVersion: iam.quartermaster.dev/v1alpha1\nkind: IAMServiceAccount\nmetadata: {name: sa-%03d}\n"+
+			"spec: {serviceAccountName: sa-%03d, createServiceAccount: true, managedPolicyArns: [%q]}\n", i, i, readOnlyARN)
+	}
+	fmt.Fprintf(&manifest, "---\napiVersion: compute.quartermaster.dev/v1alpha1\nkind: VmGroup\nmetadata: {name: ha}\n"+
+		"spec: {cpu: 1, memory: 1, template: ha-template, replicas: %d}\n", vms)
+	kubectlApply(t, ns, manifest.String())
+	wg.Wait()
+	close(created)
+	for err := range created {
+		must(t, err)
+	}
+
+	// progress counts what is done outside and in: served requests' Secrets, roles, VMs.
+	progress := func() int {
+		return writes.count("Secret") + len(emu.state(t).Roles) + len(sim.VMs(t, "/DC0/vm/"+ns+"-ha"))
+	}
+	total := requests + roles + vms
+	killWhenBusy := func(victim *process, victimID string, after int) {
+		t.Helper()
+		eventually(t, "the leader to make progress", func() bool { return progress() > after })
+		done := progress()
+		if done >= total {
+			t.Fatalf("everything converged before the kill (%d of %d): the test would prove nothing", done, total)
+		}
+		killed := time.Now()
+		t.Logf("killing the leader (manager %s) with %d of %d done: %v", victimID, done, total, victim.kill(t))
+		newID, took := waitHolder(victimID)
+		t.Logf("the standby took over after %.1fs (lease %s + 2 × retry %s = %s)", took.Sub(killed).Seconds(),
+			manager.DefaultLeaseDuration, manager.DefaultRetryPeriod, manager.DefaultLeaseDuration+2*manager.DefaultRetryPeriod)
+		leaderID = newID
+	}
+
+	killWhenBusy(leader, leaderID, 0)
+	leader, standby = standby, start()
+	killWhenBusy(leader, leaderID, progress())
+	leader, standby = standby, start()
+
+	// Converged: everything exists once.
+	kubectlOK(t, "wait", "-n", ns, "iamsa", "--all", "--for=condition=Ready", "--timeout=180s")
+	kubectlOK(t, "wait", "-n", ns, "vg/ha", "--for=jsonpath={.status.readyReplicas}="+fmt.Sprint(vms), "--timeout=180s")
+	for i := range requests {
+		waitReady(t, fmt.Sprintf("%s%03d", prefix, i))
+	}
+
+	// A graceful stop hands over at once (the Lease is released).
+	stopping := time.Now()
+	leader.stop(t)
+	_, took := waitHolder(leaderID)
+	t.Logf("after SIGTERM the standby led within %.2fs (retry period %s, checked every 1 to 2.2 × that)",
+		took.Sub(stopping).Seconds(), manager.DefaultRetryPeriod)
+	_ = standby
+	t.Logf("%d managers started", managers)
+
+	t.Run("every request served once", func(t *testing.T) {
+		for i := range requests {
+			name := fmt.Sprintf("%s%03d", prefix, i)
+			// Created once and never deleted (the manager labels and annotates it after: updates).
+			if got := writes.of("Namespace/" + name); len(got) == 0 || got[0] != watch.Added ||
+				slices.Contains(got[1:], watch.Added) || slices.Contains(got, watch.Deleted) {
+				t.Errorf("Namespace %s: events %v, want one creation", name, got)
+			}
+			// A second write of the Secret would be a second token.
+			if got := writes.of("Secret/" + name); !slices.Equal(got, []watch.EventType{watch.Added}) {
+				t.Errorf("Secret %s: events %v, want written once", name, got)
+			}
+		}
+	})
+	t.Run("one role per IAMServiceAccount, each created once", func(t *testing.T) {
+		st := emu.state(t)
+		var names []string
+		for _, r := range st.Roles {
+			names = append(names, r.Name)
+		}
+		for i := range roles {
+			if want := irsa.RoleName(ns, fmt.Sprintf("sa-%03d", i)); !slices.Contains(names, want) {
+				t.Errorf("no role %s", want)
+			}
+		}
+		if len(st.Roles) != roles || st.Calls["CreateRole"] != roles || st.Calls["DeleteRole"] != 0 {
+			t.Errorf("%d roles, %d CreateRole and %d DeleteRole calls; want %d, %d, 0", len(st.Roles), st.Calls["CreateRole"], st.Calls["DeleteRole"], roles, roles)
+		}
+	})
+	t.Run("20 VMs, each cloned once, none removed", func(t *testing.T) {
+		if got := len(sim.VMs(t, "/DC0/vm/"+ns+"-ha")); got != vms {
+			t.Errorf("%d VMs in the group's folder, want %d", got, vms)
+		}
+		events, err := event.NewManager(sim.Admin.Client).QueryEvents(ctx, vimtypes.EventFilterSpec{
+			EventTypeId: []string{"VmBeingClonedEvent", "VmRemovedEvent"}, MaxCount: 1000,
+		})
+		must(t, err)
+		cloned := map[string]int{}
+		for _, e := range events {
+			switch e := e.(type) {
+			case *vimtypes.VmBeingClonedEvent:
+				if e.DestName != "ha-template" {
+					cloned[e.DestName]++
+				}
+			case *vimtypes.VmRemovedEvent:
+				t.Errorf("VM %s was removed", e.Vm.Name)
+			}
+		}
+		if len(cloned) != vms {
+			t.Errorf("%d VMs cloned, want %d: %v", len(cloned), vms, cloned)
+		}
+		for name, n := range cloned {
+			if n != 1 {
+				t.Errorf("%s cloned %d times", name, n)
+			}
+		}
+	})
+}
+
+// writeLog records, per Kind/name with a prefix, the watch events seen.
+type writeLog struct {
+	mu     sync.Mutex
+	events map[string][]watch.EventType
+}
+
+func newWriteLog() *writeLog { return &writeLog{events: map[string][]watch.EventType{}} }
+
+func (l *writeLog) follow(w watch.Interface, prefix string) {
+	for e := range w.ResultChan() {
+		obj, ok := e.Object.(client.Object)
+		if !ok || !strings.HasPrefix(obj.GetName(), prefix) {
+			continue
+		}
+		kind := "Secret"
+		if _, ok := obj.(*corev1.Namespace); ok {
+			kind = "Namespace"
+		}
+		l.mu.Lock()
+		l.events[kind+"/"+obj.GetName()] = append(l.events[kind+"/"+obj.GetName()], e.Type)
+		l.mu.Unlock()
+	}
+}
+
+func (l *writeLog) of(key string) []watch.EventType {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.events[key])
+}
+
+// count is how many objects of kind were created.
+func (l *writeLog) count(kind string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for k := range l.events {
+		if strings.HasPrefix(k, kind+"/") {
+			n++
+		}
+	}
+	return n
+}
