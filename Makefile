@@ -8,6 +8,8 @@ GOLANGCI_LINT := $(GO) tool -modfile=hack/tools/go.mod golangci-lint
 CONTROLLER_GEN := $(GO) tool controller-gen
 # The folder hack/k8s-bin.sh builds the Kubernetes binaries into (evaluated per recipe, on demand).
 K8S_BIN = $$(hack/k8s-bin.sh | tail -n1)
+# Every controller of cmd/quartermaster: each gets its own generated ClusterRole quartermaster-NAME.
+CONTROLLERS := namespaces vmgroups iam mirrors intents
 TEST_FLAGS ?= -race -count=1
 
 ##@ General
@@ -17,9 +19,16 @@ help: ## Show this help.
 
 ##@ Development
 .PHONY: manifests
-manifests: ## Generate CRDs (config/crd/bases) and the manager ClusterRole (config/rbac/role.yaml) from markers.
-	$(CONTROLLER_GEN) rbac:roleName=quartermaster-manager crd paths=./... \
-		output:crd:artifacts:config=config/crd/bases output:rbac:artifacts:config=config/rbac
+manifests: ## Generate CRDs (config/crd/bases), one ClusterRole (and Roles) per controller (config/rbac/generated) from markers, and the chart's copies.
+	$(CONTROLLER_GEN) crd paths=./api/... output:crd:artifacts:config=config/crd/bases
+	$(CONTROLLER_GEN) rbac:roleName=quartermaster-manager,fileName=manager.yaml paths=./internal/manager/... \
+		output:rbac:artifacts:config=config/rbac/generated
+	@for c in $(CONTROLLERS); do \
+		echo "$(CONTROLLER_GEN) rbac:roleName=quartermaster-$$c,fileName=$$c.yaml paths=./internal/controller/$$c/..."; \
+		$(CONTROLLER_GEN) rbac:roleName=quartermaster-$$c,fileName=$$c.yaml paths=./internal/controller/$$c/... \
+			output:rbac:artifacts:config=config/rbac/generated || exit 1; \
+	done
+	hack/chart-files.sh
 
 .PHONY: generate
 generate: ## Generate the DeepCopy methods of the API types.

@@ -29,11 +29,14 @@ import (
 	iamv1alpha1 "github.com/quartermaster-dev/quartermaster/api/iam/v1alpha1"
 )
 
-// +kubebuilder:rbac:groups="",resources=configmaps,verbs=get;list;watch;patch
+// The compat mode's rules are a ClusterRole of their own, quartermaster-iam-compat, installed only
+// with --iam-configmap-compat (the chart's iam.configMapCompat): without it the iam controller reads
+// no ConfigMap and never creates or deletes IAM objects.
+// +kubebuilder:rbac:groups="",resources=configmaps,verbs=get;list;watch;patch,roleName=quartermaster-iam-compat
 // Owner references with blockOwnerDeletion to a ConfigMap need update on its finalizers where the
 // OwnerReferencesPermissionEnforcement admission plugin runs.
-// +kubebuilder:rbac:groups="",resources=configmaps/finalizers,verbs=update
-// +kubebuilder:rbac:groups=iam.quartermaster.dev,resources=iampolicies;iamserviceaccounts,verbs=create;update;delete
+// +kubebuilder:rbac:groups="",resources=configmaps/finalizers,verbs=update,roleName=quartermaster-iam-compat
+// +kubebuilder:rbac:groups=iam.quartermaster.dev,resources=iampolicies;iamserviceaccounts,verbs=create;update;delete,roleName=quartermaster-iam-compat
 
 // The legacy ConfigMap: its name, keys, and the annotations its status is written to.
 const (

@@ -1,0 +1,289 @@
+// Package chart tests the Helm chart charts/quartermaster offline: helm lint, golden renders of a
+// few value sets, which RBAC each set installs, that the chart's RBAC and admission policies are
+// config/rbac's, and that bad values fail at install. test/e2e installs it on the local cluster.
+package chart
+
+import (
+	"bytes"
+	"flag"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	"github.com/quartermaster-dev/quartermaster/internal/testing/chart"
+	"github.com/quartermaster-dev/quartermaster/internal/testing/testenv"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden renders under testdata")
+
+// valueSets are the value files under testdata, each rendered to testdata/NAME.golden.yaml.
+var valueSets = []string{"default", "all", "minimal"}
+
+const (
+	release   = "quartermaster"
+	namespace = "quartermaster-system"
+)
+
+func valuesFile(name string) string {
+	return filepath.Join("test", "chart", "testdata", name+".values.yaml")
+}
+
+func render(t *testing.T, extra ...string) []*unstructured.Unstructured {
+	t.Helper()
+	out, err := chart.Template(release, namespace, extra...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs, err := chart.Objects(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return objs
+}
+
+func TestLint(t *testing.T) {
+	for _, set := range valueSets {
+		out, err := testenv.Helm("lint", "--strict", chart.Dir, "-f", valuesFile(set))
+		if err != nil {
+			t.Errorf("%s: %v\n%s", set, err, out)
+		}
+	}
+}
+
+func TestRendersAsTheGoldenFiles(t *testing.T) {
+	for _, set := range valueSets {
+		t.Run(set, func(t *testing.T) {
+			rendered, err := chart.Template(release, namespace, "-f", valuesFile(set))
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := withoutCRDSchemas(rendered)
+			path := filepath.Join("testdata", set+".golden.yaml")
+			if *update {
+				if err := os.WriteFile(path, got, 0o644); err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			want, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatalf("%v (go test ./test/chart -update writes it)", err)
+			}
+			if !bytes.Equal(got, want) {
+				t.Errorf("helm template with %s differs from %s (go test ./test/chart -update rewrites it; review the diff):\n%s",
+					valuesFile(set), path, firstDifference(string(want), string(got)))
+			}
+		})
+	}
+}
+
+// withoutCRDSchemas cuts each CRD after its metadata: the CRDs are config/crd/bases' (hack/chart-files.sh,
+// checked by make verify-generated), and an API change should not need a chart golden update.
+func withoutCRDSchemas(manifest []byte) []byte {
+	docs := strings.Split(string(manifest), "\n---\n")
+	for i, d := range docs {
+		if strings.Contains(d, "# Source: quartermaster/templates/crds/") {
+			if j := strings.Index(d, "\nspec:\n"); j >= 0 {
+				docs[i] = d[:j] + "\nspec: {} # (config/crd/bases)"
+			}
+		}
+	}
+	return []byte(strings.Join(docs, "\n---\n"))
+}
+
+func firstDifference(want, got string) string {
+	w, g := strings.Split(want, "\n"), strings.Split(got, "\n")
+	for i := range max(len(w), len(g)) {
+		var wl, gl string
+		if i < len(w) {
+			wl = w[i]
+		}
+		if i < len(g) {
+			gl = g[i]
+		}
+		if wl != gl {
+			return "line " + strconv.Itoa(i+1) + ":\n  want: " + wl + "\n  got:  " + gl
+		}
+	}
+	return ""
+}
+
+// TestInstallsOnlyTheEnabledControllersRBAC: each controller's generated roles, bindings and
+// admission policies come with it and only with it; the IAM compat role only with compat on.
+func TestInstallsOnlyTheEnabledControllersRBAC(t *testing.T) {
+	perController := map[string][]string{ // ClusterRoles and admission policies each controller brings
+		"namespaces": {"ClusterRole quartermaster-namespaces", "ValidatingAdmissionPolicy quartermaster-manager-scope", "ValidatingAdmissionPolicy quartermaster-manager-namespaces"},
+		"vmgroups":   {"ClusterRole quartermaster-vmgroups", "ClusterRole quartermaster-vmgroups-user-data"},
+		"iam":        {"ClusterRole quartermaster-iam"},
+		"mirrors":    {"ClusterRole quartermaster-mirrors", "ClusterRole quartermaster-node-agent", "ValidatingAdmissionPolicy quartermaster-manager-workloads", "ValidatingAdmissionPolicy quartermaster-node-agent"},
+		"intents":    {"ClusterRole quartermaster-intents", "ValidatingAdmissionPolicy quartermaster-manager-kyverno"},
+	}
+	iamOn := []string{"--set", "iam.enabled=true", "--set", "iam.clusterName=c", "--set", "iam.oidcIssuer=https://oidc.example.com"}
+	cases := []struct {
+		name string
+		args []string
+		on   []string
+		more []string // further objects that must be there
+		not  []string // objects that must not
+	}{
+		{"default", nil, []string{"namespaces", "mirrors", "intents"}, nil,
+			[]string{"ClusterRole quartermaster-iam-compat", "Role quartermaster-intents-k8tls"}},
+		{"iam without compat", append(iamOn, "--set", "namespaces.enabled=false", "--set", "mirrors.enabled=false", "--set", "intents.enabled=false"),
+			[]string{"iam"}, []string{"ClusterRoleBinding quartermaster-iam"}, []string{"ClusterRole quartermaster-iam-compat", "ClusterRoleBinding quartermaster-iam-compat"}},
+		{"all", []string{"-f", valuesFile("all")}, []string{"namespaces", "vmgroups", "iam", "mirrors", "intents"},
+			[]string{"ClusterRole quartermaster-iam-compat", "ClusterRoleBinding quartermaster-iam-compat", "Role quartermaster-intents-k8tls", "ValidatingAdmissionPolicy quartermaster-manager-k8tls-scans", "ClusterRoleBinding quartermaster-metrics-reader"}, nil},
+		{"minimal", []string{"-f", valuesFile("minimal")}, []string{"namespaces"}, nil,
+			[]string{"CustomResourceDefinition vmgroups.compute.quartermaster.dev", "PodDisruptionBudget quartermaster-manager", "Service quartermaster-metrics"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			objs := render(t, tc.args...)
+			have := map[string]bool{}
+			for _, o := range objs {
+				have[o.GetKind()+" "+o.GetName()] = true
+			}
+			for c, names := range perController {
+				for _, n := range names {
+					if want := slices.Contains(tc.on, c); have[n] != want {
+						t.Errorf("%s: with controllers %v, present=%v, want %v", n, tc.on, have[n], want)
+					}
+				}
+			}
+			for _, n := range tc.more {
+				if !have[n] {
+					t.Errorf("%s is missing", n)
+				}
+			}
+			for _, n := range tc.not {
+				if have[n] {
+					t.Errorf("%s is installed", n)
+				}
+			}
+			// Every generated role is bound, to the manager's ServiceAccount.
+			for _, o := range objs {
+				kind := o.GetKind()
+				if (kind != "ClusterRole" && kind != "Role") || strings.HasSuffix(o.GetName(), "-editor") || strings.HasSuffix(o.GetName(), "-viewer") ||
+					slices.Contains(unboundRoles, o.GetName()) {
+					continue
+				}
+				if !have[kind+"Binding "+o.GetName()] {
+					t.Errorf("%s %s has no binding", kind, o.GetName())
+				}
+			}
+			// The manager runs exactly the enabled controllers.
+			args := managerArgs(t, objs)
+			if want := "--controllers=" + strings.Join(tc.on, ","); !slices.Contains(args, want) {
+				t.Errorf("the manager's args %v do not hold %s", args, want)
+			}
+		})
+	}
+}
+
+// unboundRoles are the roles installed for others to bind (metrics scrapers, the namespaces whose
+// VmGroups use user data) and the node agents' (node_agent.yaml binds it to the agents).
+var unboundRoles = []string{"quartermaster-metrics-reader", "quartermaster-vmgroups-user-data", "quartermaster-node-agent"}
+
+func managerArgs(t *testing.T, objs []*unstructured.Unstructured) []string {
+	t.Helper()
+	d := chart.Find(objs, "Deployment", "quartermaster-manager")
+	if d == nil {
+		t.Fatal("no Deployment quartermaster-manager")
+	}
+	containers, _, _ := unstructured.NestedSlice(d.Object, "spec", "template", "spec", "containers")
+	var args []string
+	for _, a := range containers[0].(map[string]any)["args"].([]any) {
+		args = append(args, a.(string))
+	}
+	return args
+}
+
+// TestRBACIsConfigRBAC: rendered as config/ names things (release quartermaster in
+// quartermaster-system), the chart's roles, bindings and admission policies are exactly those of
+// config/local (config/rbac with the IAM compat binding): one source, the markers and config/rbac.
+func TestRBACIsConfigRBAC(t *testing.T) {
+	objs := render(t, "-f", valuesFile("all"))
+	kubectl := filepath.Join(testenv.Assets(t), "kubectl")
+	cmd := exec.Command(kubectl, "kustomize", "config/local")
+	cmd.Dir = testenv.RepoRoot()
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("kubectl kustomize config/local: %v", err)
+	}
+	kustomized, err := chart.Objects(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// config/rbac binds every role the markers generate (role_bindings.yaml, by hand).
+	for _, k := range kustomized {
+		if kind := k.GetKind(); (kind == "ClusterRole" || kind == "Role") && !slices.Contains(unboundRoles, k.GetName()) &&
+			chart.Find(kustomized, kind+"Binding", k.GetName()) == nil {
+			t.Errorf("config/local has %s %s/%s and no binding of it", kind, k.GetNamespace(), k.GetName())
+		}
+	}
+	compared := 0
+	for _, k := range kustomized {
+		var fields []string
+		switch k.GetKind() {
+		case "ClusterRole", "Role":
+			fields = []string{"rules"}
+		case "ClusterRoleBinding", "RoleBinding":
+			fields = []string{"roleRef", "subjects"}
+		case "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding":
+			fields = []string{"spec"}
+		case "ServiceAccount":
+		default:
+			continue
+		}
+		i := slices.IndexFunc(objs, func(o *unstructured.Unstructured) bool {
+			return o.GetKind() == k.GetKind() && o.GetName() == k.GetName() && o.GetNamespace() == k.GetNamespace()
+		})
+		if i < 0 {
+			t.Errorf("config/local has %s %s/%s, the chart does not", k.GetKind(), k.GetNamespace(), k.GetName())
+			continue
+		}
+		for _, f := range fields {
+			if !equality.Semantic.DeepEqual(k.Object[f], objs[i].Object[f]) {
+				t.Errorf("%s %s/%s: %s differs from config/local's:\nchart:  %v\nconfig: %v", k.GetKind(), k.GetNamespace(), k.GetName(), f, objs[i].Object[f], k.Object[f])
+			}
+		}
+		compared++
+	}
+	t.Logf("compared %d objects of config/local", compared)
+	if compared < 30 {
+		t.Errorf("compared only %d objects of config/local", compared)
+	}
+}
+
+// TestRefusesBadValues: values.schema.json makes helm fail before anything is installed.
+func TestRefusesBadValues(t *testing.T) {
+	for _, tc := range []struct {
+		set, want string
+	}{
+		{"iam.enabled=true", "/iam/clusterName"},
+		{"vmgroups.enabled=true", "/vmgroups/vcenterSecret"},
+		{"replicas=3", "additional properties 'replicas' not allowed"},
+		{"namespaces.tokenTTL=3days", "/namespaces/tokenTTL"},
+		{"iam.aws.roleArn=my-role", "/iam/aws/roleArn"},
+		{"image.digest=latest", "/image/digest"},
+		{"mirrors.namespace=Mirrors", "/mirrors/namespace"},
+		{"metrics.port=70000", "/metrics/port"},
+		{"vmgroups.maxReplicas=1001", "/vmgroups/maxReplicas"},
+	} {
+		_, err := chart.Template(release, namespace, "--set", tc.set)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("--set %s: got %v, want an error naming %s", tc.set, err, tc.want)
+		}
+	}
+	// And no controller at all is refused by the template itself.
+	_, err := chart.Template(release, namespace, "--set", "namespaces.enabled=false", "--set", "mirrors.enabled=false", "--set", "intents.enabled=false")
+	if err == nil || !strings.Contains(err.Error(), "enable at least one controller") {
+		t.Errorf("no controller: got %v, want refused", err)
+	}
+}
