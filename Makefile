@@ -43,12 +43,13 @@ fmt: ## gofmt and goimports the code.
 	$(GOLANGCI_LINT) fmt ./...
 
 .PHONY: lint
-lint: ## gofmt check, go vet and golangci-lint.
+lint: ## gofmt check, go vet, golangci-lint, and the alert rules and dashboard through Prometheus's parsers.
 	@out="$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))"; \
 		if [[ -n "$$out" ]]; then echo "gofmt needed on:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) vet -tags e2e ./test/...
 	$(GOLANGCI_LINT) run ./...
+	cd hack/tools/promlint && $(GO) vet . && $(GO) run . ../../../config/prometheus/prometheusrule.yaml ../../../config/grafana/quartermaster-dashboard.json
 
 .PHONY: build
 build: ## Build the manager into bin/quartermaster.

@@ -60,32 +60,10 @@ func TestFailoverUnderKillAcrossControllers(t *testing.T) {
 		go writes.follow(wi, prefix)
 	}
 
-	// The outside systems.
-	emu := startIAMEmulator(t)
-	sim := vsimtest.Start(t)
-	sim.AddTemplate(t, "ha-template")
-	secret := &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Namespace: managerNamespace, Name: "e2e-ha-vcenter"},
-		StringData: map[string]string{"VC_HOST": sim.URL.String(), "VC_USER": sim.User, "VC_PASS": sim.Password},
-	}
-	must(t, admin.Create(ctx, secret))
-	t.Cleanup(func() { _ = admin.Delete(context.Background(), secret) })
-	for k, v := range map[string]string{
-		"AWS_ENDPOINT_URL_IAM": emu.url, "AWS_ENDPOINT_URL_STS": emu.url, "AWS_REGION": "us-east-1",
-		"AWS_ACCESS_KEY_ID": "AKIDE2EEXAMPLE", "AWS_SECRET_ACCESS_KEY": iamSecretKey,
-		"AWS_EC2_METADATA_DISABLED": "true", "AWS_PROFILE": "", "AWS_CONFIG_FILE": os.DevNull,
-		"AWS_SHARED_CREDENTIALS_FILE": os.DevNull,
-	} {
-		t.Setenv(k, v)
-	}
-	defaults := filepath.Join(t.TempDir(), "defaults.yaml")
-	must(t, os.WriteFile(defaults, []byte("resourceQuota:\n  hard: {pods: \"10\"}\n"), 0o600))
-	args := []string{"--controllers=namespaces,iam,vmgroups", "--health-probe-bind-address=0",
-		"--leader-elect", "--leader-election-namespace=" + managerNamespace, "--leader-election-id=" + lease,
-		"--namespace-defaults=" + defaults,
-		"--cluster-name=" + iamCluster, "--oidc-issuer=" + iamIssuer, "--aws-account-id=" + iamAccount,
-		"--allowed-policy-arns=" + readOnlyARN,
-		"--vsphere-secret=" + managerNamespace + "/e2e-ha-vcenter", "--vsphere-insecure", "--vsphere-clone-concurrency=2"}
+	emu, sim, args := outsideSystems(t, "e2e-ha")
+	args = append(args, "--controllers=namespaces,iam,vmgroups", "--health-probe-bind-address=0",
+		"--leader-elect", "--leader-election-namespace="+managerNamespace, "--leader-election-id="+lease,
+		"--vsphere-clone-concurrency=2")
 	managers := 0
 	start := func() *process {
 		managers++
@@ -241,6 +219,36 @@ func TestFailoverUnderKillAcrossControllers(t *testing.T) {
 			}
 		}
 	})
+}
+
+// outsideSystems starts the IAM emulator and vcsim (with the template ha-template) for a manager
+// running namespaces, iam and vmgroups, and returns the flags that point it at them (the AWS SDK
+// reads its endpoint from the environment, set here for the test).
+func outsideSystems(t *testing.T, name string) (*iamEmulatorProcess, *vsimtest.Sim, []string) {
+	ctx := context.Background()
+	emu := startIAMEmulator(t)
+	sim := vsimtest.Start(t)
+	sim.AddTemplate(t, "ha-template")
+	secret := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Namespace: managerNamespace, Name: name + "-vcenter"},
+		StringData: map[string]string{"VC_HOST": sim.URL.String(), "VC_USER": sim.User, "VC_PASS": sim.Password},
+	}
+	must(t, admin.Create(ctx, secret))
+	t.Cleanup(func() { _ = admin.Delete(context.Background(), secret) })
+	for k, v := range map[string]string{
+		"AWS_ENDPOINT_URL_IAM": emu.url, "AWS_ENDPOINT_URL_STS": emu.url, "AWS_REGION": "us-east-1",
+		"AWS_ACCESS_KEY_ID": "AKIDE2EEXAMPLE", "AWS_SECRET_ACCESS_KEY": iamSecretKey,
+		"AWS_EC2_METADATA_DISABLED": "true", "AWS_PROFILE": "", "AWS_CONFIG_FILE": os.DevNull,
+		"AWS_SHARED_CREDENTIALS_FILE": os.DevNull,
+	} {
+		t.Setenv(k, v)
+	}
+	defaults := filepath.Join(t.TempDir(), "defaults.yaml")
+	must(t, os.WriteFile(defaults, []byte("resourceQuota:\n  hard: {pods: \"10\"}\n"), 0o600))
+	return emu, sim, []string{"--namespace-defaults=" + defaults,
+		"--cluster-name=" + iamCluster, "--oidc-issuer=" + iamIssuer, "--aws-account-id=" + iamAccount,
+		"--allowed-policy-arns=" + readOnlyARN,
+		"--vsphere-secret=" + managerNamespace + "/" + secret.Name, "--vsphere-insecure"}
 }
 
 // writeLog records, per Kind/name with a prefix, the watch events seen.

@@ -79,9 +79,9 @@ func Login(ctx context.Context, creds Credentials, wrap Wrapper) (*Client, error
 		sc.CloseIdleConnections()
 		return nil, c.redact(err)
 	}
-	var wire soap.RoundTripper = sc
+	var wire soap.RoundTripper = metered{next: sc}
 	if wrap != nil {
-		wire = wrap(sc)
+		wire = wrap(wire)
 	}
 	// Logins bypass the re-login layer so a refused login is never retried by it.
 	direct := *vim

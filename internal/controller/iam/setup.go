@@ -160,6 +160,8 @@ func guarded(c client.Client) client.Client {
 
 // register adds the controllers sharing b to the manager.
 func register(mgr ctrl.Manager, b *base) error {
+	status.CountObjects(mgr, "IAMPolicy", &iamv1alpha1.IAMPolicyList{}, status.ConditionState)
+	status.CountObjects(mgr, "IAMServiceAccount", &iamv1alpha1.IAMServiceAccountList{}, status.ConditionState)
 	if err := indexPolicyReferences(mgr); err != nil {
 		return err
 	}

@@ -69,6 +69,13 @@ func setup(mgr ctrl.Manager, o Options, engineInterval time.Duration) (*base, er
 	if _, _, err := mgr.GetScheme().ObjectKinds(&intentv1alpha1.NimbusPolicy{}); err != nil {
 		return nil, errors.New("the manager's scheme lacks intent.security.nimbus.com/v1alpha1 (add intentv1alpha1.AddToScheme)")
 	}
+	for kind, list := range map[string]client.ObjectList{
+		"SecurityIntent": &intentv1alpha1.SecurityIntentList{}, "SecurityIntentBinding": &intentv1alpha1.SecurityIntentBindingList{},
+		"ClusterSecurityIntentBinding": &intentv1alpha1.ClusterSecurityIntentBindingList{},
+		"NimbusPolicy":                 &intentv1alpha1.NimbusPolicyList{}, "ClusterNimbusPolicy": &intentv1alpha1.ClusterNimbusPolicyList{},
+	} {
+		status.CountObjects(mgr, kind, list, status.ConditionState)
+	}
 	b := &base{
 		client: status.NewClient(mgr.GetClient(),
 			&intentv1alpha1.SecurityIntent{}, &intentv1alpha1.SecurityIntentBinding{}, &intentv1alpha1.ClusterSecurityIntentBinding{},

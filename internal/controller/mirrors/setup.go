@@ -60,6 +60,7 @@ func setup(mgr ctrl.Manager, o Options) (*Reconciler, error) {
 	if err != nil {
 		return nil, err
 	}
+	status.CountObjects(mgr, "RegistryMirror", &registryv1alpha1.RegistryMirrorList{}, status.ConditionState)
 	// Writes go through the manager's client; reads of the mirror's own objects come from the
 	// controller's cache, guarded against returning an object older than our last write of it.
 	objectClient, err := client.New(mgr.GetConfig(), client.Options{

@@ -94,7 +94,11 @@ func (r *Reconciler) ensureCredentials(ctx context.Context, req *nsrequest.Reque
 	}
 	// The first token is told by the request's Ready Event (one Event per outcome); a refresh has
 	// its own.
+	if !exists {
+		credentialsIssued.Inc()
+	}
 	if exists {
+		tokensRotated.Inc()
 		r.Recorder.Eventf(want, nil, corev1.EventTypeNormal, "CredentialsRefreshed", "Refresh",
 			"token for ServiceAccount %s/%s valid until %s", sa.Namespace, sa.Name, want.Annotations[nsrequest.AnnotationTokenExpiresAt])
 	}

@@ -113,6 +113,7 @@ func NewReconciler(mgr ctrl.Manager, policy *nsrequest.Policy, defaults *nsreque
 
 // SetupWithManager watches request ConfigMaps and everything made for them.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
+	status.CountObjects(mgr, "NamespaceRequest", &corev1.ConfigMapList{}, requestState, client.InNamespace(r.Policy.RequestsNamespace))
 	toRequest := handler.EnqueueRequestsFromMapFunc(r.mapToRequest)
 	// Objects made for a request wake it when someone changes or deletes them. Their creation does
 	// not: the controller made them (one reconcile per request instead of one per object), and at

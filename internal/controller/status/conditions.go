@@ -44,8 +44,9 @@ func ReadyReason(conds []metav1.Condition) string {
 
 // Announce records an Event for o when its reason differs from the previous one (transitions
 // only, never at every retry), unless o is Quiet: Normal when Ready, Warning otherwise, or
-// o.EventType.
+// o.EventType. A transient error counts in quartermaster_reconcile_errors_total, every time.
 func Announce(rec events.EventRecorder, obj runtime.Object, previousReason string, o Outcome) {
+	countError(obj, o)
 	if o.Quiet || o.Reason == previousReason {
 		return
 	}

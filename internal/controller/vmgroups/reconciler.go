@@ -125,6 +125,7 @@ func NewReconciler(mgr ctrl.Manager, o *Options) (*Reconciler, error) {
 // change of the Secret's data triggers a reconcile of every VmGroup.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
 	r.cloneSlots()
+	status.CountObjects(mgr, "VmGroup", &computev1alpha1.VmGroupList{}, status.ConditionState)
 	deleting := predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
 		return e.ObjectOld.GetDeletionTimestamp() == nil && e.ObjectNew.GetDeletionTimestamp() != nil
 	}}

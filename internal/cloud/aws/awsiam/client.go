@@ -40,7 +40,10 @@ type Client struct {
 // their endpoints from cfg, including cfg.BaseEndpoint and the service-specific endpoint
 // settings (AWS_ENDPOINT_URL_IAM, AWS_ENDPOINT_URL_STS) that LoadConfig gathered.
 func New(cfg aws.Config) *Client {
-	return &Client{iam: iam.NewFromConfig(cfg), sts: sts.NewFromConfig(cfg)}
+	return &Client{
+		iam: iam.NewFromConfig(cfg, func(o *iam.Options) { o.APIOptions = append(o.APIOptions, metered("iam")) }),
+		sts: sts.NewFromConfig(cfg, func(o *sts.Options) { o.APIOptions = append(o.APIOptions, metered("sts")) }),
+	}
 }
 
 // Tags are IAM tags, key to value.
