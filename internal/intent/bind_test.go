@@ -65,14 +65,10 @@ func TestMatches(t *testing.T) {
 	stored := func(edit func(spec map[string]any)) *unstructured.Unstructured {
 		s := desired.DeepCopy()
 		spec := s.Object["spec"].(map[string]any)
-		// What the API server and Kyverno's CRD defaults add.
+		// What Kyverno's CRD defaults add.
 		spec["admission"] = true
 		r := spec["rules"].([]any)[0].(map[string]any)
 		r["skipBackgroundRequests"] = true
-		r["exclude"] = map[string]any{"resources": map[string]any{}}
-		r["generate"] = map[string]any{"clone": map[string]any{}, "cloneList": map[string]any{}}
-		r["mutate"] = map[string]any{}
-		r["match"].(map[string]any)["resources"] = map[string]any{}
 		s.SetResourceVersion("42")
 		s.SetAnnotations(map[string]string{ManagedBy: "nimbus-kyverno", "policies.kyverno.io/description": "desc of escapeToHost", "note": "someone's"})
 		if edit != nil {

@@ -193,8 +193,11 @@ spec:
 		assertObject(t, got.Object.Object, kyverno("Policy", "web-escapetohost", "shop", npOwner, `  validationFailureAction: Enforce
   rules:
   - name: pod-security-standard
-    match: {any: [{resources: {kinds: [v1/Pod], selector: {matchLabels: {app: nginx}}}}]}
+    match: {any: [{resources: {kinds: [v1/Pod], selector: {matchLabels: {app: nginx}}}}], resources: {}}
+    exclude: {resources: {}}
+    mutate: {}
     validate: {podSecurity: {level: restricted, version: latest}}
+    generate: {clone: {}, cloneList: {}}
 `))
 	})
 	for _, tc := range []struct {
@@ -233,14 +236,14 @@ spec:
 		match, exclude string
 	}{
 		{"matchNames", intentv1alpha1.NamespaceSelector{MatchNames: []string{"a", "b"}}, map[string]string{"app": "nginx"},
-			`{any: [{resources: {kinds: [v1/Pod], namespaces: [a, b], selector: {matchLabels: {app: nginx}}}}]}`,
-			`{any: [{resources: {namespaces: [kube-system]}}]}`},
+			`{any: [{resources: {kinds: [v1/Pod], namespaces: [a, b], selector: {matchLabels: {app: nginx}}}}], resources: {}}`,
+			`{any: [{resources: {namespaces: [kube-system]}}], resources: {}}`},
 		{"every namespace but some", intentv1alpha1.NamespaceSelector{MatchNames: []string{"*"}, ExcludeNames: []string{"spire"}}, nil,
-			`{any: [{resources: {kinds: [v1/Pod]}}]}`,
-			`{any: [{resources: {namespaces: [kube-system]}}, {resources: {namespaces: [spire]}}]}`},
+			`{any: [{resources: {kinds: [v1/Pod]}}], resources: {}}`,
+			`{any: [{resources: {namespaces: [kube-system]}}, {resources: {namespaces: [spire]}}], resources: {}}`},
 		{"excludeNames alone", intentv1alpha1.NamespaceSelector{ExcludeNames: []string{"spire"}}, nil,
-			`{any: [{resources: {kinds: [v1/Pod]}}]}`,
-			`{any: [{resources: {namespaces: [kube-system]}}, {resources: {namespaces: [spire]}}]}`},
+			`{any: [{resources: {kinds: [v1/Pod]}}], resources: {}}`,
+			`{any: [{resources: {namespaces: [kube-system]}}, {resources: {namespaces: [spire]}}], resources: {}}`},
 	} {
 		t.Run("ClusterPolicy, "+tc.name, func(t *testing.T) {
 			ps := ForClusterNimbusPolicy(cnp(tc.sel, tc.labels))
@@ -252,9 +255,62 @@ spec:
   - name: pod-security-standard
     match: `+tc.match+`
     exclude: `+tc.exclude+`
+    mutate: {}
     validate: {podSecurity: {level: baseline, version: latest}}
+    generate: {clone: {}, cloneList: {}}
 `))
 		})
+	}
+}
+
+// TestKyvernoRulesAsGoTypesSerializeThem: every Kyverno rule carries the fields Kyverno's Go types
+// write when they are unset, as Nimbus's adapter sends its rules (Kyverno's CRD defaults none of
+// them, so a stored policy keeps exactly what was sent).
+func TestKyvernoRulesAsGoTypesSerializeThem(t *testing.T) {
+	np := nimbusPolicy(rule(EscapeToHost, "Block", nil), rule(CocoWorkload, "Block", nil),
+		rule(VirtualPatch, "Block", map[string]intentv1alpha1.ParamValues{"cveList": {"CVE-2024-4439"}}))
+	cnp := &intentv1alpha1.ClusterNimbusPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: "all", UID: "cnp-uid"},
+		Spec: intentv1alpha1.ClusterNimbusPolicySpec{NsSelector: intentv1alpha1.NamespaceSelector{MatchNames: []string{"*"}},
+			NimbusRules: []intentv1alpha1.NimbusRules{rule(EscapeToHost, "Block", nil), rule(CocoWorkload, "Block", nil)}},
+	}
+	policies := append(ForNimbusPolicy(np, Inputs{Deployments: []Workload{{Name: "web", Labels: map[string]string{"app": "nginx"}}}}),
+		ForClusterNimbusPolicy(cnp)...)
+	var n int
+	for _, p := range policies {
+		if p.Engine != Kyverno {
+			continue
+		}
+		for _, r := range p.Object.Object["spec"].(map[string]any)["rules"].([]any) {
+			n++
+			rule := r.(map[string]any)
+			for _, path := range [][]string{{"match", "resources"}, {"exclude", "resources"}, {"mutate"}, {"validate"},
+				{"generate", "clone"}, {"generate", "cloneList"}} {
+				var v any = rule
+				for _, k := range path {
+					v = v.(map[string]any)[k]
+				}
+				if _, ok := v.(map[string]any); !ok {
+					t.Errorf("%s rule %v: %s is %v, want an object", p.Entry, rule["name"], strings.Join(path, "."), v)
+				}
+			}
+			acts := 0
+			for _, k := range []string{"mutate", "validate"} {
+				if len(rule[k].(map[string]any)) > 0 {
+					acts++
+				}
+			}
+			if _, ok := rule["generate"].(map[string]any)["kind"]; ok {
+				acts++
+			}
+			if acts != 1 {
+				t.Errorf("%s rule %v does %d things, want one", p.Entry, rule["name"], acts)
+			}
+		}
+	}
+	// escapeToHost, mutateexisting, mutateoncreate, three virtual patches, two ClusterPolicies.
+	if n != 8 {
+		t.Errorf("%d rules checked, want 8", n)
 	}
 }
 

@@ -82,7 +82,7 @@ func cocoWorkloadPolicy(p parent, r intentv1alpha1.NimbusRules, name string, mut
 	spec := map[string]any{
 		"background":              true,
 		"validationFailureAction": validationFailureAction(r.Rule.RuleAction),
-		"rules":                   []any{rule},
+		"rules":                   []any{kyvernoRule(rule)},
 	}
 	if mutateExisting {
 		spec["mutateExistingOnPolicyUpdate"] = true
@@ -121,12 +121,12 @@ func cocoWorkloadClusterPolicy(cnp *intentv1alpha1.ClusterNimbusPolicy, owner ma
 	spec := map[string]any{
 		"mutateExistingOnPolicyUpdate": true,
 		"validationFailureAction":      validationFailureAction(r.Rule.RuleAction),
-		"rules": []any{map[string]any{
+		"rules": []any{kyvernoRule(map[string]any{
 			"name":    "add-runtime-class-to-pods",
 			"match":   match,
 			"exclude": exclude,
 			"mutate":  map[string]any{"targets": []any{target}, "patchStrategicMerge": runtimeClassPatch(r)},
-		}},
+		})},
 	}
 	obj := object(KyvernoClusterPolicyKind, name, "", kyvernoAnnotations(r), owner, spec)
 	return Policy{Engine: Kyverno, Object: obj, Entry: "KyvernoClusterPolicy/" + name}

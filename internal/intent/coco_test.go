@@ -66,7 +66,10 @@ func TestCocoWorkloadPolicies(t *testing.T) {
   mutateExistingOnPolicyUpdate: true
   rules:
   - name: add runtime
-    match: {any: [{resources: {kinds: [intent.security.nimbus.com/v1alpha1/NimbusPolicy], name: web}}]}
+    match: {any: [{resources: {kinds: [intent.security.nimbus.com/v1alpha1/NimbusPolicy], name: web}}], resources: {}}
+    exclude: {resources: {}}
+    validate: {}
+    generate: {clone: {}, cloneList: {}}
     mutate:
       targets:
       - {apiVersion: apps/v1, kind: Deployment, name: cache}
@@ -77,7 +80,10 @@ func TestCocoWorkloadPolicies(t *testing.T) {
   validationFailureAction: Enforce
   rules:
   - name: add runtime
-    match: {any: [{resources: {kinds: [apps/v1/Deployment], selector: {matchLabels: {app: nginx}}}}]}
+    match: {any: [{resources: {kinds: [apps/v1/Deployment], selector: {matchLabels: {app: nginx}}}}], resources: {}}
+    exclude: {resources: {}}
+    validate: {}
+    generate: {clone: {}, cloneList: {}}
     mutate:
       patchStrategicMerge: {spec: {template: {spec: {runtimeClassName: kata-qemu}}}}
 `))
@@ -94,7 +100,10 @@ func TestCocoWorkloadPolicies(t *testing.T) {
   mutateExistingOnPolicyUpdate: true
   rules:
   - name: add runtime
-    match: {any: [{resources: {kinds: [intent.security.nimbus.com/v1alpha1/NimbusPolicy], name: web}}]}
+    match: {any: [{resources: {kinds: [intent.security.nimbus.com/v1alpha1/NimbusPolicy], name: web}}], resources: {}}
+    exclude: {resources: {}}
+    validate: {}
+    generate: {clone: {}, cloneList: {}}
     mutate:
       targets: [{apiVersion: apps/v1, kind: Deployment}]
       patchStrategicMerge: {spec: {template: {spec: {runtimeClassName: kata-clh}}}}
@@ -103,7 +112,10 @@ func TestCocoWorkloadPolicies(t *testing.T) {
   validationFailureAction: Audit
   rules:
   - name: add runtime
-    match: {any: [{resources: {kinds: [apps/v1/Deployment]}}]}
+    match: {any: [{resources: {kinds: [apps/v1/Deployment]}}], resources: {}}
+    exclude: {resources: {}}
+    validate: {}
+    generate: {clone: {}, cloneList: {}}
     mutate:
       patchStrategicMerge: {spec: {template: {spec: {runtimeClassName: kata-clh}}}}
 `))
@@ -142,11 +154,11 @@ func TestCocoWorkloadPolicies(t *testing.T) {
 		match, exclude string
 	}{
 		{"matchNames", intentv1alpha1.NamespaceSelector{MatchNames: []string{"a", "b"}}, map[string]string{"app": "nginx", "tier": "front"},
-			`{any: [{resources: {kinds: [apps/v1/Deployment], namespaces: [a, b], selector: {matchLabels: {app: nginx, tier: front}}}}]}`,
-			`{any: [{resources: {namespaces: [kube-system]}}]}`},
+			`{any: [{resources: {kinds: [apps/v1/Deployment], namespaces: [a, b], selector: {matchLabels: {app: nginx, tier: front}}}}], resources: {}}`,
+			`{any: [{resources: {namespaces: [kube-system]}}], resources: {}}`},
 		{"every namespace but some", intentv1alpha1.NamespaceSelector{MatchNames: []string{"*"}, ExcludeNames: []string{"spire"}}, nil,
-			`{any: [{resources: {kinds: [apps/v1/Deployment]}}]}`,
-			`{any: [{resources: {namespaces: [kube-system]}}, {resources: {namespaces: [spire]}}]}`},
+			`{any: [{resources: {kinds: [apps/v1/Deployment]}}], resources: {}}`,
+			`{any: [{resources: {namespaces: [kube-system]}}, {resources: {namespaces: [spire]}}], resources: {}}`},
 	} {
 		t.Run("ClusterPolicy, "+tc.name, func(t *testing.T) {
 			cnp := clusterNimbusPolicy(tc.sel, tc.labels, rule(EscapeToHost, "Audit", runtimeClass("first-rule")), rule(CocoWorkload, "Block", runtimeClass("kata-qemu")))
@@ -167,6 +179,8 @@ spec:
   - name: add-runtime-class-to-pods
     match: `+tc.match+`
     exclude: `+tc.exclude+`
+    validate: {}
+    generate: {clone: {}, cloneList: {}}
     mutate:
       targets:
       - {apiVersion: apps/v1, kind: Deployment, namespace: '{{ request.object.metadata.namespace }}', name: '{{ request.object.metadata.name }}'}

@@ -74,6 +74,40 @@ func podSecurityRule(r intentv1alpha1.NimbusRules, match, exclude map[string]any
 	if exclude != nil {
 		rule["exclude"] = exclude
 	}
+	return kyvernoRule(rule)
+}
+
+// kyvernoRule completes a rule with what Kyverno's Go types serialize for a rule that leaves them
+// unset, as Nimbus's adapter sends it: match and exclude always carry resources ({} when it names
+// none), mutate and validate are {} when the rule does not mutate or validate, and generate holds
+// empty clone and cloneList. Kyverno's CRD keeps them as sent (none of them is defaulted), so a
+// whole-object comparison with Nimbus's policies sees them.
+func kyvernoRule(rule map[string]any) map[string]any {
+	for _, k := range []string{"match", "exclude"} {
+		m, _ := rule[k].(map[string]any)
+		if m == nil {
+			m = map[string]any{}
+		}
+		if _, ok := m["resources"]; !ok {
+			m["resources"] = map[string]any{}
+		}
+		rule[k] = m
+	}
+	for _, k := range []string{"mutate", "validate"} {
+		if _, ok := rule[k]; !ok {
+			rule[k] = map[string]any{}
+		}
+	}
+	g, _ := rule["generate"].(map[string]any)
+	if g == nil {
+		g = map[string]any{}
+	}
+	for _, k := range []string{"clone", "cloneList"} {
+		if _, ok := g[k]; !ok {
+			g[k] = map[string]any{}
+		}
+	}
+	rule["generate"] = g
 	return rule
 }
 

@@ -130,7 +130,7 @@ func generatorPolicy(p parent, r intentv1alpha1.NimbusRules, name string, rule m
 		"background":              true,
 		"validationFailureAction": validationFailureAction(r.Rule.RuleAction),
 		"generateExisting":        true,
-		"rules":                   []any{rule},
+		"rules":                   []any{kyvernoRule(rule)},
 	}
 	obj := object(KyvernoPolicyKind, name, p.namespace, kyvernoAnnotations(r), p.owner, spec)
 	return Policy{Engine: Kyverno, Object: obj, Entry: "KyvernoPolicy/" + name}

@@ -26,7 +26,10 @@ func TestVirtualPatchPolicies(t *testing.T) {
 	}
 	want := map[string]string{
 		"web-cve-2024-4439-karmor-1": generator("web-cve-2024-4439-karmor-1", `  - name: cve-2024-4439virtual-patch-karmor
-    match: {any: [{resources: {kinds: [v1/Pod], selector: {matchLabels: {app: nginx}}}}]}
+    match: {any: [{resources: {kinds: [v1/Pod], selector: {matchLabels: {app: nginx}}}}], resources: {}}
+    exclude: {resources: {}}
+    mutate: {}
+    validate: {}
     preconditions: `+runsNginx+`
     context:
     - {name: containerName, variable: {jmesPath: "request.object.spec.containers[?(@.image=='nginx:latest')].name | [0]"}}
@@ -36,6 +39,8 @@ func TestVirtualPatchPolicies(t *testing.T) {
       kind: KubeArmorPolicy
       name: 'block-pkg-mgmt-tools-exec-{{ podName }}'
       namespace: shop
+      clone: {}
+      cloneList: {}
       data:
         metadata: {name: block-pkg-mgmt-tools-exec, ownerReferences: [`+npRef+`]}
         spec:
@@ -44,12 +49,17 @@ func TestVirtualPatchPolicies(t *testing.T) {
           action: Block
 `),
 		"web-cve-2024-4439-kyverno-1": generator("web-cve-2024-4439-kyverno-1", `  - name: cve-2024-4439-virtual-patch-kyverno
-    match: {any: [{resources: {kinds: [v1/Pod], selector: {matchLabels: {app: nginx}}}}]}
+    match: {any: [{resources: {kinds: [v1/Pod], selector: {matchLabels: {app: nginx}}}}], resources: {}}
+    exclude: {resources: {}}
+    mutate: {}
+    validate: {}
     generate:
       apiVersion: kyverno.io/v1
       kind: Policy
       name: disallow-latest-tag
       namespace: shop
+      clone: {}
+      cloneList: {}
       data:
         metadata: {name: disallow-latest-tag, ownerReferences: [`+npRef+`]}
         spec:
@@ -64,7 +74,10 @@ func TestVirtualPatchPolicies(t *testing.T) {
               pattern: {spec: {containers: [{image: '!*:latest'}]}}
 `),
 		"web-cve-2024-4439-netpol-1": generator("web-cve-2024-4439-netpol-1", `  - name: cve-2024-4439virtual-patch-netpol
-    match: {any: [{resources: {kinds: [v1/Pod], selector: {matchLabels: {app: nginx}}}}]}
+    match: {any: [{resources: {kinds: [v1/Pod], selector: {matchLabels: {app: nginx}}}}], resources: {}}
+    exclude: {resources: {}}
+    mutate: {}
+    validate: {}
     preconditions: `+runsNginx+`
     context:
     - {name: podName, variable: {jmesPath: request.object.metadata.name}}
@@ -73,6 +86,8 @@ func TestVirtualPatchPolicies(t *testing.T) {
       kind: NetworkPolicy
       name: test-network-policy
       namespace: shop
+      clone: {}
+      cloneList: {}
       data:
         metadata: {name: test-network-policy, ownerReferences: [`+npRef+`]}
         spec:
@@ -127,7 +142,7 @@ func TestVirtualPatchPolicies(t *testing.T) {
 			if spec["validationFailureAction"] != "Audit" {
 				t.Errorf("%s: validationFailureAction %v", p.Entry, spec["validationFailureAction"])
 			}
-			assertObject(t, r["match"].(map[string]any), `{any: [{resources: {kinds: [v1/Pod]}}]}`)
+			assertObject(t, r["match"].(map[string]any), `{any: [{resources: {kinds: [v1/Pod]}}], resources: {}}`)
 		}
 		data := func(i int) map[string]any {
 			r := got[i].Object.Object["spec"].(map[string]any)["rules"].([]any)[0].(map[string]any)

@@ -121,6 +121,25 @@ func testManagerKyvernoPolicies(t *testing.T, ns string) {
 			g["clone"] = map[string]any{"namespace": "kube-system", "name": "bootstrap-token"}
 			return obj
 		},
+		// The catalogue writes rules as Kyverno's Go types do, with empty mutate, validate, clone
+		// and cloneList: only empty ones pass.
+		"a clone beside a validate": func() *unstructured.Unstructured {
+			obj := escape()
+			rule0(obj)["generate"] = map[string]any{"clone": map[string]any{"namespace": "kube-system", "name": "bootstrap-token"}, "cloneList": map[string]any{}}
+			return obj
+		},
+		"a cloneList": func() *unstructured.Unstructured {
+			obj := escape()
+			r := rule0(obj)
+			r["validate"] = map[string]any{}
+			r["generate"] = map[string]any{"clone": map[string]any{}, "cloneList": map[string]any{"namespace": "kube-system", "kinds": []any{"v1/Secret"}}}
+			return obj
+		},
+		"a mutate beside a validate": func() *unstructured.Unstructured {
+			obj := escape()
+			rule0(obj)["mutate"] = map[string]any{"patchStrategicMerge": map[string]any{"spec": map[string]any{"template": map[string]any{"spec": map[string]any{"runtimeClassName": "x"}}}}}
+			return obj
+		},
 		"generating into another namespace": func() *unstructured.Unstructured {
 			obj := policy("Policy/kyverno-probe-cve-2024-4439-netpol-1")
 			rule0(obj)["generate"].(map[string]any)["namespace"] = "kube-system"
