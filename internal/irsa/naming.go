@@ -9,6 +9,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"strings"
 )
 
 // Tag keys on every AWS object the operator creates. Names and paths can collide or be shortened,
@@ -114,6 +115,34 @@ func Tags(cluster, namespace, name string) map[string]string {
 		TagNamespace: namespace,
 		TagName:      name,
 	}
+}
+
+// TaggedByQuartermaster reports whether tags carry any of Quartermaster's ownership tags: such an
+// object belongs to some Quartermaster object (of this or another cluster) and is never adopted.
+func TaggedByQuartermaster(tags map[string]string) bool {
+	for _, k := range []string{TagCluster, TagNamespace, TagName} {
+		if _, ok := tags[k]; ok {
+			return true
+		}
+	}
+	return false
+}
+
+// AdoptPath reads an IAMPolicy's adopt annotation: the IAM path of the policy to adopt ("true":
+// the operator's own path). ok is false for a value that is neither.
+func AdoptPath(value, cluster string) (path string, ok bool) {
+	switch {
+	case value == "true":
+		return Path(cluster), true
+	case strings.HasPrefix(value, "/") && strings.HasSuffix(value, "/") && len(value) <= 512 && !strings.Contains(value, "//"):
+		for _, r := range value {
+			if r < 0x21 || r > 0x7e {
+				return "", false
+			}
+		}
+		return value, true
+	}
+	return "", false
 }
 
 // OwnedBy reports whether tags mark an AWS object as this cluster's object for namespace/name: all

@@ -210,3 +210,20 @@ func dnsName(s string, maxLen int) string {
 	}
 	return out
 }
+
+func TestAdoption(t *testing.T) {
+	for value, want := range map[string]string{"true": Path("c1"), "/": "/", "/legacy/team-a/": "/legacy/team-a/"} {
+		if got, ok := AdoptPath(value, "c1"); !ok || got != want {
+			t.Errorf("AdoptPath(%q) = %q, %v; want %q", value, got, ok, want)
+		}
+	}
+	for _, value := range []string{"", "yes", "legacy/", "/legacy", "//", "/a b/", "/" + strings.Repeat("a", 511) + "/"} {
+		if got, ok := AdoptPath(value, "c1"); ok {
+			t.Errorf("AdoptPath(%q) = %q, accepted", value, got)
+		}
+	}
+	if TaggedByQuartermaster(map[string]string{"team": "a"}) || !TaggedByQuartermaster(map[string]string{TagCluster: "other"}) ||
+		!TaggedByQuartermaster(map[string]string{TagName: ""}) {
+		t.Error("TaggedByQuartermaster must see any one of the three tags, and nothing else")
+	}
+}

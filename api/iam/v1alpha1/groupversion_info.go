@@ -43,3 +43,11 @@ const (
 	AnnotationDeletionPolicy = "quartermaster.dev/deletion-policy"
 	DeletionPolicyRetain     = "retain"
 )
+
+// AnnotationAdopt opts an object in to adopting the AWS object of its generated name that exists
+// without Quartermaster's tags (made by the scripts it replaces): the controller tags it as the
+// object's, then manages it. On an IAMServiceAccount the value is "true" (a role is found by name
+// wherever its path). On an IAMPolicy it is "true" for a policy on the operator's path, or the IAM
+// path the policy was created with ("/" for the scripts' default), which must stay: it says where
+// the policy is. An AWS object carrying another Quartermaster object's tags is never adopted.
+const AnnotationAdopt = "quartermaster.dev/adopt"

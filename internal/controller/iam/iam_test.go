@@ -31,6 +31,7 @@ func TestIAM(t *testing.T) {
 	t.Run("created service account", func(t *testing.T) { testCreatedServiceAccount(t, f) })
 	t.Run("errors", func(t *testing.T) { testErrors(t, f) })
 	t.Run("retain", func(t *testing.T) { testRetain(t, f) })
+	t.Run("adoption", func(t *testing.T) { testAdoption(t, f) })
 	t.Run("terminating namespace", func(t *testing.T) { testTerminatingNamespace(t, f) })
 	t.Run("configmap compat", func(t *testing.T) { testCompat(t, f) })
 	t.Run("drift", func(t *testing.T) { testDrift(t, f) })
@@ -376,7 +377,7 @@ func testErrors(t *testing.T, f *fixture) {
 		must(t, err)
 		sa := f.iamsa(t, ns, "taken", iamv1alpha1.IAMServiceAccountSpec{ServiceAccountName: "taken"})
 		sa = waitCondition(t, f, sa, ReasonConflict)
-		assertStalled(t, sa.Status.Conditions, "not tagged")
+		assertStalled(t, sa.Status.Conditions, "without Quartermaster's tags")
 		must(t, f.c.Delete(ctx, sa))
 		f.waitGone(t, sa)
 		if f.role("eks-sa-t-errors-taken") == nil {

@@ -78,7 +78,7 @@ func (r *PolicyReconciler) Reconcile(ctx context.Context, req reconcile.Request)
 // It is always derived, never read from the status, which anyone allowed to write the status could
 // point at another policy.
 func (r *PolicyReconciler) policyARN(ctx context.Context, p *iamv1alpha1.IAMPolicy) (string, error) {
-	return r.expectedPolicyARN(ctx, p.Namespace, p.Name)
+	return r.expectedPolicyARN(ctx, p)
 }
 
 // sync creates the policy, or makes its default version say what the spec says.
@@ -96,7 +96,7 @@ func (r *PolicyReconciler) sync(ctx context.Context, p *iamv1alpha1.IAMPolicy) s
 	pol, err := r.aws.GetPolicy(ctx, arn)
 	if awsiam.IsNotFound(err) {
 		pol, err = r.aws.CreatePolicy(ctx, awsiam.NewPolicy{
-			Name: name, Path: irsa.Path(r.cfg.cluster), Description: p.Spec.Description, Document: doc,
+			Name: name, Path: r.policyPath(p), Description: p.Spec.Description, Document: doc,
 			Tags: irsa.Tags(r.cfg.cluster, p.Namespace, p.Name),
 		})
 		if err == nil {
@@ -109,7 +109,8 @@ func (r *PolicyReconciler) sync(ctx context.Context, p *iamv1alpha1.IAMPolicy) s
 			// are unique in the account whatever the path, so it may be elsewhere.
 			if pol, err = r.aws.GetPolicy(ctx, arn); awsiam.IsNotFound(err) {
 				return status.WaitsForPerson(ReasonConflict, fmt.Sprintf(
-					"an IAM policy named %s already exists outside %s; it is left alone", name, irsa.Path(r.cfg.cluster)), r.SlowRetry)
+					"an IAM policy named %s already exists outside %s; it is left alone (to adopt it, annotate %s with its path, e.g. /)",
+					name, r.policyPath(p), iamv1alpha1.AnnotationAdopt), r.SlowRetry)
 			}
 		}
 	}
@@ -117,8 +118,13 @@ func (r *PolicyReconciler) sync(ctx context.Context, p *iamv1alpha1.IAMPolicy) s
 		return awsFailure(err, r.SlowRetry)
 	}
 	if !irsa.OwnedBy(pol.Tags, r.cfg.cluster, p.Namespace, p.Name) {
-		return status.WaitsForPerson(ReasonConflict, fmt.Sprintf("IAM policy %s exists but is not tagged as this object's (%s=%s, %s=%s, %s=%s); it is left alone",
-			arn, irsa.TagCluster, r.cfg.cluster, irsa.TagNamespace, p.Namespace, irsa.TagName, p.Name), r.SlowRetry)
+		if pol.Tags == nil {
+			pol.Tags = map[string]string{}
+		}
+		adopted, o := r.adopt(p, "IAM policy "+arn, pol.Tags, func(tags awsiam.Tags) error { return r.aws.TagPolicy(ctx, arn, tags) })
+		if !adopted {
+			return o
+		}
 	}
 	r.recordPolicy(p, pol)
 	current, err := r.aws.GetPolicyDocument(ctx, arn, pol.DefaultVersionID)

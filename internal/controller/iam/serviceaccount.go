@@ -102,7 +102,7 @@ func (r *ServiceAccountReconciler) desiredPolicies(ctx context.Context, sa *iamv
 			continue
 		}
 		// The status says the policy exists; the ARN attached is the one derived from its name.
-		arn, err := r.expectedPolicyARN(ctx, p.Namespace, p.Name)
+		arn, err := r.expectedPolicyARN(ctx, p)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -231,9 +231,14 @@ func (r *ServiceAccountReconciler) ensureRole(ctx context.Context, sa *iamv1alph
 		return nil, awsFailure(err, r.SlowRetry)
 	}
 	if !irsa.OwnedBy(role.Tags, r.cfg.cluster, sa.Namespace, sa.Name) {
-		return nil, status.WaitsForPerson(ReasonConflict, fmt.Sprintf(
-			"IAM role %s exists but is not tagged as this object's (%s=%s, %s=%s, %s=%s); it is left alone",
-			name, irsa.TagCluster, r.cfg.cluster, irsa.TagNamespace, sa.Namespace, irsa.TagName, sa.Name), r.SlowRetry)
+		if role.Tags == nil {
+			role.Tags = map[string]string{}
+		}
+		adopted, o := r.adopt(sa, "IAM role "+name, role.Tags, func(tags awsiam.Tags) error { return r.aws.TagRole(ctx, name, tags) })
+		if !adopted {
+			return nil, o
+		}
+		ch.add("adopted IAM role %s", role.ARN)
 	}
 	var repaired []string
 	if same, err := irsa.Equivalent(role.TrustPolicy, trust); err != nil || !same {

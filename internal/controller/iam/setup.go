@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"sync"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/workqueue"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -56,6 +58,8 @@ type AWS interface {
 	AttachPolicy(ctx context.Context, role, arn string) error
 	DetachPolicy(ctx context.Context, role, arn string) error
 	DeleteRole(ctx context.Context, role string) error
+	TagRole(ctx context.Context, role string, tags awsiam.Tags) error
+	TagPolicy(ctx context.Context, arn string, tags awsiam.Tags) error
 }
 
 // base is what both reconcilers share.
@@ -95,12 +99,44 @@ func (b *base) accountID(ctx context.Context) (string, error) {
 
 // expectedPolicyARN is the ARN the IAMPolicy namespace/name has in AWS: names are unique per
 // account, the path is ours.
-func (b *base) expectedPolicyARN(ctx context.Context, namespace, name string) (string, error) {
+func (b *base) expectedPolicyARN(ctx context.Context, p *iamv1alpha1.IAMPolicy) (string, error) {
 	account, err := b.accountID(ctx)
 	if err != nil {
 		return "", err
 	}
-	return fmt.Sprintf("arn:%s:iam::%s:policy%s%s", b.cfg.partition, account, irsa.Path(b.cfg.cluster), irsa.PolicyName(namespace, name)), nil
+	return fmt.Sprintf("arn:%s:iam::%s:policy%s%s", b.cfg.partition, account, b.policyPath(p), irsa.PolicyName(p.Namespace, p.Name)), nil
+}
+
+// policyPath is where an IAMPolicy's AWS policy is: the operator's path, or the path an adopted
+// policy was created with (its adopt annotation).
+func (b *base) policyPath(p *iamv1alpha1.IAMPolicy) string {
+	if path, ok := irsa.AdoptPath(p.Annotations[iamv1alpha1.AnnotationAdopt], b.cfg.cluster); ok {
+		return path
+	}
+	return irsa.Path(b.cfg.cluster)
+}
+
+// adopt tags an AWS object found under the generated name without the object's tags, when the
+// object asks for it (AnnotationAdopt) and no other Quartermaster object owns it; otherwise it is
+// a Conflict, whose message says why. what is "IAM role NAME" or "IAM policy ARN".
+func (b *base) adopt(obj client.Object, what string, tags map[string]string, tag func(awsiam.Tags) error) (bool, status.Outcome) {
+	switch {
+	case irsa.TaggedByQuartermaster(tags):
+		return false, status.WaitsForPerson(ReasonConflict, fmt.Sprintf(
+			"%s exists and is tagged as another Quartermaster object's (%s=%s, %s=%s, %s=%s); it is left alone and cannot be adopted",
+			what, irsa.TagCluster, tags[irsa.TagCluster], irsa.TagNamespace, tags[irsa.TagNamespace], irsa.TagName, tags[irsa.TagName]), b.SlowRetry)
+	case obj.GetAnnotations()[iamv1alpha1.AnnotationAdopt] == "":
+		return false, status.WaitsForPerson(ReasonConflict, fmt.Sprintf(
+			"%s exists without Quartermaster's tags; it is left alone (annotate %s=true to adopt it: the operator tags it and manages it from then on)",
+			what, iamv1alpha1.AnnotationAdopt), b.SlowRetry)
+	}
+	want := irsa.Tags(b.cfg.cluster, obj.GetNamespace(), obj.GetName())
+	if err := tag(want); err != nil {
+		return false, awsFailure(err, b.SlowRetry)
+	}
+	maps.Copy(tags, want)
+	b.recorder.Eventf(obj, nil, corev1.EventTypeNormal, "Adopted", "Adopt", "adopted %s: tagged as this object's", what)
+	return true, status.Outcome{}
 }
 
 // Setup registers the iam controllers with the manager, with AWS calls made through the SDK's
