@@ -166,9 +166,9 @@ func Run(ctx context.Context, args []string, all []registry.Controller, scheme *
 		return err
 	}
 	registry.LogDisabled(logger, sel)
-	byObject, err := registry.CacheOptions(sel.Enabled)
-	if err != nil {
-		return err
+	byObject, notes := registry.CacheOptions(sel.Enabled)
+	for _, note := range notes {
+		logger.Info("cache widened", "why", note)
 	}
 
 	restConfig, err := config.GetConfig()

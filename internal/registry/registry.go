@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"maps"
+	"reflect"
 	"slices"
 	"strings"
 
@@ -96,25 +97,78 @@ func validList(all []Controller) string {
 	return strings.Join(Names(all), ", ")
 }
 
-// CacheOptions merges the ByObject cache restrictions of the enabled controllers. Two controllers
-// that restrict the same kind would starve each other, so that is an error.
-func CacheOptions(enabled []Controller) (map[client.Object]cache.ByObject, error) {
+// CacheOptions merges the ByObject cache restrictions of the enabled controllers. When two
+// controllers restrict one kind, the shared informer must hold what either needs: the union of
+// their namespaces (all of them when either has none), and a label or field selector or a
+// transform only when both have the same one (selectors cannot be ORed in one watch, and a
+// transform made for one controller may drop what the other reads). Each widening is returned as
+// a note, for the log.
+func CacheOptions(enabled []Controller) (map[client.Object]cache.ByObject, []string) {
 	merged := map[client.Object]cache.ByObject{}
-	owner := map[string]string{}
+	byKind := map[string]client.Object{}
+	owners := map[string][]string{}
+	var notes []string
 	for _, c := range enabled {
 		if c.CacheByObject == nil {
 			continue
 		}
 		for obj, by := range c.CacheByObject() {
 			key := fmt.Sprintf("%T", obj)
-			if prev, ok := owner[key]; ok {
-				return nil, fmt.Errorf("controllers %q and %q both restrict the cache for %s", prev, c.Name, key)
+			prev, ok := byKind[key]
+			if !ok {
+				byKind[key], merged[obj], owners[key] = obj, by, []string{c.Name}
+				continue
 			}
-			owner[key] = c.Name
-			merged[obj] = by
+			var widened []string
+			merged[prev], widened = mergeByObject(merged[prev], by)
+			owners[key] = append(owners[key], c.Name)
+			for _, w := range widened {
+				notes = append(notes, fmt.Sprintf("controllers %s both restrict the cache of %s: %s",
+					strings.Join(owners[key], ", "), key, w))
+			}
 		}
 	}
-	return merged, nil
+	return merged, notes
+}
+
+// mergeByObject is what two restrictions of one kind share; widened says what either lost.
+func mergeByObject(a, b cache.ByObject) (cache.ByObject, []string) {
+	var out cache.ByObject
+	var widened []string
+	if len(a.Namespaces) > 0 && len(b.Namespaces) > 0 {
+		out.Namespaces = map[string]cache.Config{}
+		for _, m := range []map[string]cache.Config{a.Namespaces, b.Namespaces} {
+			for ns, cfg := range m {
+				if prev, ok := out.Namespaces[ns]; ok && !reflect.DeepEqual(prev, cfg) {
+					cfg = cache.Config{} // two configurations of one namespace: all of it
+					widened = append(widened, "namespace "+ns+" is cached whole")
+				}
+				out.Namespaces[ns] = cfg
+			}
+		}
+	} else if len(a.Namespaces)+len(b.Namespaces) > 0 {
+		widened = append(widened, "every namespace is cached")
+	}
+	switch {
+	case a.Label != nil && b.Label != nil && a.Label.String() == b.Label.String():
+		out.Label = a.Label
+	case a.Label != nil || b.Label != nil:
+		widened = append(widened, "no label selector")
+	}
+	switch {
+	case a.Field != nil && b.Field != nil && a.Field.String() == b.Field.String():
+		out.Field = a.Field
+	case a.Field != nil || b.Field != nil:
+		widened = append(widened, "no field selector")
+	}
+	if a.Transform != nil || b.Transform != nil {
+		widened = append(widened, "objects kept whole (but for managedFields)")
+	}
+	out.UnsafeDisableDeepCopy = a.UnsafeDisableDeepCopy
+	if a.UnsafeDisableDeepCopy != nil && b.UnsafeDisableDeepCopy != nil && *a.UnsafeDisableDeepCopy != *b.UnsafeDisableDeepCopy {
+		out.UnsafeDisableDeepCopy = nil
+	}
+	return out, widened
 }
 
 // LogDisabled logs once, per controller left off, why.

@@ -2,10 +2,13 @@ package registry
 
 import (
 	"errors"
+	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
@@ -57,15 +60,51 @@ func TestSelect(t *testing.T) {
 	}
 }
 
-func TestCacheOptionsRefusesTwoRestrictionsOfOneKind(t *testing.T) {
-	restrict := func() map[client.Object]cache.ByObject {
-		return map[client.Object]cache.ByObject{&corev1.Secret{}: {}}
+func TestCacheOptionsMergesTwoRestrictionsOfOneKind(t *testing.T) {
+	managed := labels.SelectorFromSet(labels.Set{"managed-by": "a"})
+	other := labels.SelectorFromSet(labels.Set{"managed-by": "b"})
+	only := func(m map[client.Object]cache.ByObject) func() map[client.Object]cache.ByObject {
+		return func() map[client.Object]cache.ByObject { return m }
 	}
-	if _, err := CacheOptions([]Controller{{Name: "a", CacheByObject: restrict}, {Name: "c"}}); err != nil {
-		t.Fatal(err)
+	a := Controller{Name: "a", CacheByObject: only(map[client.Object]cache.ByObject{
+		&corev1.Secret{}:    {Namespaces: map[string]cache.Config{"requests": {}}, Label: managed},
+		&corev1.ConfigMap{}: {Namespaces: map[string]cache.Config{"requests": {}}},
+		&corev1.Namespace{}: {Label: managed},
+	})}
+	b := Controller{Name: "b", CacheByObject: only(map[client.Object]cache.ByObject{
+		&corev1.Secret{}:    {Namespaces: map[string]cache.Config{"mirrors": {}}, Label: managed},
+		&corev1.ConfigMap{}: {},
+		&corev1.Namespace{}: {Label: other},
+	})}
+
+	alone, notes := CacheOptions([]Controller{a, {Name: "c"}})
+	if len(notes) != 0 || len(alone) != 3 {
+		t.Fatalf("one controller's restrictions: %v, notes %v", alone, notes)
 	}
-	_, err := CacheOptions([]Controller{{Name: "a", CacheByObject: restrict}, {Name: "c", CacheByObject: restrict}})
-	if err == nil || !strings.Contains(err.Error(), "both restrict") {
-		t.Fatalf("err = %v", err)
+	merged, notes := CacheOptions([]Controller{a, b})
+	got := map[string]cache.ByObject{}
+	for obj, by := range merged {
+		got[fmt.Sprintf("%T", obj)] = by
+	}
+	if len(got) != 3 {
+		t.Fatalf("merged %d kinds, want 3", len(got))
+	}
+	if s := got["*v1.Secret"]; len(s.Namespaces) != 2 || s.Label == nil || s.Label.String() != managed.String() {
+		t.Errorf("Secrets: %+v, want both namespaces with the shared label", s)
+	}
+	if c := got["*v1.ConfigMap"]; c.Namespaces != nil {
+		t.Errorf("ConfigMaps: %+v, want every namespace (b watches them all)", c)
+	}
+	if n := got["*v1.Namespace"]; n.Label != nil {
+		t.Errorf("Namespaces: %+v, want no label selector (two different ones cannot be one watch)", n)
+	}
+	want := []string{"*v1.ConfigMap: every namespace is cached", "*v1.Namespace: no label selector"}
+	for _, w := range want {
+		if !slices.ContainsFunc(notes, func(n string) bool { return strings.Contains(n, "controllers a, b") && strings.Contains(n, w) }) {
+			t.Errorf("no note %q in %v", w, notes)
+		}
+	}
+	if len(notes) != len(want) {
+		t.Errorf("notes %v, want only %v", notes, want)
 	}
 }
