@@ -2,7 +2,7 @@
 // figure in one report comes from the same run on the same cluster, so ratios between them hold
 // even on a noisy machine; absolute numbers do not carry across machines.
 //
-//	go run ./test/bench [-cases REGEXP] [-keep-cluster]
+//	go run ./test/bench [-cases REGEXP] [-keep-cluster] [-cluster NAME]
 package main
 
 import (
@@ -24,7 +24,8 @@ import (
 	"github.com/quartermaster-dev/quartermaster/internal/testing/localcluster"
 )
 
-const clusterName = "qm-bench"
+// clusterName is the local cluster the report runs on (-cluster: two reports at once need two).
+var clusterName = "qm-bench"
 
 // env is what every case gets: the cluster and an admin client without client-side rate limits.
 type env struct {
@@ -54,11 +55,13 @@ var cases = []benchCase{
 	{name: "iam/500-serviceaccounts", run: iamBench},
 	{name: "intents/1000-bindings", run: intentsBench},
 	{name: "mirrors/50-mirrors", run: mirrorsBench},
+	{name: "manager/every-controller-unrelated-objects", run: cachesBench},
 }
 
 func main() {
 	pattern := flag.String("cases", ".", "run only the cases whose name matches this regular expression")
 	keep := flag.Bool("keep-cluster", false, "leave the benchmark cluster running afterwards")
+	flag.StringVar(&clusterName, "cluster", clusterName, "name of the local cluster the benchmark starts (and deletes first if it exists)")
 	flag.Parse()
 	// Controllers run in-process: show their errors, not their chatter.
 	log.SetLogger(zap.New(zap.Level(zapcore.ErrorLevel)))

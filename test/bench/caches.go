@@ -1,0 +1,190 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/quartermaster-dev/quartermaster/internal/cloud/vsphere/vsimtest"
+	"github.com/quartermaster-dev/quartermaster/internal/testing/iamemulator"
+	"github.com/quartermaster-dev/quartermaster/internal/testing/testenv"
+)
+
+// unrelatedObjects is how many ConfigMaps, and as many Secrets, of no controller's concern the
+// case creates.
+const unrelatedObjects = 10000
+
+// idleWindow is how long API requests are counted with nothing to do, before and after the
+// unrelated objects: long enough to include the controllers' periodic work (the intents engine
+// check every 10 s).
+const idleWindow = 20 * time.Second
+
+// cachesBench runs the manager as its own process with every controller on (iam with the
+// ConfigMap compat mode, vmgroups against vcsim, mirrors, intents, namespaces), then creates
+// 10,000 ConfigMaps and 10,000 Secrets that none of them owns, and reports its RSS and its API
+// requests in an idle window before and after: a controller that cached or listed them would show.
+func cachesBench(ctx context.Context, e *env) ([]result, error) {
+	files, err := filepath.Glob(filepath.Join(testenv.RepoRoot(), "config", "crd", "bases", "*.yaml"))
+	if err != nil {
+		return nil, err
+	}
+	var names []string
+	for _, f := range files {
+		names = append(names, filepath.Base(f))
+	}
+	if err := installCRDs(ctx, e, names...); err != nil {
+		return nil, err
+	}
+	const ns, requestsNS, unrelatedNS = "bench-caches", "bench-caches-requests", "bench-unrelated"
+	for _, n := range []string{ns, requestsNS, unrelatedNS} {
+		if err := e.client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: n}}); err != nil {
+			return nil, err
+		}
+	}
+	emu := httptest.NewServer(iamemulator.New(iamemulator.Options{Seed: 1}))
+	defer emu.Close()
+	sim, err := vsimtest.New(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer sim.Stop()
+	if err := e.client.Create(ctx, &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "vcenter"},
+		StringData: map[string]string{"VC_HOST": sim.URL.String(), "VC_USER": sim.User, "VC_PASS": sim.Password},
+	}); err != nil {
+		return nil, err
+	}
+	for k, v := range map[string]string{
+		"AWS_ENDPOINT_URL_IAM": emu.URL, "AWS_ENDPOINT_URL_STS": emu.URL, "AWS_REGION": "us-east-1",
+		"AWS_ACCESS_KEY_ID": "AKIDBENCHEXAMPLE", "AWS_SECRET_ACCESS_KEY": "bench-not-a-secret",
+		"AWS_EC2_METADATA_DISABLED": "true", "AWS_CONFIG_FILE": os.DevNull, "AWS_SHARED_CREDENTIALS_FILE": os.DevNull,
+	} {
+		if err := os.Setenv(k, v); err != nil {
+			return nil, err
+		}
+	}
+	metricsAddr, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "qm-bench-bin")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	p, err := startProcess(e, dir, "--controllers=namespaces,iam,vmgroups,mirrors,intents",
+		"--metrics-bind-address="+metricsAddr, "--metrics-secure=false",
+		"--requests-namespace="+requestsNS, "--namespace-defaults="+defaultsFile(),
+		"--cluster-name=bench", "--oidc-issuer=https://oidc.example.com/bench", "--aws-account-id=000000000000",
+		"--iam-configmap-compat", "--vsphere-secret="+ns+"/vcenter", "--vsphere-insecure")
+	if err != nil {
+		return nil, err
+	}
+	stopped := false
+	defer func() {
+		if !stopped {
+			_ = p.stop()
+		}
+	}()
+	cs, err := kubernetes.NewForConfig(e.cluster.Config)
+	if err != nil {
+		return nil, err
+	}
+	// Up and serving: one namespace request answered.
+	if _, err := requestAndWaitForSecret(ctx, e, cs, requestsNS, "bench-caches-warmup", 2*time.Minute); err != nil {
+		return nil, fmt.Errorf("%w\n%s", err, p.logs.Tail(4000))
+	}
+	idle := func() (requests float64, rss float64, err error) {
+		before, err := apiRequests(metricsAddr)
+		if err != nil {
+			return 0, 0, err
+		}
+		time.Sleep(idleWindow)
+		after, err := apiRequests(metricsAddr)
+		if err != nil {
+			return 0, 0, err
+		}
+		rss, err = p.rssMiB()
+		return after - before, rss, err
+	}
+	requestsBefore, rssBefore, err := idle()
+	if err != nil {
+		return nil, err
+	}
+
+	data := map[string]string{"payload": strings.Repeat("x", 512)}
+	start := time.Now()
+	if err := parallel(16, 2*unrelatedObjects, func(i int) error {
+		meta := metav1.ObjectMeta{Namespace: unrelatedNS, Name: "unrelated-" + strconv.Itoa(i/2)}
+		if i%2 == 0 {
+			return e.client.Create(ctx, &corev1.ConfigMap{ObjectMeta: meta, Data: data})
+		}
+		return e.client.Create(ctx, &corev1.Secret{ObjectMeta: meta, StringData: data})
+	}); err != nil {
+		return nil, err
+	}
+	created := time.Since(start)
+	requestsAfter, rssAfter, err := idle()
+	if err != nil {
+		return nil, err
+	}
+	stopped = true
+	if err := p.stop(); err != nil {
+		return nil, err
+	}
+	return []result{
+		{metric: "manager RSS, every controller on, idle", value: rssBefore, unit: "MiB"},
+		{metric: fmt.Sprintf("manager RSS after %d unrelated ConfigMaps and %d Secrets", unrelatedObjects, unrelatedObjects), value: rssAfter, unit: "MiB",
+			note: fmt.Sprintf("growth %.1f MiB (target ≤ 10 MB); created in %.0f s", rssAfter-rssBefore, created.Seconds())},
+		{metric: fmt.Sprintf("manager API requests in %s idle, before", idleWindow), value: requestsBefore, unit: "requests"},
+		{metric: fmt.Sprintf("manager API requests in %s idle, after", idleWindow), value: requestsAfter, unit: "requests",
+			note: "target: no more than before"},
+	}, nil
+}
+
+// apiRequests sums the manager's rest_client_requests_total (client-go's count of its API requests).
+func apiRequests(addr string) (float64, error) {
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return 0, err
+	}
+	total := 0.0
+	for line := range strings.Lines(string(body)) {
+		if !strings.HasPrefix(line, "rest_client_requests_total{") {
+			continue
+		}
+		fields := strings.Fields(line)
+		v, err := strconv.ParseFloat(fields[len(fields)-1], 64)
+		if err != nil {
+			return 0, err
+		}
+		total += v
+	}
+	return total, nil
+}
+
+func freePort() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer l.Close()
+	return l.Addr().String(), nil
+}
