@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -19,7 +18,6 @@ import (
 
 	"github.com/quartermaster-dev/quartermaster/internal/cloud/vsphere/vsimtest"
 	"github.com/quartermaster-dev/quartermaster/internal/testing/iamemulator"
-	"github.com/quartermaster-dev/quartermaster/internal/testing/testenv"
 )
 
 // unrelatedObjects is how many ConfigMaps, and as many Secrets, of no controller's concern the
@@ -36,15 +34,7 @@ const idleWindow = 20 * time.Second
 // 10,000 ConfigMaps and 10,000 Secrets that none of them owns, and reports its RSS and its API
 // requests in an idle window before and after: a controller that cached or listed them would show.
 func cachesBench(ctx context.Context, e *env) ([]result, error) {
-	files, err := filepath.Glob(filepath.Join(testenv.RepoRoot(), "config", "crd", "bases", "*.yaml"))
-	if err != nil {
-		return nil, err
-	}
-	var names []string
-	for _, f := range files {
-		names = append(names, filepath.Base(f))
-	}
-	if err := installCRDs(ctx, e, names...); err != nil {
+	if err := installAllCRDs(ctx, e); err != nil {
 		return nil, err
 	}
 	const ns, requestsNS, unrelatedNS = "bench-caches", "bench-caches-requests", "bench-unrelated"
@@ -53,28 +43,11 @@ func cachesBench(ctx context.Context, e *env) ([]result, error) {
 			return nil, err
 		}
 	}
-	emu := httptest.NewServer(iamemulator.New(iamemulator.Options{Seed: 1}))
-	defer emu.Close()
-	sim, err := vsimtest.New(ctx)
+	out, err := startOutsideSystems(ctx, e, ns, requestsNS)
 	if err != nil {
 		return nil, err
 	}
-	defer sim.Stop()
-	if err := e.client.Create(ctx, &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "vcenter"},
-		StringData: map[string]string{"VC_HOST": sim.URL.String(), "VC_USER": sim.User, "VC_PASS": sim.Password},
-	}); err != nil {
-		return nil, err
-	}
-	for k, v := range map[string]string{
-		"AWS_ENDPOINT_URL_IAM": emu.URL, "AWS_ENDPOINT_URL_STS": emu.URL, "AWS_REGION": "us-east-1",
-		"AWS_ACCESS_KEY_ID": "AKIDBENCHEXAMPLE", "AWS_SECRET_ACCESS_KEY": "bench-not-a-secret",
-		"AWS_EC2_METADATA_DISABLED": "true", "AWS_CONFIG_FILE": os.DevNull, "AWS_SHARED_CREDENTIALS_FILE": os.DevNull,
-	} {
-		if err := os.Setenv(k, v); err != nil {
-			return nil, err
-		}
-	}
+	defer out.stop()
 	metricsAddr, err := freePort()
 	if err != nil {
 		return nil, err
@@ -84,11 +57,8 @@ func cachesBench(ctx context.Context, e *env) ([]result, error) {
 		return nil, err
 	}
 	defer os.RemoveAll(dir)
-	p, err := startProcess(e, dir, "--controllers=namespaces,iam,vmgroups,mirrors,intents",
-		"--metrics-bind-address="+metricsAddr, "--metrics-secure=false",
-		"--requests-namespace="+requestsNS, "--namespace-defaults="+defaultsFile(),
-		"--cluster-name=bench", "--oidc-issuer=https://oidc.example.com/bench", "--aws-account-id=000000000000",
-		"--iam-configmap-compat", "--vsphere-secret="+ns+"/vcenter", "--vsphere-insecure")
+	p, err := startProcess(e, dir, append(out.args, "--controllers=namespaces,iam,vmgroups,mirrors,intents",
+		"--metrics-bind-address="+metricsAddr, "--metrics-secure=false", "--iam-configmap-compat")...)
 	if err != nil {
 		return nil, err
 	}
@@ -152,6 +122,53 @@ func cachesBench(ctx context.Context, e *env) ([]result, error) {
 		{metric: fmt.Sprintf("manager API requests in %s idle, after", idleWindow), value: requestsAfter, unit: "requests",
 			note: "target: no more than before"},
 	}, nil
+}
+
+// outsideSystems are the IAM emulator and vcsim (with the template bench-template), in process,
+// for a manager process running namespaces, iam and vmgroups, and the flags that point it at them
+// (the AWS SDK reads its endpoint from the environment, which the process inherits).
+type outsideSystems struct {
+	args []string
+	iam  *iamemulator.Server
+	sim  *vsimtest.Sim
+	stop func()
+}
+
+func startOutsideSystems(ctx context.Context, e *env, ns, requestsNS string) (*outsideSystems, error) {
+	emu := iamemulator.New(iamemulator.Options{Seed: 1})
+	srv := httptest.NewServer(emu)
+	sim, err := vsimtest.New(ctx)
+	if err != nil {
+		srv.Close()
+		return nil, err
+	}
+	out := &outsideSystems{iam: emu, sim: sim, stop: func() { sim.Stop(); srv.Close() }}
+	if _, err := sim.CreateTemplate(ctx, "bench-template"); err != nil {
+		out.stop()
+		return nil, err
+	}
+	if err := e.client.Create(ctx, &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "vcenter"},
+		StringData: map[string]string{"VC_HOST": sim.URL.String(), "VC_USER": sim.User, "VC_PASS": sim.Password},
+	}); err != nil {
+		out.stop()
+		return nil, err
+	}
+	for k, v := range map[string]string{
+		"AWS_ENDPOINT_URL_IAM": srv.URL, "AWS_ENDPOINT_URL_STS": srv.URL, "AWS_REGION": "us-east-1",
+		"AWS_ACCESS_KEY_ID": "AKIDBENCHEXAMPLE", "AWS_SECRET_ACCESS_KEY": "bench-not-a-secret",
+		"AWS_EC2_METADATA_DISABLED": "true", "AWS_CONFIG_FILE": os.DevNull, "AWS_SHARED_CREDENTIALS_FILE": os.DevNull,
+	} {
+		if err := os.Setenv(k, v); err != nil {
+			out.stop()
+			return nil, err
+		}
+	}
+	out.args = []string{"--requests-namespace=" + requestsNS, "--namespace-defaults=" + defaultsFile(),
+		"--cluster-name=bench", "--oidc-issuer=https://oidc.example.com/bench", "--aws-account-id=000000000000",
+		"--allowed-policy-arns=arn:aws:iam::aws:policy/ReadOnlyAccess",
+		"--vsphere-secret=" + ns + "/vcenter", "--vsphere-insecure"}
+	return out, nil
 }
 
 // apiRequests sums the manager's rest_client_requests_total (client-go's count of its API requests).

@@ -23,6 +23,19 @@ func installCRDs(ctx context.Context, e *env, files ...string) error {
 	return waitEstablished(ctx, e)
 }
 
+// installAllCRDs applies every CRD of config/crd/bases.
+func installAllCRDs(ctx context.Context, e *env) error {
+	files, err := filepath.Glob(filepath.Join(testenv.RepoRoot(), "config", "crd", "bases", "*.yaml"))
+	if err != nil {
+		return err
+	}
+	var names []string
+	for _, f := range files {
+		names = append(names, filepath.Base(f))
+	}
+	return installCRDs(ctx, e, names...)
+}
+
 // waitEstablished polls until every CRD is Established. (kubectl wait reports a CRD that has no
 // conditions yet as an error instead of waiting for it.)
 func waitEstablished(ctx context.Context, e *env) error {

@@ -56,6 +56,7 @@ var cases = []benchCase{
 	{name: "intents/1000-bindings", run: intentsBench},
 	{name: "mirrors/50-mirrors", run: mirrorsBench},
 	{name: "manager/every-controller-unrelated-objects", run: cachesBench},
+	{name: "manager/failover-under-kill", run: failoverBench},
 }
 
 func main() {
