@@ -6,6 +6,7 @@
 package e2e
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"os"
@@ -19,7 +20,9 @@ import (
 	"github.com/quartermaster-dev/quartermaster/internal/testing/testenv"
 )
 
-const clusterName = "qm-e2e"
+// clusterName is the local cluster's name: QM_E2E_CLUSTER, else qm-e2e (set it to run two e2e runs
+// on one machine at once).
+var clusterName = cmp.Or(os.Getenv("QM_E2E_CLUSTER"), "qm-e2e")
 
 var (
 	cluster    *localcluster.Cluster

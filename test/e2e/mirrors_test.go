@@ -5,8 +5,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -41,11 +39,7 @@ func TestRegistryMirrorOnTheLocalCluster(t *testing.T) {
 	c, err := client.New(cluster.Config, client.Options{Scheme: manager.Scheme(registryv1alpha1.AddToScheme)})
 	must(t, err)
 	// The upstream the controller asks about credentials: an open registry root on loopback.
-	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Docker-Distribution-API-Version", "registry/2.0")
-		_, _ = w.Write([]byte("{}"))
-	}))
-	t.Cleanup(upstream.Close)
+	upstreamURL := newOpenRegistry(t)
 	mgr := startManager(t, "--controllers=mirrors", "--health-probe-bind-address=0", "--mirrors-image=quartermaster:e2e")
 
 	// Volumes for the cache pods' claims (storageClassName "" binds to them).
@@ -67,7 +61,7 @@ func TestRegistryMirrorOnTheLocalCluster(t *testing.T) {
 		rm := &registryv1alpha1.RegistryMirror{
 			ObjectMeta: metav1.ObjectMeta{Name: name},
 			Spec: registryv1alpha1.RegistryMirrorSpec{
-				UpstreamURL: upstream.URL, MirrorHost: host, Replicas: ptr.To[int32](1), DeletionPolicy: policy,
+				UpstreamURL: upstreamURL, MirrorHost: host, Replicas: ptr.To[int32](1), DeletionPolicy: policy,
 				Storage: &registryv1alpha1.Storage{Size: ptr.To(resource.MustParse("1Gi")), StorageClassName: ptr.To("")},
 			},
 		}
@@ -90,7 +84,7 @@ func TestRegistryMirrorOnTheLocalCluster(t *testing.T) {
 	t.Run("kubectl shows upstream, host, readiness and nodes", func(t *testing.T) {
 		out := kubectlOK(t, "get", "rm", hub.Name, "--no-headers")
 		got := strings.Fields(out)
-		want := []string{hub.Name, upstream.URL, "docker.io", "True", "2"}
+		want := []string{hub.Name, upstreamURL, "docker.io", "True", "2"}
 		if len(got) != len(want)+1 || strings.Join(got[:len(want)], " ") != strings.Join(want, " ") {
 			t.Errorf("kubectl get rm: %q, want NAME UPSTREAM HOST READY NODES AGE = %v AGE", out, want)
 		}
@@ -110,7 +104,7 @@ func TestRegistryMirrorOnTheLocalCluster(t *testing.T) {
 		hosts := filepath.Join(root, "etc", "containerd", "certs.d", "docker.io", "hosts.toml")
 		eventually(t, "hosts.toml with the mirror's endpoint", func() bool {
 			b, err := os.ReadFile(hosts)
-			return err == nil && strings.Contains(string(b), hub.Status.Endpoint) && strings.Contains(string(b), upstream.URL)
+			return err == nil && strings.Contains(string(b), hub.Status.Endpoint) && strings.Contains(string(b), upstreamURL)
 		})
 		eventually(t, "the agent's Pod to say the node is configured", func() bool {
 			p := &corev1.Pod{}

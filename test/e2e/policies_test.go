@@ -20,24 +20,31 @@ import (
 // test that runs first would otherwise see its escape allowed. Each probe is a dry run, as the
 // manager, of a write its policy refuses.
 func waitForManagerPolicies(ctx context.Context) error {
-	asManager, err := clientsetAs(ctx, managerNamespace, "quartermaster-manager")
+	return waitForPolicies(ctx, managerNamespace, "quartermaster-manager", "quartermaster", mirrorsNamespace)
+}
+
+// waitForPolicies is waitForManagerPolicies for a manager installed as the ServiceAccount
+// namespace/serviceAccount, whose policies are named PREFIX-manager-…, with its mirrors in
+// mirrorsNamespace (the chart's release).
+func waitForPolicies(ctx context.Context, namespace, serviceAccount, prefix, mirrorsNamespace string) error {
+	asManager, err := clientsetAs(ctx, namespace, serviceAccount)
 	if err != nil {
 		return err
 	}
 	dryRun := []string{metav1.DryRunAll}
 	probes := map[string]func() error{
-		"quartermaster-manager-scope": func() error {
+		prefix + "-manager-scope": func() error {
 			_, err := asManager.CoreV1().ResourceQuotas("kube-system").Create(ctx, &corev1.ResourceQuota{
 				ObjectMeta: metav1.ObjectMeta{Name: "qm-policy-probe"},
 			}, metav1.CreateOptions{DryRun: dryRun})
 			return err
 		},
-		"quartermaster-manager-namespaces": func() error {
+		prefix + "-manager-namespaces": func() error {
 			_, err := asManager.CoreV1().Namespaces().Patch(ctx, "kube-node-lease", types.MergePatchType,
 				[]byte(`{"metadata":{"labels":{"quartermaster.dev/managed-by":"quartermaster"}}}`), metav1.PatchOptions{DryRun: dryRun})
 			return err
 		},
-		"quartermaster-manager-workloads": func() error {
+		prefix + "-manager-workloads": func() error {
 			ds := &appsv1.DaemonSet{
 				ObjectMeta: metav1.ObjectMeta{Name: "qm-policy-probe"},
 				Spec: appsv1.DaemonSetSpec{
@@ -48,7 +55,7 @@ func waitForManagerPolicies(ctx context.Context) error {
 					},
 				},
 			}
-			_, err := asManager.AppsV1().DaemonSets("quartermaster-mirrors").Create(ctx, ds, metav1.CreateOptions{DryRun: dryRun})
+			_, err := asManager.AppsV1().DaemonSets(mirrorsNamespace).Create(ctx, ds, metav1.CreateOptions{DryRun: dryRun})
 			return err
 		},
 	}
