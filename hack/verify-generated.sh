@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 generated() {
-	{ find config/crd/bases config/rbac/generated charts/quartermaster/templates/crds charts/quartermaster/files -type f; find . -name zz_generated.deepcopy.go -not -path './.git/*'; } | sort
+	{ find config/crd/bases config/rbac/generated config/rbac/tenant/tenant_roles.yaml charts/quartermaster/templates/crds charts/quartermaster/files -type f; find . -name zz_generated.deepcopy.go -not -path './.git/*'; } | sort
 }
 snapshot() { generated | while read -r f; do sha256sum "$f"; done; }
 

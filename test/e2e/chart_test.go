@@ -464,9 +464,11 @@ func TestConfigDefaultAsInstalled(t *testing.T) {
 	must(t, os.WriteFile(path, []byte(out), 0o600))
 	kubectlOK(t, "apply", "--server-side", "-f", path)
 	t.Cleanup(func() {
-		// What config/local does not install: the Deployment, its Service and ConfigMap.
+		// What config/local does not install: the Deployment, its Service and ConfigMap, and the
+		// tenant roles (the chart's are the ones under test).
 		for _, o := range objs {
-			if k := o.GetKind(); k == "Deployment" || k == "Service" || k == "ConfigMap" {
+			if k := o.GetKind(); k == "Deployment" || k == "Service" || k == "ConfigMap" ||
+				(k == "ClusterRole" && (strings.HasSuffix(o.GetName(), "-editor") || strings.HasSuffix(o.GetName(), "-viewer"))) {
 				_ = admin.Delete(context.Background(), o)
 			}
 		}
