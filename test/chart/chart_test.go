@@ -16,6 +16,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"sigs.k8s.io/yaml"
 
 	"github.com/quartermaster-dev/quartermaster/internal/testing/chart"
 	"github.com/quartermaster-dev/quartermaster/internal/testing/testenv"
@@ -285,5 +286,36 @@ func TestRefusesBadValues(t *testing.T) {
 	_, err := chart.Template(release, namespace, "--set", "namespaces.enabled=false", "--set", "mirrors.enabled=false", "--set", "intents.enabled=false")
 	if err == nil || !strings.Contains(err.Error(), "enable at least one controller") {
 		t.Errorf("no controller: got %v, want refused", err)
+	}
+}
+
+// TestPrometheusRuleIsConfigPrometheus: the chart's alerts are config/prometheus's, and the leader
+// alert follows leaderElection.id.
+func TestPrometheusRuleIsConfigPrometheus(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join(testenv.RepoRoot(), "config", "prometheus", "prometheusrule.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	config, err := chart.Objects(b)
+	if err != nil || len(config) != 1 {
+		t.Fatalf("config/prometheus: %d objects, %v", len(config), err)
+	}
+	rule := chart.Find(render(t, "-f", valuesFile("all")), "PrometheusRule", "quartermaster")
+	if rule == nil {
+		t.Fatal("no PrometheusRule quartermaster with metrics.prometheusRule.enabled")
+	}
+	if !equality.Semantic.DeepEqual(rule.Object["spec"], config[0].Object["spec"]) {
+		t.Errorf("the chart's PrometheusRule differs from config/prometheus's")
+	}
+	if rule.GetNamespace() != namespace {
+		t.Errorf("PrometheusRule in %q, want the release namespace", rule.GetNamespace())
+	}
+	renamed := chart.Find(render(t, "--set", "metrics.prometheusRule.enabled=true", "--set", "leaderElection.id=team-lease"), "PrometheusRule", "quartermaster")
+	if renamed == nil {
+		t.Fatal("no PrometheusRule")
+	}
+	spec, _ := yaml.Marshal(renamed.Object["spec"])
+	if !strings.Contains(string(spec), `name="team-lease"`) || strings.Contains(string(spec), "quartermaster.quartermaster.dev") {
+		t.Errorf("the leader alert does not follow leaderElection.id:\n%s", spec)
 	}
 }
