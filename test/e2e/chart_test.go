@@ -70,7 +70,8 @@ func TestHelmChartAsInstalled(t *testing.T) {
 		"fullnameOverride": chartRelease,
 		"image":            map[string]any{"repository": "registry.example.com/quartermaster", "tag": "e2e"},
 		"crds":             map[string]any{"enabled": false},
-		"leaderElection":   map[string]any{"id": "qm-chart-" + strings.ToLower(time.Now().Format("150405.000000"))},
+		"leaderElection":   map[string]any{"id": "qm-chart-" + strings.ToLower(time.Now().Format("150405.000000")), "retryPeriod": "500ms"},
+		"crdPollInterval":  "5s",
 		"metrics":          map[string]any{"readerSubjects": []any{map[string]any{"kind": "ServiceAccount", "name": "scraper", "namespace": chartNamespace}}},
 		"namespaces": map[string]any{
 			"requestsNamespace": chartRequests,
