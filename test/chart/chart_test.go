@@ -319,3 +319,44 @@ func TestPrometheusRuleIsConfigPrometheus(t *testing.T) {
 		t.Errorf("the leader alert does not follow leaderElection.id:\n%s", spec)
 	}
 }
+
+// TestEveryFlagHasAValue: each flag of the manager is set from a value of the chart, or is one the
+// chart leaves to extraArgs on purpose. A controller's new flag fails this until the chart has it.
+func TestEveryFlagHasAValue(t *testing.T) {
+	leftToExtraArgs := []string{
+		"kubeconfig",         // in-cluster
+		"operator-namespace", // from POD_NAMESPACE
+		"metrics-secure",     // always HTTPS with authorization
+		"enable-http2",       // off (CVE-2023-44487)
+		"pprof-bind-address", // for a debugging session, with port-forward
+		"zap-devel", "zap-encoder", "zap-stacktrace-level", "zap-time-encoding",
+	}
+	bin := filepath.Join(t.TempDir(), "quartermaster")
+	if err := testenv.GoBuild(bin, "./cmd/quartermaster"); err != nil {
+		t.Fatal(err)
+	}
+	help, _ := exec.Command(bin, "--help").CombinedOutput() // exits 0 or 2 depending on the flag package
+	template, err := os.ReadFile(filepath.Join(testenv.RepoRoot(), chart.Dir, "templates", "deployment.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	flags := 0
+	for line := range strings.Lines(string(help)) {
+		name, ok := strings.CutPrefix(line, "  -")
+		if !ok {
+			continue
+		}
+		name, _, _ = strings.Cut(strings.TrimSpace(name), " ")
+		flags++
+		if slices.Contains(leftToExtraArgs, name) {
+			continue
+		}
+		if !strings.Contains(string(template), `"`+name+`"`) && !strings.Contains(string(template), "--"+name+"=") &&
+			!strings.Contains(string(template), `"--`+name+`"`) {
+			t.Errorf("the manager's flag --%s has no value in the chart (templates/deployment.yaml, values.yaml, values.schema.json) nor a reason to leave it to extraArgs", name)
+		}
+	}
+	if flags < 40 {
+		t.Fatalf("read %d flags from --help:\n%s", flags, help)
+	}
+}
