@@ -71,6 +71,14 @@ image-push: ## Build the image and push its index as REGISTRY/quartermaster:TAG 
 	hack/image.sh build --out $(IMAGE_DIR) --tag $(TAG)
 	hack/image.sh push --layout $(IMAGE_DIR)/oci $(REGISTRY)/quartermaster:$(TAG)
 
+# The Helm chart, packaged with appVersion TAG (so its image defaults to quartermaster:TAG; set
+# image.repository to where image-push sent it).
+CHART_VERSION ?= 0.1.0
+.PHONY: chart
+chart: ## Package the Helm chart into bin/chart/ (CHART_VERSION, appVersion TAG); helm is hack/helm.sh.
+	@mkdir -p bin/chart
+	hack/helm.sh package charts/quartermaster --destination bin/chart --version $(CHART_VERSION) --app-version $(TAG)
+
 .PHONY: k8s-bin
 k8s-bin: ## Build kube-apiserver, controller-manager, scheduler, kubectl, etcd, kwok(ctl) from source into the cache.
 	@hack/k8s-bin.sh
