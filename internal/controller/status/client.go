@@ -26,7 +26,10 @@ import (
 // patch would cost a refused patch and a whole repeated reconcile each time the cache lags).
 //
 // Memory: at most one copy (without managedFields) per object of the guarded kinds, dropped as soon
-// as a read shows the cache has caught up, or the object is gone or deleted by this client.
+// as a read shows the cache has caught up, or the object is gone or deleted by this client. Each
+// write also looks at the two oldest copies in the cache (no API request) and drops those it has
+// caught up with, so copies of objects nobody reads again (a served request's Secret) do not pile
+// up: what stays is about the writes of the last moments.
 func NewClient(c client.Client, kinds ...client.Object) client.Client {
 	g := &fresh{Client: c, kinds: map[reflect.Type]bool{}, last: map[writeKey]client.Object{}}
 	for _, k := range kinds {
@@ -46,7 +49,13 @@ type fresh struct {
 
 	mu   sync.Mutex
 	last map[writeKey]client.Object
+	// order is the keys of last, oldest first (with stale duplicates of keys written again).
+	order []writeKey
 }
+
+// sweepPerWrite is how many of the oldest copies each write checks against the cache: more than
+// one, so that the copies shrink back after a burst of writes.
+const sweepPerWrite = 2
 
 func (f *fresh) guarded(obj runtime.Object) bool { return f.kinds[reflect.TypeOf(obj)] }
 
@@ -54,16 +63,64 @@ func keyOf(obj client.Object) writeKey {
 	return writeKey{kind: reflect.TypeOf(obj), key: client.ObjectKeyFromObject(obj)}
 }
 
-// remember keeps what a successful write returned.
-func (f *fresh) remember(obj client.Object) {
+// remember keeps what a successful write returned, and sweeps.
+func (f *fresh) remember(ctx context.Context, obj client.Object) {
 	if !f.guarded(obj) || obj.GetResourceVersion() == "" {
 		return
 	}
 	c := obj.DeepCopyObject().(client.Object)
 	c.SetManagedFields(nil)
+	k := keyOf(obj)
 	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.last[keyOf(obj)] = c
+	f.last[k] = c
+	f.order = append(f.order, k)
+	f.mu.Unlock()
+	f.sweep(ctx)
+}
+
+// sweep drops the oldest copies the cache has caught up with (or whose object is gone); one it
+// has not caught up with yet goes to the back of the line.
+func (f *fresh) sweep(ctx context.Context) {
+	for checked := 0; checked < sweepPerWrite; {
+		f.mu.Lock()
+		if len(f.order) == 0 {
+			f.mu.Unlock()
+			return
+		}
+		k := f.order[0]
+		f.order = f.order[1:]
+		w, ok := f.last[k]
+		f.mu.Unlock()
+		if !ok {
+			continue // dropped already: a stale entry of the line
+		}
+		checked++
+		cached := reflect.New(k.kind.Elem()).Interface().(client.Object)
+		err := f.Client.Get(ctx, k.key, cached)
+		f.mu.Lock()
+		if f.last[k] == w { // not written again meanwhile (a newer copy has its own place)
+			if caughtUp(w, cached, err) {
+				delete(f.last, k)
+			} else {
+				f.order = append(f.order, k)
+			}
+		}
+		f.mu.Unlock()
+	}
+}
+
+// caughtUp says whether a copy we wrote can go, given what the cache read returned.
+func caughtUp(written, cached client.Object, err error) bool {
+	switch {
+	case apierrors.IsNotFound(err):
+		return true
+	case err != nil:
+		return false
+	case written.GetUID() != cached.GetUID():
+		return true
+	}
+	newer, err := resourceversion.CompareResourceVersion(written.GetResourceVersion(), cached.GetResourceVersion())
+	return err != nil || newer <= 0
 }
 
 func (f *fresh) forget(obj client.Object) {
@@ -125,7 +182,7 @@ func (f *fresh) List(ctx context.Context, list client.ObjectList, opts ...client
 func (f *fresh) Create(ctx context.Context, obj client.Object, opts ...client.CreateOption) error {
 	err := f.Client.Create(ctx, obj, opts...)
 	if err == nil {
-		f.remember(obj)
+		f.remember(ctx, obj)
 	}
 	return err
 }
@@ -133,7 +190,7 @@ func (f *fresh) Create(ctx context.Context, obj client.Object, opts ...client.Cr
 func (f *fresh) Update(ctx context.Context, obj client.Object, opts ...client.UpdateOption) error {
 	err := f.Client.Update(ctx, obj, opts...)
 	if err == nil {
-		f.remember(obj)
+		f.remember(ctx, obj)
 	}
 	return err
 }
@@ -141,7 +198,7 @@ func (f *fresh) Update(ctx context.Context, obj client.Object, opts ...client.Up
 func (f *fresh) Patch(ctx context.Context, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
 	err := f.Client.Patch(ctx, obj, patch, opts...)
 	if err == nil {
-		f.remember(obj)
+		f.remember(ctx, obj)
 	}
 	return err
 }
@@ -171,7 +228,7 @@ type freshSubResource struct {
 func (s *freshSubResource) Update(ctx context.Context, obj client.Object, opts ...client.SubResourceUpdateOption) error {
 	err := s.SubResourceClient.Update(ctx, obj, opts...)
 	if err == nil {
-		s.f.remember(obj)
+		s.f.remember(ctx, obj)
 	}
 	return err
 }
@@ -179,7 +236,7 @@ func (s *freshSubResource) Update(ctx context.Context, obj client.Object, opts .
 func (s *freshSubResource) Patch(ctx context.Context, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
 	err := s.SubResourceClient.Patch(ctx, obj, patch, opts...)
 	if err == nil {
-		s.f.remember(obj)
+		s.f.remember(ctx, obj)
 	}
 	return err
 }

@@ -2,6 +2,7 @@ package status
 
 import (
 	"context"
+	"fmt"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -117,6 +118,37 @@ func TestClientNeverReadsOlderThanItsOwnWrite(t *testing.T) {
 		must(t, c.Get(ctx, client.ObjectKeyFromObject(cm), got))
 		if got.Annotations["state"] != "" || got.UID == cm.UID {
 			t.Errorf("read the deleted object's write (uid %s, annotations %v)", got.UID, got.Annotations)
+		}
+	})
+
+	t.Run("copies nobody reads again are dropped by later writes", func(t *testing.T) {
+		lagging.CatchUp()
+		write := func(name string) client.Object {
+			cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "guard", Name: name}}
+			must(t, api.Create(ctx, cm))
+			before := cm.DeepCopy()
+			cm.Annotations = map[string]string{"state": "Ready"}
+			must(t, c.Patch(ctx, cm, client.MergeFrom(before)))
+			return cm
+		}
+		var served []client.Object
+		for i := range 10 {
+			served = append(served, write(fmt.Sprintf("served-%d", i)))
+		}
+		lagging.CatchUp() // the cache has them now; nothing reads them again
+		for i := range 10 {
+			write(fmt.Sprintf("later-%d", i))
+		}
+		f := c.(*fresh)
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		for _, obj := range served {
+			if _, kept := f.last[keyOf(obj)]; kept {
+				t.Errorf("the copy of %s is kept after the reader caught up and 10 more writes", obj.GetName())
+			}
+		}
+		if len(f.last) > 10 {
+			t.Errorf("%d copies kept, want at most the 10 writes the reader has not seen", len(f.last))
 		}
 	})
 
