@@ -62,6 +62,8 @@ done
 cp config/manager/namespace-defaults.yaml "${chart}/files/namespace-defaults.yaml"
 mkdir -p "${chart}/files/prometheus"
 cp config/prometheus/prometheusrule.yaml "${chart}/files/prometheus/"
+mkdir -p "${chart}/files/grafana"
+cp config/grafana/quartermaster-dashboard.json "${chart}/files/grafana/"
 
 # The other way: the tenant editor and viewer roles are the chart's template; config/rbac gets them
 # rendered for every kind (release quartermaster, the chart's aggregation rules, no IAM permissions

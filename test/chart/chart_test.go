@@ -5,6 +5,7 @@ package chart
 
 import (
 	"bytes"
+	"encoding/json"
 	"flag"
 	"os"
 	"os/exec"
@@ -317,6 +318,44 @@ func TestPrometheusRuleIsConfigPrometheus(t *testing.T) {
 	spec, _ := yaml.Marshal(renamed.Object["spec"])
 	if !strings.Contains(string(spec), `name="team-lease"`) || strings.Contains(string(spec), "quartermaster.quartermaster.dev") {
 		t.Errorf("the leader alert does not follow leaderElection.id:\n%s", spec)
+	}
+}
+
+// TestGrafanaDashboardIsConfigGrafana: metrics.grafanaDashboard ships config/grafana's dashboard,
+// as JSON, for Grafana's sidecar, its leader panel following leaderElection.id.
+func TestGrafanaDashboardIsConfigGrafana(t *testing.T) {
+	want, err := os.ReadFile(filepath.Join(testenv.RepoRoot(), "config", "grafana", "quartermaster-dashboard.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dashboard := func(args ...string) (*unstructured.Unstructured, map[string]any) {
+		t.Helper()
+		cm := chart.Find(render(t, append([]string{"--set", "metrics.grafanaDashboard.enabled=true"}, args...)...), "ConfigMap", "quartermaster-dashboard")
+		if cm == nil {
+			t.Fatal("no ConfigMap quartermaster-dashboard with metrics.grafanaDashboard.enabled")
+		}
+		data, _, _ := unstructured.NestedString(cm.Object, "data", "quartermaster-dashboard.json")
+		var d map[string]any
+		if err := json.Unmarshal([]byte(data), &d); err != nil {
+			t.Fatalf("the dashboard is not JSON: %v", err)
+		}
+		return cm, d
+	}
+	cm, got := dashboard()
+	var config map[string]any
+	if err := json.Unmarshal(want, &config); err != nil {
+		t.Fatal(err)
+	}
+	if !equality.Semantic.DeepEqual(got, config) {
+		t.Error("the chart's dashboard differs from config/grafana's")
+	}
+	if cm.GetLabels()["grafana_dashboard"] != "1" || cm.GetNamespace() != namespace {
+		t.Errorf("labels %v in %q, want grafana_dashboard=1 in the release namespace", cm.GetLabels(), cm.GetNamespace())
+	}
+	_, renamed := dashboard("--set", "leaderElection.id=team-lease")
+	b, _ := json.Marshal(renamed)
+	if !strings.Contains(string(b), `name=\"team-lease\"`) || strings.Contains(string(b), "quartermaster.quartermaster.dev") {
+		t.Error("the leader panel does not follow leaderElection.id")
 	}
 }
 
