@@ -107,7 +107,8 @@ func (b *base) applyPolicies(ctx context.Context, parent types.UID, desired []in
 		if engineOf(gvk) == intent.K8TLS {
 			in = intent.K8TLSNamespace // whoever owns them, they are there
 		}
-		if err := b.objects.List(ctx, list, client.InNamespace(in)); err != nil {
+		// The parent's own only (an index), not every policy of the namespace.
+		if err := b.objects.List(ctx, list, client.InNamespace(in), client.MatchingFields{indexController: string(parent)}); err != nil {
 			return a, err
 		}
 		for i := range list.Items {

@@ -154,7 +154,7 @@ func (r *bindingReconciler) setup(mgr ctrl.Manager, opts controller.Options) err
 	return builder.ControllerManagedBy(mgr).
 		Named("securityintentbinding").
 		For(&intentv1alpha1.SecurityIntentBinding{}, builder.WithPredicates(specOrLabels())).
-		Owns(&intentv1alpha1.NimbusPolicy{}, builder.WithPredicates(specOrLabels())).
+		Owns(&intentv1alpha1.NimbusPolicy{}, builder.WithPredicates(specOrLabels(), notCreated())).
 		Watches(&intentv1alpha1.SecurityIntent{}, handler.EnqueueRequestsFromMapFunc(r.bindingsOf(&intentv1alpha1.SecurityIntentBindingList{})),
 			builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		WithOptions(opts).

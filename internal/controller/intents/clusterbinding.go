@@ -33,8 +33,8 @@ func (r *clusterBindingReconciler) setup(mgr ctrl.Manager, opts controller.Optio
 	return builder.ControllerManagedBy(mgr).
 		Named("clustersecurityintentbinding").
 		For(&intentv1alpha1.ClusterSecurityIntentBinding{}, builder.WithPredicates(specOrLabels())).
-		Owns(&intentv1alpha1.ClusterNimbusPolicy{}, builder.WithPredicates(specOrLabels())).
-		Owns(&intentv1alpha1.NimbusPolicy{}, builder.WithPredicates(specOrLabels())).
+		Owns(&intentv1alpha1.ClusterNimbusPolicy{}, builder.WithPredicates(specOrLabels(), notCreated())).
+		Owns(&intentv1alpha1.NimbusPolicy{}, builder.WithPredicates(specOrLabels(), notCreated())).
 		Watches(&intentv1alpha1.SecurityIntent{}, handler.EnqueueRequestsFromMapFunc(r.bindingsOf(&intentv1alpha1.ClusterSecurityIntentBindingList{})),
 			builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		// Namespaces that appear, start terminating or go.

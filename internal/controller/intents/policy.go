@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -72,14 +73,22 @@ type engineWatch struct {
 	owner client.Object     // the (Cluster)NimbusPolicy kind that controls them
 	list  client.ObjectList // a list of owners
 	all   chan event.GenericEvent
+
+	mu      sync.Mutex
+	indexed map[schema.GroupVersionKind]bool // kinds whose cache has the controller index
 }
 
 func newEngineWatch(kinds []schema.GroupVersionKind, owner client.Object, list client.ObjectList) engineWatch {
-	return engineWatch{kinds: kinds, owner: owner, list: list, all: make(chan event.GenericEvent, 64)}
+	return engineWatch{kinds: kinds, owner: owner, list: list, all: make(chan event.GenericEvent, 64), indexed: map[schema.GroupVersionKind]bool{}}
 }
 
 // watchEngine adds c's watches on the engine's kinds among w's, from the cache objects, and with
-// wake reconciles every owner.
+// wake reconciles every owner. The kinds are indexed by their controller's UID in objects, so a
+// reconcile lists its owner's policies only.
+//
+// The owner's own creations wake nothing: the reconcile that made them has just looked at them,
+// and at start, or when an engine appears, every owner is reconciled anyway. An edit or deletion
+// by hand reconciles the owner.
 func (w *engineWatch) watchEngine(ctx context.Context, mgr ctrl.Manager, c controller.Controller, objects cache.Cache, reader client.Reader, e intent.Engine, wake bool) error {
 	for _, gvk := range intent.EngineKinds[e] {
 		if !slices.Contains(w.kinds, gvk) {
@@ -87,8 +96,11 @@ func (w *engineWatch) watchEngine(ctx context.Context, mgr ctrl.Manager, c contr
 		}
 		obj := &unstructured.Unstructured{}
 		obj.SetGroupVersionKind(gvk)
+		if err := w.index(ctx, objects, obj); err != nil {
+			return err
+		}
 		err := c.Watch(source.Kind[client.Object](objects, obj,
-			handler.EnqueueRequestForOwner(mgr.GetScheme(), mgr.GetRESTMapper(), w.owner, handler.OnlyControllerOwner())))
+			handler.EnqueueRequestForOwner(mgr.GetScheme(), mgr.GetRESTMapper(), w.owner, handler.OnlyControllerOwner()), notCreated()))
 		if err != nil {
 			return err
 		}
@@ -104,6 +116,29 @@ func (w *engineWatch) watchEngine(ctx context.Context, mgr ctrl.Manager, c contr
 		_ = forEach(list, func(o client.Object) { w.all <- event.GenericEvent{Object: o} })
 	}()
 	return nil
+}
+
+// index adds the controller index to obj's kind in objects, once (a watch that failed is added
+// again later).
+func (w *engineWatch) index(ctx context.Context, objects cache.Cache, obj client.Object) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	gvk := obj.GetObjectKind().GroupVersionKind()
+	if w.indexed[gvk] {
+		return nil
+	}
+	if err := objects.IndexField(ctx, obj, indexController, controllerUID); err != nil {
+		return err
+	}
+	w.indexed[gvk] = true
+	return nil
+}
+
+// notCreated passes updates and deletions of what a controller generates, not its creations: the
+// reconcile that made an object has looked at it already, and the creations an informer replays
+// when it starts are of owners reconciled at start anyway.
+func notCreated() predicate.Predicate {
+	return predicate.Funcs{CreateFunc: func(event.CreateEvent) bool { return false }}
 }
 
 // needing maps an object to the NimbusPolicies (of its namespace, or every one for a

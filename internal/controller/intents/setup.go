@@ -39,7 +39,8 @@ import (
 const (
 	// indexIntents indexes bindings by the SecurityIntent names they list.
 	indexIntents = "spec.intents.name"
-	// indexController indexes NimbusPolicies by their controller's UID.
+	// indexController indexes NimbusPolicies, and the engine policies in the controller's own
+	// cache, by their controller's UID.
 	indexController = "metadata.controllerUID"
 )
 
@@ -194,12 +195,15 @@ func index(mgr ctrl.Manager) error {
 	}); err != nil {
 		return err
 	}
-	return mgr.GetFieldIndexer().IndexField(ctx, &intentv1alpha1.NimbusPolicy{}, indexController, func(o client.Object) []string {
-		if ref := metav1.GetControllerOf(o); ref != nil {
-			return []string{string(ref.UID)}
-		}
-		return nil
-	})
+	return mgr.GetFieldIndexer().IndexField(ctx, &intentv1alpha1.NimbusPolicy{}, indexController, controllerUID)
+}
+
+// controllerUID is the value of indexController.
+func controllerUID(o client.Object) []string {
+	if ref := metav1.GetControllerOf(o); ref != nil {
+		return []string{string(ref.UID)}
+	}
+	return nil
 }
 
 func namespaceMetadata() *metav1.PartialObjectMetadata {
