@@ -139,7 +139,7 @@ func (o *Options) cacheByObject() map[client.Object]cache.ByObject {
 	byLabel := cache.ByObject{Label: managed}
 	return map[client.Object]cache.ByObject{
 		&corev1.ConfigMap{}:           {Namespaces: inRequests},
-		&corev1.Secret{}:              {Namespaces: inRequests, Label: managed},
+		&corev1.Secret{}:              {Namespaces: inRequests, Label: managed, Transform: summarizeCredentials},
 		&corev1.Namespace{}:           byLabel,
 		&corev1.ServiceAccount{}:      byLabel,
 		&rbacv1.Role{}:                byLabel,

@@ -1,7 +1,6 @@
 package namespaces
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -107,12 +106,9 @@ func (r *Reconciler) ensureCredentials(ctx context.Context, req *nsrequest.Reque
 
 // credentialsStale reports whether the Secret must get a new token.
 func (r *Reconciler) credentialsStale(s *corev1.Secret, req *nsrequest.Request, sa *corev1.ServiceAccount, now time.Time) bool {
-	if s.Annotations[nsrequest.AnnotationTokenSAUID] != string(sa.UID) ||
-		len(s.Data[keyToken]) == 0 || len(s.Data[keyKubeconfig]) == 0 ||
-		!bytes.Equal(s.Data[keyCA], r.CAData) || string(s.Data[keyNamespace]) != req.Namespace {
-		return true
-	}
-	if cfg, err := kubeconfig.Server(s.Data[keyKubeconfig]); err != nil || cfg != r.Server {
+	c := credentialsOf(s)
+	if s.Annotations[nsrequest.AnnotationTokenSAUID] != string(sa.UID) || !c.HasToken || !c.HasKubeconfig ||
+		c.CADigest != digest(r.CAData) || c.Namespace != req.Namespace || c.Server == "" || c.Server != r.Server {
 		return true
 	}
 	return tokenState(s).NeedsRefresh(now, req.TokenTTL, nsrequest.Jitter(req.Namespace))
