@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"maps"
 	"os"
@@ -16,11 +17,14 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrl "sigs.k8s.io/controller-runtime/pkg/manager"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	intentv1alpha1 "github.com/quartermaster-dev/quartermaster/api/intent/v1alpha1"
 	"github.com/quartermaster-dev/quartermaster/internal/controller/intents"
@@ -39,10 +43,12 @@ const (
 	intentIdle               = 30 * time.Second
 )
 
-// intentsBench runs the intents controller in-process: 1000 SecurityIntentBindings (two intents
-// each) that exist when it starts, until every engine policy exists, with the API writes it took,
-// then an idle period that must write nothing. (Nimbus's core makes 200 bindings' NimbusPolicies
-// in about 20 s, its client capped at 20 QPS, before its adapters start.)
+// intentsBench runs the intents controller in-process, with its flags' defaults: 1000
+// SecurityIntentBindings (two intents each) that exist when it starts, until every NimbusPolicy
+// exists and until every engine policy does, with what that took (API requests by verb and
+// resource, reconciles and their time in the work queues, CPU of the manager, API server, etcd and
+// garbage collector), then an idle period that must write nothing. (Nimbus's core makes 200
+// bindings' NimbusPolicies in about 20 s, its client capped at 20 QPS, before its adapters start.)
 func intentsBench(ctx context.Context, e *env) ([]result, error) {
 	scheme := manager.Scheme(intentv1alpha1.AddToScheme)
 	c, err := client.New(e.cluster.Config, client.Options{Scheme: scheme})
@@ -51,6 +57,18 @@ func intentsBench(ctx context.Context, e *env) ([]result, error) {
 	}
 	if err := installIntentCRDs(ctx, e); err != nil {
 		return nil, err
+	}
+	// The API server starts a custom kind's watch cache at the first request for it and refuses
+	// watches (429, retried after a second) until it is ready. In a cluster in use something has
+	// asked already (the engines' own controllers watch their kinds); here nothing has, and the
+	// controller's start would wait a second for the kinds it does not otherwise see created.
+	for _, gvk := range []schema.GroupVersionKind{intent.KubeArmorPolicyKind, intent.KyvernoPolicyKind, intent.KyvernoClusterPolicyKind,
+		intentv1alpha1.GroupVersion.WithKind("ClusterSecurityIntentBinding"), intentv1alpha1.GroupVersion.WithKind("ClusterNimbusPolicy")} {
+		list := &unstructured.UnstructuredList{}
+		list.SetGroupVersionKind(gvk.GroupVersion().WithKind(gvk.Kind + "List"))
+		if err := c.List(ctx, list, client.Limit(1)); err != nil {
+			return nil, err
+		}
 	}
 	for _, si := range []*intentv1alpha1.SecurityIntent{
 		{ObjectMeta: metav1.ObjectMeta{Name: "bench-dns"}, Spec: intentv1alpha1.SecurityIntentSpec{Intent: intentv1alpha1.Intent{ID: "dnsManipulation", Action: "Block"}}},
@@ -93,9 +111,12 @@ func intentsBench(ctx context.Context, e *env) ([]result, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := intents.Setup(mgr, intents.Options{Concurrency: 8}); err != nil {
+	opts := intents.Options{} // the flags' defaults, as the operator runs
+	opts.AddFlags(flag.NewFlagSet("intents", flag.ContinueOnError))
+	if err := intents.Setup(mgr, opts); err != nil {
 		return nil, err
 	}
+	queues := gatherQueues()
 	cpu := startCPU(e)
 	began := time.Now()
 	stop, err := startManager(ctx, mgr, "intents")
@@ -108,6 +129,7 @@ func intentsBench(ctx context.Context, e *env) ([]result, error) {
 	}
 	took := time.Since(began)
 	used := cpu.since()
+	work := gatherQueues().since(queues)
 	writes := counter.Writes()
 	requests := requestSummary(counter.Log())
 
@@ -136,8 +158,10 @@ func intentsBench(ctx context.Context, e *env) ([]result, error) {
 			value: took.Seconds(), unit: "s",
 			note: fmt.Sprintf("%.0f bindings/s = %.2fx the bare client; %.0f engine policies/s; CPU %s",
 				intentBindings/took.Seconds(), floor.Seconds()/took.Seconds(), intentBindings*intentPoliciesPerBinding/took.Seconds(), used.per(intentBindings))},
+		{metric: "reconciles per binding, by controller", value: float64(work.reconciles()) / intentBindings, unit: "reconciles",
+			note: work.String()},
 		{metric: "API writes per binding", value: float64(writes) / intentBindings, unit: "requests",
-			note: fmt.Sprintf("minimum 1 NimbusPolicy + %d engine policies; all requests: %s", intentPoliciesPerBinding, requests)},
+			note: fmt.Sprintf("the NimbusPolicy, %d engine policies, 2 status writes, 1 Event; all requests: %s", intentPoliciesPerBinding, requests)},
 		{metric: fmt.Sprintf("API writes during %s at steady state", intentIdle), value: float64(idleWrites), unit: "requests", note: "must be 0"},
 	}, nil
 }
@@ -261,8 +285,87 @@ func requestSummary(log []string) string {
 	return actionSummary(out)
 }
 
+// queueStats are the intents controllers' work queues, from controller-runtime's metrics (the
+// manager runs in this process): reconciles, and the seconds items waited and were worked on.
+type queueStats map[string]*queueStat
+
+type queueStat struct {
+	reconciles       float64
+	waited, worked   float64 // seconds, summed over items
+	queued, finished float64 // items counted by the two histograms
+}
+
+// intentControllers are the controllers' names (their queues' and metrics' label).
+var intentControllers = []string{"securityintent", "securityintentbinding", "nimbuspolicy", "clustersecurityintentbinding", "clusternimbuspolicy"}
+
+func gatherQueues() queueStats {
+	out := queueStats{}
+	for _, name := range intentControllers {
+		out[name] = &queueStat{}
+	}
+	families, err := ctrlmetrics.Registry.Gather()
+	if err != nil {
+		return out
+	}
+	for _, fam := range families {
+		for _, m := range fam.GetMetric() {
+			label := map[string]string{}
+			for _, l := range m.GetLabel() {
+				label[l.GetName()] = l.GetValue()
+			}
+			switch fam.GetName() {
+			case "controller_runtime_reconcile_total":
+				if st := out[label["controller"]]; st != nil {
+					st.reconciles += m.GetCounter().GetValue()
+				}
+			case "workqueue_queue_duration_seconds":
+				if st := out[label["name"]]; st != nil {
+					st.waited, st.queued = m.GetHistogram().GetSampleSum(), float64(m.GetHistogram().GetSampleCount())
+				}
+			case "workqueue_work_duration_seconds":
+				if st := out[label["name"]]; st != nil {
+					st.worked, st.finished = m.GetHistogram().GetSampleSum(), float64(m.GetHistogram().GetSampleCount())
+				}
+			}
+		}
+	}
+	return out
+}
+
+// since is what happened after before.
+func (q queueStats) since(before queueStats) queueStats {
+	out := queueStats{}
+	for name, st := range q {
+		b := before[name]
+		out[name] = &queueStat{reconciles: st.reconciles - b.reconciles, waited: st.waited - b.waited, worked: st.worked - b.worked,
+			queued: st.queued - b.queued, finished: st.finished - b.finished}
+	}
+	return out
+}
+
+func (q queueStats) reconciles() float64 {
+	n := 0.0
+	for _, st := range q {
+		n += st.reconciles
+	}
+	return n
+}
+
+func (q queueStats) String() string {
+	var parts []string
+	for _, name := range intentControllers {
+		st := q[name]
+		if st.reconciles == 0 {
+			continue
+		}
+		parts = append(parts, fmt.Sprintf("%s %.0f (%.2f s queued, %.0f ms reconciling, mean)", name, st.reconciles,
+			st.waited/max(st.queued, 1), 1000*st.worked/max(st.finished, 1)))
+	}
+	return strings.Join(parts, ", ")
+}
+
 // cpuUse is the CPU time this process (the bench and the in-process manager) and the cluster's
-// API server and etcd have used since it was taken.
+// API server, etcd and controller manager (garbage collection) have used since it was taken.
 type cpuUse struct {
 	pids  map[string]int
 	start map[string]time.Duration
@@ -275,7 +378,7 @@ func startCPU(e *env) *cpuUse {
 	u := &cpuUse{pids: map[string]int{"manager+bench": os.Getpid()}}
 	// hack/cluster.sh: kwokctl's work dir is beside the clusters' kubeconfigs.
 	dir := filepath.Join(filepath.Dir(filepath.Dir(filepath.Dir(e.cluster.Kubeconfig))), "kwok", "clusters", e.cluster.Name, "pids")
-	for name, file := range map[string]string{"apiserver": "kube-apiserver.pid", "etcd": "etcd.pid"} {
+	for name, file := range map[string]string{"apiserver": "kube-apiserver.pid", "etcd": "etcd.pid", "controller-manager": "kube-controller-manager.pid"} {
 		b, err := os.ReadFile(filepath.Join(dir, file))
 		if err != nil {
 			continue

@@ -44,7 +44,12 @@ func inTerminatingNamespace(err error) bool {
 // applyPolicies creates the generated policies that are missing, reverts the ones edited by hand,
 // and deletes the parent's policies that are no longer generated (of the given kinds, in
 // namespace, "" for cluster-scoped). An object it does not control is left alone and reported.
-func (b *base) applyPolicies(ctx context.Context, parent types.UID, desired []intent.Policy, namespace string, kinds []schema.GroupVersionKind) (applied, error) {
+//
+// made is the parent's status.adapterPolicies, read through the guarded client, so never older
+// than our own last write of it: a policy it lists that the cache does not show is one the cache
+// has not seen yet (or someone deleted since), and the API server is asked before creating it,
+// rather than repeating the create for a refusal.
+func (b *base) applyPolicies(ctx context.Context, parent types.UID, desired []intent.Policy, made []string, namespace string, kinds []schema.GroupVersionKind) (applied, error) {
 	var a applied
 	wanted := map[schema.GroupVersionKind]map[string]bool{}
 	var present []intent.Policy
@@ -75,7 +80,7 @@ func (b *base) applyPolicies(ctx context.Context, parent types.UID, desired []in
 	g.SetLimit(policyWriters)
 	for i, p := range present {
 		g.Go(func() error {
-			results[i] = b.applyPolicy(ctx, parent, p)
+			results[i] = b.applyPolicy(ctx, parent, p, p.Entry != "" && slices.Contains(made, p.Entry))
 			return nil
 		})
 	}
@@ -138,12 +143,15 @@ type policyResult struct {
 	err        error
 }
 
-// applyPolicy brings one generated policy about.
-func (b *base) applyPolicy(ctx context.Context, parent types.UID, p intent.Policy) policyResult {
+// applyPolicy brings one generated policy about; made says the parent's status lists it.
+func (b *base) applyPolicy(ctx context.Context, parent types.UID, p intent.Policy, made bool) policyResult {
 	cur := &unstructured.Unstructured{}
 	cur.SetGroupVersionKind(p.Object.GroupVersionKind())
 	key := client.ObjectKeyFromObject(p.Object)
 	err := b.objects.Get(ctx, key, cur)
+	if apierrors.IsNotFound(err) && made {
+		err = b.apiReader.Get(ctx, key, cur)
+	}
 	if apierrors.IsNotFound(err) {
 		err = b.client.Create(ctx, p.Object.DeepCopy())
 		if err == nil {

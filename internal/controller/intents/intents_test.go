@@ -40,6 +40,8 @@ func TestIntents(t *testing.T) {
 		{"edge cases", testEdgeCases},
 		{"spec.cel selects workloads", testCEL},
 		{"assessTLS once nimbus-k8tls is installed", testAssessTLS},
+		{"one Event per new binding", testEvents},
+		{"a policy's cache behind its writes repeats nothing", testEngineCacheBehind},
 		{"a reconcile on a stale cache repeats nothing", testStaleCache},
 	} {
 		if !t.Run(s.name, func(t *testing.T) { s.run(t, f) }) {

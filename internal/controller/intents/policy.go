@@ -197,7 +197,7 @@ func (r *policyReconciler) Reconcile(ctx context.Context, req reconcile.Request)
 	in, err := r.inputs(ctx, np.Namespace, np.Spec.NimbusRules)
 	var a applied
 	if err == nil {
-		a, err = r.applyPolicies(ctx, np.UID, intent.ForNimbusPolicy(np, in), np.Namespace, namespacedKinds)
+		a, err = r.applyPolicies(ctx, np.UID, intent.ForNimbusPolicy(np, in), np.Status.Policies, np.Namespace, namespacedKinds)
 	}
 	o := r.report(np, &np.Status, np.Generation, a, err, unenforced(np.Spec.NimbusRules, intent.ClusterGenerated(np)))
 	if err := r.writeStatus(ctx, np, !equality.Semantic.DeepEqual(before.Status, np.Status)); err != nil {
@@ -269,7 +269,12 @@ func (b *base) report(obj client.Object, st *intentv1alpha1.NimbusPolicyStatus, 
 	default:
 		o = status.Healthy("Generated", a.summary(unenforced), 0)
 	}
-	if len(a.changes) > 0 {
+	switch {
+	case o.Ready && status.ReadyReason(st.Conditions) == "" && onlyCreated(a.changes):
+		// Its first generation, made with it: the binding's Event (NimbusPolicyCreated, a
+		// cluster binding's Bound) says so, and status.adapterPolicies lists what was made.
+		o = o.Silenced()
+	case len(a.changes) > 0:
 		b.recorder.Eventf(obj, nil, corev1.EventTypeNormal, "PoliciesChanged", "Generate", "%s", strings.Join(a.changes, "; "))
 		if o.Ready {
 			o = o.Silenced() // the Event above says it
@@ -284,6 +289,16 @@ func (b *base) report(obj client.Object, st *intentv1alpha1.NimbusPolicyStatus, 
 	st.ObservedGeneration = generation
 	status.Report(b.recorder, obj, &st.Conditions, generation, o)
 	return o
+}
+
+// onlyCreated reports whether every change made a policy (none reverted or deleted).
+func onlyCreated(changes []string) bool {
+	for _, c := range changes {
+		if !strings.HasPrefix(c, "created ") {
+			return false
+		}
+	}
+	return true
 }
 
 // writeStatus writes obj's status when it changed.
@@ -320,7 +335,7 @@ func (r *clusterPolicyReconciler) Reconcile(ctx context.Context, req reconcile.R
 		return reconcile.Result{}, nil
 	}
 	before := cnp.DeepCopy()
-	a, err := r.applyPolicies(ctx, cnp.UID, intent.ForClusterNimbusPolicy(cnp), "", clusterKinds)
+	a, err := r.applyPolicies(ctx, cnp.UID, intent.ForClusterNimbusPolicy(cnp), cnp.Status.Policies, "", clusterKinds)
 	o := r.report(cnp, &cnp.Status, cnp.Generation, a, err, unenforced(cnp.Spec.NimbusRules, true))
 	if err := r.writeStatus(ctx, cnp, !equality.Semantic.DeepEqual(before.Status, cnp.Status)); err != nil {
 		return reconcile.Result{}, err

@@ -44,6 +44,9 @@ const (
 	indexController = "metadata.controllerUID"
 )
 
+// bindingWorkers is how many times --intents-concurrency bindings are reconciled in parallel.
+const bindingWorkers = 4
+
 // base is what the reconcilers share.
 type base struct {
 	client     client.Client // the manager's, guarded against reading our own writes stale
@@ -119,10 +122,15 @@ func setup(mgr ctrl.Manager, o Options, engineInterval time.Duration) (*base, er
 	if err := (&intentReconciler{base: b}).setup(mgr, opts); err != nil {
 		return nil, err
 	}
-	if err := (&bindingReconciler{base: b}).setup(mgr, opts); err != nil {
+	// A binding's reconcile has one request in flight at a time, a policy's up to policyWriters:
+	// with as many workers each, the policies' writes would take most of the API server and the
+	// NimbusPolicies would appear only as fast as their engine policies do.
+	bindingOpts := opts
+	bindingOpts.MaxConcurrentReconciles = o.Concurrency * bindingWorkers
+	if err := (&bindingReconciler{base: b}).setup(mgr, bindingOpts); err != nil {
 		return nil, err
 	}
-	if err := (&clusterBindingReconciler{base: b}).setup(mgr, opts); err != nil {
+	if err := (&clusterBindingReconciler{base: b}).setup(mgr, bindingOpts); err != nil {
 		return nil, err
 	}
 	policies := &policyReconciler{base: b}
