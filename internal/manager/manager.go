@@ -223,7 +223,7 @@ func Run(ctx context.Context, args []string, all []registry.Controller, scheme *
 		}
 	}
 	logger.Info("starting manager", "controllers", registry.Names(sel.Enabled))
-	return mgr.Start(ctx)
+	return StartUntilStopped(ctx, mgr.Start)
 }
 
 func metricsOptions(o *Options) metricsserver.Options {

@@ -52,7 +52,7 @@ type fixture struct {
 	opts   Options
 
 	running *testenv.Running // the running manager; nil when none runs
-	// stuck is the goroutines still busy when a manager missed its grace period: printed last, so
+	// stuck is the goroutines still busy when a manager failed to stop cleanly: printed last, so
 	// a failure's tail names them.
 	stuck string
 }
@@ -93,7 +93,7 @@ func start(t *testing.T) *fixture {
 			t.Logf("controller logs (last 20 kB):\n%s", f.logs.Tail(20000))
 		}
 		if f.stuck != "" {
-			t.Logf("goroutines of ours still running when the manager missed its grace period:\n%s", f.stuck)
+			t.Logf("goroutines of ours still running when the manager failed to stop cleanly:\n%s", f.stuck)
 		}
 	})
 	return f

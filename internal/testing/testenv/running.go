@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	"sigs.k8s.io/controller-runtime/pkg/cache"
+
+	"github.com/quartermaster-dev/quartermaster/internal/manager"
 )
 
 // starter is what Run starts: a manager, or a cache on its own.
@@ -22,12 +24,13 @@ type Running struct {
 func Run(s starter) *Running {
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &Running{cancel: cancel, done: make(chan error, 1)}
-	go func() { r.done <- s.Start(ctx) }()
+	go func() { r.done <- manager.StartUntilStopped(ctx, s.Start) }()
 	return r
 }
 
-// Stop cancels it, waits until Start returns, and returns its error. A nil Running is stopped
-// already.
+// Stop cancels it, waits until Start returns, and returns its error: one it failed with before the
+// stop, or its runnables overrunning the grace period (see manager.StartUntilStopped). A nil
+// Running is stopped already.
 func (r *Running) Stop() error {
 	if r == nil {
 		return nil
