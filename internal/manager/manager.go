@@ -29,6 +29,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
+	"github.com/quartermaster-dev/quartermaster/internal/cachemeta"
 	"github.com/quartermaster-dev/quartermaster/internal/registry"
 )
 
@@ -180,7 +181,7 @@ func Run(ctx context.Context, args []string, all []registry.Controller, scheme *
 		Logger: root,
 		Cache: cache.Options{
 			ByObject:         byObject,
-			DefaultTransform: cache.TransformStripManagedFields(),
+			DefaultTransform: cachemeta.Transform,
 		},
 		Metrics:                       metricsOptions(o),
 		HealthProbeBindAddress:        o.HealthProbeBindAddress,

@@ -176,7 +176,9 @@ func namespacesProcessBench(ctx context.Context, e *env) ([]result, error) {
 
 	// Two rounds of benchRequests at once; the RSS after each.
 	served := []int{1 + single + benchRequests, 1 + single + 2*benchRequests}
+	splitIdle := p.rssSplit()
 	var rss [2]float64
+	var split [2]string
 	for i, round := range []string{"bench-a", "bench-b"} {
 		if err := submitRequests(ctx, e, requestsNS, round, benchRequests); err != nil {
 			return nil, err
@@ -187,6 +189,10 @@ func namespacesProcessBench(ctx context.Context, e *env) ([]result, error) {
 		if rss[i], err = p.rssMiB(); err != nil {
 			return nil, err
 		}
+		split[i] = p.rssSplit()
+		if err := p.saveHeapProfile(fmt.Sprintf("namespaces-%d-requests.heap", served[i])); err != nil {
+			return nil, err
+		}
 	}
 	stopped = true
 	if err := p.stop(); err != nil {
@@ -195,10 +201,10 @@ func namespacesProcessBench(ctx context.Context, e *env) ([]result, error) {
 	return []result{
 		{metric: fmt.Sprintf("one request at a time (%d): ConfigMap created → Secret exists, p50", single), value: ms(percentile(0.5)), unit: "ms", note: "target ≤ 300 ms"},
 		{metric: "the same, p99", value: ms(percentile(0.99)), unit: "ms", note: "target ≤ 1000 ms"},
-		{metric: "manager RSS, started and 1 request served", value: rssIdle, unit: "MiB"},
-		{metric: fmt.Sprintf("manager RSS, %d requests served", served[0]), value: rss[0], unit: "MiB", note: "target ≤ 60 MB at 1000"},
+		{metric: "manager RSS, started and 1 request served", value: rssIdle, unit: "MiB", note: splitIdle},
+		{metric: fmt.Sprintf("manager RSS, %d requests served", served[0]), value: rss[0], unit: "MiB", note: "target ≤ 60 MB at 1000; " + split[0]},
 		{metric: fmt.Sprintf("manager RSS, %d requests served", served[1]), value: rss[1], unit: "MiB",
-			note: fmt.Sprintf("growth %.1f MiB per 1000 (target ≤ 25 MB)", rss[1]-rss[0])},
+			note: fmt.Sprintf("growth %.1f MiB per 1000 (target ≤ 25 MB); %s", rss[1]-rss[0], split[1])},
 	}, nil
 }
 

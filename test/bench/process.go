@@ -3,6 +3,8 @@ package main
 import (
 	"bufio"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,10 +17,14 @@ import (
 // managerProcess is the quartermaster binary running as its own process against the bench
 // cluster, so its memory is its own (an in-process manager shares the bench's heap).
 type managerProcess struct {
-	cmd  *exec.Cmd
-	logs *testenv.LogBuffer
-	done chan error
+	cmd   *exec.Cmd
+	logs  *testenv.LogBuffer
+	done  chan error
+	pprof string // the address of its /debug/pprof endpoints, with -profiles
 }
+
+// profilesDir is the -profiles flag: where heap profiles of manager processes go ("": none taken).
+var profilesDir string
 
 // startProcess builds cmd/quartermaster into dir and runs it with args as the cluster's admin.
 func startProcess(e *env, dir string, args ...string) (*managerProcess, error) {
@@ -27,7 +33,16 @@ func startProcess(e *env, dir string, args ...string) (*managerProcess, error) {
 		return nil, err
 	}
 	p := &managerProcess{logs: &testenv.LogBuffer{}, done: make(chan error, 1)}
-	p.cmd = exec.Command(bin, append([]string{"--health-probe-bind-address=0", "--metrics-bind-address=0"}, args...)...)
+	flags := []string{"--health-probe-bind-address=0", "--metrics-bind-address=0"}
+	if profilesDir != "" {
+		addr, err := freePort()
+		if err != nil {
+			return nil, err
+		}
+		p.pprof = addr
+		flags = append(flags, "--pprof-bind-address="+p.pprof)
+	}
+	p.cmd = exec.Command(bin, append(flags, args...)...)
 	p.cmd.Env = append(os.Environ(), "KUBECONFIG="+e.cluster.Kubeconfig)
 	p.cmd.Stdout, p.cmd.Stderr = p.logs, p.logs
 	if err := p.cmd.Start(); err != nil {
@@ -39,19 +54,72 @@ func startProcess(e *env, dir string, args ...string) (*managerProcess, error) {
 
 // rssMiB is the process's resident set size now.
 func (p *managerProcess) rssMiB() (float64, error) {
+	m, err := p.memory()
+	return m["VmRSS"], err
+}
+
+// saveHeapProfile writes the process's heap profile (after a collection) to name in profilesDir,
+// when -profiles is given.
+func (p *managerProcess) saveHeapProfile(name string) error {
+	if p.pprof == "" {
+		return nil
+	}
+	resp, err := http.Get("http://" + p.pprof + "/debug/pprof/heap?gc=1")
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("heap profile: %s", resp.Status)
+	}
+	if err := os.MkdirAll(profilesDir, 0o755); err != nil {
+		return err
+	}
+	f, err := os.Create(filepath.Join(profilesDir, name))
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(f, resp.Body); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// rssSplit says how much of the resident set is the process's own memory (heap, stacks) and how
+// much the pages of its binary and other files, which the kernel can drop and read back.
+func (p *managerProcess) rssSplit() string {
+	m, err := p.memory()
+	if err != nil {
+		return err.Error()
+	}
+	return fmt.Sprintf("anonymous %.1f, file-backed %.1f MiB", m["RssAnon"], m["RssFile"])
+}
+
+// memory is the process's /proc status memory lines, in MiB.
+func (p *managerProcess) memory() (map[string]float64, error) {
 	f, err := os.Open(fmt.Sprintf("/proc/%d/status", p.cmd.Process.Pid))
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	defer f.Close()
+	m := map[string]float64{}
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
-		if rest, ok := strings.CutPrefix(sc.Text(), "VmRSS:"); ok {
-			kb, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 64)
-			return kb / 1024, err
+		key, value, ok := strings.Cut(sc.Text(), ":")
+		if !ok || !strings.HasSuffix(value, " kB") {
+			continue
 		}
+		kb, err := strconv.ParseFloat(strings.TrimSpace(strings.TrimSuffix(value, " kB")), 64)
+		if err != nil {
+			return nil, fmt.Errorf("/proc/%d/status %s: %w", p.cmd.Process.Pid, key, err)
+		}
+		m[key] = kb / 1024
 	}
-	return 0, fmt.Errorf("no VmRSS in /proc/%d/status", p.cmd.Process.Pid)
+	if _, ok := m["VmRSS"]; !ok {
+		return nil, fmt.Errorf("no VmRSS in /proc/%d/status", p.cmd.Process.Pid)
+	}
+	return m, sc.Err()
 }
 
 // stop ends the process (SIGTERM) and returns its logs when it did not exit cleanly.

@@ -27,6 +27,8 @@ import (
 	"sigs.k8s.io/yaml"
 
 	iamv1alpha1 "github.com/quartermaster-dev/quartermaster/api/iam/v1alpha1"
+
+	"github.com/quartermaster-dev/quartermaster/internal/cachemeta"
 )
 
 // The compat mode's rules are a ClusterRole of their own, quartermaster-iam-compat, installed only
@@ -62,7 +64,7 @@ func (r *CompatReconciler) setupWithManager(mgr ctrl.Manager) error {
 	// may be narrowed to another controller's namespace.
 	c, err := cache.New(mgr.GetConfig(), cache.Options{
 		Scheme: mgr.GetScheme(), Mapper: mgr.GetRESTMapper(),
-		DefaultTransform: cache.TransformStripManagedFields(),
+		DefaultTransform: cachemeta.Transform,
 		ByObject: map[client.Object]cache.ByObject{
 			&corev1.ConfigMap{}: {Field: fields.OneTermEqualSelector("metadata.name", CompatConfigMap)},
 		},

@@ -11,6 +11,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrl "sigs.k8s.io/controller-runtime/pkg/manager"
+
+	"github.com/quartermaster-dev/quartermaster/internal/cachemeta"
 )
 
 // +kubebuilder:rbac:groups="",resources=namespaces,verbs=get;list;watch
@@ -29,7 +31,7 @@ type quietWhileNamespaceTerminates struct {
 func newQuietRecorder(mgr ctrl.Manager, rec events.EventRecorder) (*quietWhileNamespaceTerminates, error) {
 	c, err := cache.New(mgr.GetConfig(), cache.Options{
 		Scheme: mgr.GetScheme(), Mapper: mgr.GetRESTMapper(),
-		DefaultTransform: cache.TransformStripManagedFields(),
+		DefaultTransform: cachemeta.Transform,
 	})
 	if err != nil {
 		return nil, err

@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	intentv1alpha1 "github.com/quartermaster-dev/quartermaster/api/intent/v1alpha1"
+	"github.com/quartermaster-dev/quartermaster/internal/cachemeta"
 	"github.com/quartermaster-dev/quartermaster/internal/controller/status"
 	"github.com/quartermaster-dev/quartermaster/internal/intent"
 )
@@ -160,7 +161,7 @@ func setup(mgr ctrl.Manager, o Options, engineInterval time.Duration) (*base, er
 func newCache(mgr ctrl.Manager) (cache.Cache, error) {
 	c, err := cache.New(mgr.GetConfig(), cache.Options{
 		Scheme: mgr.GetScheme(), Mapper: mgr.GetRESTMapper(),
-		DefaultTransform: cache.TransformStripManagedFields(),
+		DefaultTransform: cachemeta.Transform,
 		ByObject: map[client.Object]cache.ByObject{
 			// Of a Node only its pod range is read: its status (images, conditions) is most of its size.
 			&corev1.Node{}: {Transform: nodeSpecOnly},

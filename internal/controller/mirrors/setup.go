@@ -22,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	registryv1alpha1 "github.com/quartermaster-dev/quartermaster/api/registry/v1alpha1"
+	"github.com/quartermaster-dev/quartermaster/internal/cachemeta"
 	"github.com/quartermaster-dev/quartermaster/internal/controller/status"
 	"github.com/quartermaster-dev/quartermaster/internal/mirror"
 )
@@ -124,7 +125,7 @@ func newObjectCache(mgr ctrl.Manager, namespace string) (cache.Cache, error) {
 	c, err := cache.New(mgr.GetConfig(), cache.Options{
 		Scheme: mgr.GetScheme(), Mapper: mgr.GetRESTMapper(),
 		DefaultNamespaces: map[string]cache.Config{namespace: {}},
-		DefaultTransform:  cache.TransformStripManagedFields(),
+		DefaultTransform:  cachemeta.Transform,
 		ByObject: map[client.Object]cache.ByObject{
 			&corev1.Service{}:               byLabel,
 			&appsv1.StatefulSet{}:           byLabel,

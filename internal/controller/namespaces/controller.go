@@ -18,6 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrl "sigs.k8s.io/controller-runtime/pkg/manager"
 
+	"github.com/quartermaster-dev/quartermaster/internal/cachemeta"
 	"github.com/quartermaster-dev/quartermaster/internal/nsrequest"
 	"github.com/quartermaster-dev/quartermaster/internal/registry"
 )
@@ -154,7 +155,7 @@ func (o *Options) cacheByObject() map[client.Object]cache.ByObject {
 // rewrites the usage at every pod the tenant creates or deletes, and the controller reads only the
 // spec. (It also drops managedFields, as the manager's default transform does for every other kind.)
 func withoutQuotaStatus(obj any) (any, error) {
-	obj, err := cache.TransformStripManagedFields()(obj)
+	obj, err := cachemeta.Transform(obj)
 	if q, ok := obj.(*corev1.ResourceQuota); ok {
 		q.Status = corev1.ResourceQuotaStatus{}
 	}

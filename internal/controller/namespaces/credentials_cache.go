@@ -6,8 +6,8 @@ import (
 	"encoding/json"
 
 	corev1 "k8s.io/api/core/v1"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
 
+	"github.com/quartermaster-dev/quartermaster/internal/cachemeta"
 	"github.com/quartermaster-dev/quartermaster/internal/kubeconfig"
 )
 
@@ -52,7 +52,7 @@ func digest(b []byte) string {
 // served requests hold kilobytes of Secrets in memory rather than megabytes. (It also drops
 // managedFields, as the manager's default transform does for every other kind.)
 func summarizeCredentials(obj any) (any, error) {
-	obj, err := cache.TransformStripManagedFields()(obj)
+	obj, err := cachemeta.Transform(obj)
 	s, ok := obj.(*corev1.Secret)
 	if !ok || err != nil || s.Data == nil {
 		return obj, err

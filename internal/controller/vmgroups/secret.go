@@ -19,6 +19,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	computev1alpha1 "github.com/quartermaster-dev/quartermaster/api/compute/v1alpha1"
+
+	"github.com/quartermaster-dev/quartermaster/internal/cachemeta"
 )
 
 // newSecretCache makes a cache of the one vCenter Secret, apart from the manager's cache: it needs
@@ -33,7 +35,7 @@ func newSecretCache(mgr ctrl.Manager, ref types.NamespacedName) (cache.Cache, er
 		ByObject: map[client.Object]cache.ByObject{
 			&corev1.Secret{}: {Field: fields.OneTermEqualSelector("metadata.name", ref.Name)},
 		},
-		DefaultTransform: cache.TransformStripManagedFields(),
+		DefaultTransform: cachemeta.Transform,
 	})
 }
 
