@@ -30,6 +30,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/quartermaster-dev/quartermaster/internal/cachemeta"
+	"github.com/quartermaster-dev/quartermaster/internal/memlimit"
 	"github.com/quartermaster-dev/quartermaster/internal/registry"
 )
 
@@ -161,6 +162,11 @@ func Run(ctx context.Context, args []string, all []registry.Controller, scheme *
 	// root directly so each Run logs where it was told to.
 	log.SetLogger(root)
 	logger := root.WithName("setup")
+	if limit, from, err := memlimit.FromCgroup("/sys/fs/cgroup"); err != nil {
+		logger.Info("no soft memory limit from the container's cgroup", "error", err.Error())
+	} else if limit > 0 {
+		logger.Info("soft memory limit set from the container's limit", "bytes", limit, "ratio", memlimit.Ratio, "from", from)
+	}
 
 	sel, err := registry.Select(o.Controllers, all)
 	if err != nil {
