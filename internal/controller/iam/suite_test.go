@@ -52,8 +52,8 @@ type fixture struct {
 	opts   Options
 
 	running *testenv.Running // the running manager; nil when none runs
-	// stuck is the goroutines still busy when a manager failed to stop cleanly: printed last, so
-	// a failure's tail names them.
+	// stuck is why a manager failed to stop cleanly (with the goroutines still busy, when it overran
+	// its grace period): printed last, so a failure's tail names them.
 	stuck string
 }
 
@@ -93,7 +93,7 @@ func start(t *testing.T) *fixture {
 			t.Logf("controller logs (last 20 kB):\n%s", f.logs.Tail(20000))
 		}
 		if f.stuck != "" {
-			t.Logf("goroutines of ours still running when the manager failed to stop cleanly:\n%s", f.stuck)
+			t.Logf("the manager failed to stop cleanly: %s", f.stuck)
 		}
 	})
 	return f
@@ -126,7 +126,7 @@ func (f *fixture) stop(t *testing.T) {
 	if err := f.running.Stop(); err != nil {
 		t.Errorf("manager: %v", err)
 		if f.stuck == "" {
-			f.stuck = testenv.OurGoroutines()
+			f.stuck = err.Error()
 		}
 	}
 	f.running = nil

@@ -2,6 +2,8 @@ package testenv
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"testing"
 
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -36,7 +38,12 @@ func (r *Running) Stop() error {
 		return nil
 	}
 	r.cancel()
-	return <-r.done
+	err := <-r.done
+	if errors.Is(err, context.DeadlineExceeded) {
+		// The runnables that overran are still running: say where they are.
+		return fmt.Errorf("%w; goroutines still running:\n%s", err, OurGoroutines())
+	}
+	return err
 }
 
 // StartCache runs c alone (its manager is not started) until the test ends, and waits for it to
