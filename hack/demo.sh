@@ -135,6 +135,7 @@ for cm in $(kubectl kustomize config/samples | awk '/^kind: ConfigMap/{c=1} c&&/
 done
 kinds="$(kubectl api-resources -o name 2>/dev/null | grep -E '\.quartermaster\.dev$' | sort || true)"
 for kind in ${kinds}; do
+	[[ -n "$(kubectl get "${kind}" -A -o name 2>/dev/null)" ]] || continue # no sample of this kind
 	kubectl wait --for=condition=Ready "${kind}" --all -A --timeout=180s >/dev/null 2>&1 ||
 		log "not every ${kind} is Ready yet"
 done
