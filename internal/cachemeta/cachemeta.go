@@ -7,7 +7,7 @@ import (
 	"unique"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	toolscache "k8s.io/client-go/tools/cache"
+	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 )
 
@@ -22,12 +22,11 @@ func Transform(obj any) (any, error) {
 	if err != nil {
 		return obj, err
 	}
-	if _, tombstone := obj.(toolscache.DeletedFinalStateUnknown); tombstone {
-		return obj, nil
-	}
 	m, ok := obj.(metav1.Object)
-	if !ok {
-		return obj, nil // not an object with metadata: nothing to share
+	if _, unstructured := obj.(runtime.Unstructured); !ok || unstructured {
+		// Tombstones have no metadata; an unstructured object's getters return copies, so its
+		// strings could not be replaced in place.
+		return obj, nil
 	}
 	m.SetNamespace(intern(m.GetNamespace()))
 	internMap(m.GetLabels(), true)

@@ -52,22 +52,12 @@ func cachesBench(ctx context.Context, e *env) ([]result, error) {
 	if err != nil {
 		return nil, err
 	}
-	dir, err := os.MkdirTemp("", "qm-bench-bin")
-	if err != nil {
-		return nil, err
-	}
-	defer os.RemoveAll(dir)
-	p, err := startProcess(e, dir, append(out.args, "--controllers=namespaces,iam,vmgroups,mirrors,intents",
+	p, err := startProcess(e, append(out.args, "--controllers=namespaces,iam,vmgroups,mirrors,intents",
 		"--metrics-bind-address="+metricsAddr, "--metrics-secure=false", "--iam-configmap-compat")...)
 	if err != nil {
 		return nil, err
 	}
-	stopped := false
-	defer func() {
-		if !stopped {
-			_ = p.stop()
-		}
-	}()
+	defer func() { _ = p.stop() }() // the case's own stop reports an error; this one only cleans up
 	cs, err := kubernetes.NewForConfig(e.cluster.Config)
 	if err != nil {
 		return nil, err
@@ -110,7 +100,6 @@ func cachesBench(ctx context.Context, e *env) ([]result, error) {
 	if err != nil {
 		return nil, err
 	}
-	stopped = true
 	if err := p.stop(); err != nil {
 		return nil, err
 	}

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"os"
 	"slices"
 	"time"
 
@@ -44,11 +43,6 @@ func failoverBench(ctx context.Context, e *env) ([]result, error) {
 		return nil, err
 	}
 	defer out.stop()
-	dir, err := os.MkdirTemp("", "qm-bench-bin")
-	if err != nil {
-		return nil, err
-	}
-	defer os.RemoveAll(dir)
 	args := append(slices.Clone(out.args), "--controllers=namespaces,iam,vmgroups", "--leader-elect",
 		"--leader-election-namespace="+ns, "--leader-election-id="+lease, "--vsphere-clone-concurrency=2")
 	var running []*managerProcess
@@ -58,7 +52,7 @@ func failoverBench(ctx context.Context, e *env) ([]result, error) {
 		}
 	}()
 	start := func() error {
-		p, err := startProcess(e, dir, args...)
+		p, err := startProcess(e, args...)
 		if err == nil {
 			running = append(running, p)
 		}

@@ -78,6 +78,11 @@ func run(pattern string, keep bool) error {
 	if err != nil {
 		return err
 	}
+	binDir, err = os.MkdirTemp("", "qm-bench-bin")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(binDir)
 	// A fresh cluster each run: leftovers from an earlier run would skew the figures.
 	_ = localcluster.Down(clusterName)
 	cl, err := localcluster.Up(clusterName, 3)

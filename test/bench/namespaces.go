@@ -5,7 +5,6 @@ import (
 	"flag"
 	"fmt"
 	"math"
-	"os"
 	"path/filepath"
 	"slices"
 	"sync"
@@ -134,21 +133,11 @@ func namespacesProcessBench(ctx context.Context, e *env) ([]result, error) {
 	if err := e.client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: requestsNS}}); err != nil {
 		return nil, err
 	}
-	dir, err := os.MkdirTemp("", "qm-bench-bin")
+	p, err := startProcess(e, "--controllers=namespaces", "--requests-namespace="+requestsNS, "--namespace-defaults="+defaultsFile())
 	if err != nil {
 		return nil, err
 	}
-	defer os.RemoveAll(dir)
-	p, err := startProcess(e, dir, "--controllers=namespaces", "--requests-namespace="+requestsNS, "--namespace-defaults="+defaultsFile())
-	if err != nil {
-		return nil, err
-	}
-	stopped := false
-	defer func() {
-		if !stopped {
-			_ = p.stop()
-		}
-	}()
+	defer func() { _ = p.stop() }() // the case's own stop reports an error; this one only cleans up
 	cs, err := kubernetes.NewForConfig(e.cluster.Config)
 	if err != nil {
 		return nil, err
@@ -194,7 +183,6 @@ func namespacesProcessBench(ctx context.Context, e *env) ([]result, error) {
 			return nil, err
 		}
 	}
-	stopped = true
 	if err := p.stop(); err != nil {
 		return nil, err
 	}

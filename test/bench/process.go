@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/quartermaster-dev/quartermaster/internal/testing/testenv"
 )
@@ -21,15 +22,33 @@ type managerProcess struct {
 	logs  *testenv.LogBuffer
 	done  chan error
 	pprof string // the address of its /debug/pprof endpoints, with -profiles
+
+	stopOnce sync.Once
+	stopErr  error
 }
 
 // profilesDir is the -profiles flag: where heap profiles of manager processes go ("": none taken).
 var profilesDir string
 
-// startProcess builds cmd/quartermaster into dir and runs it with args as the cluster's admin.
-func startProcess(e *env, dir string, args ...string) (*managerProcess, error) {
-	bin := filepath.Join(dir, "quartermaster")
-	if err := testenv.GoBuild(bin, "./cmd/quartermaster"); err != nil {
+// binDir is where run builds the manager binary, once per report (removed at the end).
+var binDir string
+
+var managerBuild struct {
+	once sync.Once
+	err  error
+}
+
+// managerBinary builds cmd/quartermaster into binDir the first time it is called.
+func managerBinary() (string, error) {
+	bin := filepath.Join(binDir, "quartermaster")
+	managerBuild.once.Do(func() { managerBuild.err = testenv.GoBuild(bin, "./cmd/quartermaster") })
+	return bin, managerBuild.err
+}
+
+// startProcess runs the manager binary with args as the cluster's admin.
+func startProcess(e *env, args ...string) (*managerProcess, error) {
+	bin, err := managerBinary()
+	if err != nil {
 		return nil, err
 	}
 	p := &managerProcess{logs: &testenv.LogBuffer{}, done: make(chan error, 1)}
@@ -122,11 +141,14 @@ func (p *managerProcess) memory() (map[string]float64, error) {
 	return m, sc.Err()
 }
 
-// stop ends the process (SIGTERM) and returns its logs when it did not exit cleanly.
+// stop ends the process (SIGTERM) and returns its logs when it did not exit cleanly. Later calls
+// return the same, so a case may defer it and also stop early.
 func (p *managerProcess) stop() error {
-	_ = p.cmd.Process.Signal(os.Interrupt)
-	if err := <-p.done; err != nil {
-		return fmt.Errorf("manager exited with %w:\n%s", err, p.logs.Tail(4000))
-	}
-	return nil
+	p.stopOnce.Do(func() {
+		_ = p.cmd.Process.Signal(os.Interrupt)
+		if err := <-p.done; err != nil {
+			p.stopErr = fmt.Errorf("manager exited with %w:\n%s", err, p.logs.Tail(4000))
+		}
+	})
+	return p.stopErr
 }

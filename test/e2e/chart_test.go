@@ -203,19 +203,7 @@ func TestHelmChartAsInstalled(t *testing.T) {
 
 	ns := newNamespace(t)
 	run("namespaces serves a request, with the CA of the mounted file", func(t *testing.T) {
-		req := sample(t, "namespaces/request.yaml")[0]
-		req.SetNamespace(chartRequests)
-		req.SetName("qm-chart-ci-branch")
-		must(t, admin.Create(ctx, req))
-		t.Cleanup(func() {
-			_ = admin.Delete(context.Background(), req)
-			_ = admin.Delete(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: req.GetName()}})
-		})
-		eventually(t, "the request to be Ready", func() bool {
-			cm := &corev1.ConfigMap{}
-			err := admin.Get(ctx, client.ObjectKeyFromObject(req), cm)
-			return err == nil && cm.Annotations[nsrequest.AnnotationStatus] == "Ready"
-		})
+		req := requestFromSample(t, chartRequests, "qm-chart-ci-branch")
 		secret := &corev1.Secret{}
 		must(t, admin.Get(ctx, client.ObjectKeyFromObject(req), secret))
 		cfg, err := clientcmd.Load(secret.Data["kubeconfig"])
@@ -398,7 +386,30 @@ func sample(t *testing.T, path string) []*unstructured.Unstructured {
 	return objs
 }
 
-// waitReady waits with kubectl wait for the object's Ready condition.
+// requestFromSample creates config/samples' namespace request as name, in requestsNS (the
+// sample's own when empty), deletes it and its namespace when the test ends, and waits until the
+// request is Ready.
+func requestFromSample(t *testing.T, requestsNS, name string) *unstructured.Unstructured {
+	t.Helper()
+	req := sample(t, "namespaces/request.yaml")[0]
+	if requestsNS != "" {
+		req.SetNamespace(requestsNS)
+	}
+	req.SetName(name)
+	must(t, admin.Create(context.Background(), req))
+	t.Cleanup(func() {
+		_ = admin.Delete(context.Background(), req)
+		_ = admin.Delete(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}})
+	})
+	eventually(t, "request "+name+" to be Ready", func() bool {
+		cm := &corev1.ConfigMap{}
+		err := admin.Get(context.Background(), client.ObjectKeyFromObject(req), cm)
+		return err == nil && cm.Annotations[nsrequest.AnnotationStatus] == "Ready"
+	})
+	return req
+}
+
+// waitConditionReady waits with kubectl wait for the object's Ready condition.
 func waitConditionReady(t *testing.T, ns, object string, mgr *process) {
 	t.Helper()
 	args := []string{"wait", object, "--for=condition=Ready", "--timeout=180s"}
@@ -497,18 +508,7 @@ func TestConfigDefaultAsInstalled(t *testing.T) {
 		return resp.StatusCode == http.StatusOK
 	})
 
-	req := sample(t, "namespaces/request.yaml")[0]
-	req.SetName("qm-default-ci-branch")
-	must(t, admin.Create(ctx, req))
-	t.Cleanup(func() {
-		_ = admin.Delete(context.Background(), req)
-		_ = admin.Delete(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: req.GetName()}})
-	})
-	eventually(t, "the request to be Ready", func() bool {
-		cm := &corev1.ConfigMap{}
-		err := admin.Get(ctx, client.ObjectKeyFromObject(req), cm)
-		return err == nil && cm.Annotations[nsrequest.AnnotationStatus] == "Ready"
-	})
+	req := requestFromSample(t, "", "qm-default-ci-branch")
 	// The namespace defaults come from the mounted file: config/manager/namespace-defaults.yaml's quota.
 	quotas := &corev1.ResourceQuotaList{}
 	must(t, admin.List(ctx, quotas, client.InNamespace(req.GetName())))
