@@ -13,10 +13,11 @@ import (
 
 // Transform drops an object's managedFields (as cache.TransformStripManagedFields does) and makes
 // the strings its metadata shares with thousands of other cached objects point to one copy: label
-// keys and values, annotation keys, the namespace, and its owners' apiVersion and kind. Decoding
-// gives every object its own copy of each ("quartermaster.dev/managed-by" once per object, say),
-// which on a cluster with thousands of served requests is megabytes of the live heap. Annotation
-// values (timestamps, UIDs, messages) and names are mostly unique and are left alone.
+// keys and values, annotation keys, the namespace, its own and its owners' apiVersion and kind.
+// Decoding gives every object its own copy of each ("quartermaster.dev/managed-by" once per
+// object, say), which on a cluster with thousands of served requests is megabytes of the live
+// heap. Annotation values (timestamps, UIDs, messages) and names are mostly unique and are left
+// alone. Maps and specs that repeat are shared by the controllers that know they do (Shared).
 func Transform(obj any) (any, error) {
 	obj, err := cache.TransformStripManagedFields()(obj)
 	if err != nil {
@@ -28,13 +29,18 @@ func Transform(obj any) (any, error) {
 		// strings could not be replaced in place.
 		return obj, nil
 	}
-	m.SetNamespace(intern(m.GetNamespace()))
+	if t, ok := obj.(runtime.Object); ok {
+		if tm, ok := t.GetObjectKind().(*metav1.TypeMeta); ok {
+			tm.APIVersion, tm.Kind = Intern(tm.APIVersion), Intern(tm.Kind)
+		}
+	}
+	m.SetNamespace(Intern(m.GetNamespace()))
 	internMap(m.GetLabels(), true)
 	internMap(m.GetAnnotations(), false)
 	owners := m.GetOwnerReferences()
 	for i := range owners {
-		owners[i].APIVersion = intern(owners[i].APIVersion)
-		owners[i].Kind = intern(owners[i].Kind)
+		owners[i].APIVersion = Intern(owners[i].APIVersion)
+		owners[i].Kind = Intern(owners[i].Kind)
 	}
 	return obj, nil
 }
@@ -44,13 +50,14 @@ func Transform(obj any) (any, error) {
 func internMap(m map[string]string, values bool) {
 	for k, v := range m {
 		if values {
-			v = intern(v)
+			v = Intern(v)
 		}
-		m[intern(k)] = v
+		m[Intern(k)] = v
 	}
 }
 
-func intern(s string) string {
+// Intern returns the shared copy of s.
+func Intern(s string) string {
 	if s == "" {
 		return s
 	}

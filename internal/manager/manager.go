@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/go-logr/logr"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/client-go/discovery"
@@ -30,6 +31,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/quartermaster-dev/quartermaster/internal/cachemeta"
+	"github.com/quartermaster-dev/quartermaster/internal/codepages"
 	"github.com/quartermaster-dev/quartermaster/internal/memlimit"
 	"github.com/quartermaster-dev/quartermaster/internal/registry"
 )
@@ -188,6 +190,7 @@ func Run(ctx context.Context, args []string, all []registry.Controller, scheme *
 		Cache: cache.Options{
 			ByObject:         byObject,
 			DefaultTransform: cachemeta.Transform,
+			NewInformer:      registry.NewInformer(sel.Enabled),
 		},
 		Metrics:                       metricsOptions(o),
 		HealthProbeBindAddress:        o.HealthProbeBindAddress,
@@ -230,7 +233,20 @@ func Run(ctx context.Context, args []string, all []registry.Controller, scheme *
 		}
 	}
 	logger.Info("starting manager", "controllers", registry.Names(sel.Enabled))
+	releaseStartupPages(logger)
 	return StartUntilStopped(ctx, mgr.Start)
+}
+
+// releaseStartupPages drops the binary's pages that only start-up used (codepages). A failure
+// costs memory, not function, so it is logged and the manager goes on.
+func releaseStartupPages(logger logr.Logger) {
+	r, err := codepages.Release()
+	if err != nil {
+		logger.Info("the binary's start-up pages stay resident", "error", err.Error())
+		return
+	}
+	logger.V(1).Info("released the binary's start-up pages", "mappings", r.Ranges,
+		"residentFileBytesBefore", r.FileBefore, "residentFileBytesAfter", r.FileAfter)
 }
 
 func metricsOptions(o *Options) metricsserver.Options {

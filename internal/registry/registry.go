@@ -11,9 +11,12 @@ import (
 	"reflect"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/go-logr/logr"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrl "sigs.k8s.io/controller-runtime/pkg/manager"
@@ -35,6 +38,12 @@ type Controller struct {
 	// CacheByObject narrows what the shared cache holds for the kinds this controller watches
 	// (label or field selectors). Optional; consulted only when the controller is enabled.
 	CacheByObject func() map[client.Object]cache.ByObject
+	// NoNamespaceIndex lists kinds the controller caches and never lists by namespace from the
+	// cache. Their informers are built without client-go's per-namespace index (one small set per
+	// namespace that has such an object: about 250 bytes each), unless another enabled controller
+	// names the kind in its CacheByObject without listing it here too. A List by namespace of such a
+	// kind from the cache fails ("Index with name namespace does not exist"). Optional.
+	NoNamespaceIndex []client.Object
 	// Setup registers the controller with the manager. It runs once, after Requires are served.
 	Setup func(mgr ctrl.Manager) error
 }
@@ -169,6 +178,36 @@ func mergeByObject(a, b cache.ByObject) (cache.ByObject, []string) {
 		out.UnsafeDisableDeepCopy = nil
 	}
 	return out, widened
+}
+
+// NewInformer is the cache's informer constructor for the enabled controllers: client-go's own,
+// without the per-namespace index for the kinds every controller naming them marks
+// NoNamespaceIndex.
+func NewInformer(enabled []Controller) func(toolscache.ListerWatcher, runtime.Object, time.Duration, toolscache.Indexers) toolscache.SharedIndexInformer {
+	unindexed := map[reflect.Type]bool{}
+	for _, c := range enabled {
+		for _, obj := range c.NoNamespaceIndex {
+			unindexed[reflect.TypeOf(obj)] = true
+		}
+	}
+	for _, c := range enabled {
+		if c.CacheByObject == nil {
+			continue
+		}
+		for obj := range c.CacheByObject() {
+			t := reflect.TypeOf(obj)
+			if unindexed[t] && !slices.ContainsFunc(c.NoNamespaceIndex, func(o client.Object) bool { return reflect.TypeOf(o) == t }) {
+				delete(unindexed, t)
+			}
+		}
+	}
+	return func(lw toolscache.ListerWatcher, obj runtime.Object, resync time.Duration, indexers toolscache.Indexers) toolscache.SharedIndexInformer {
+		if unindexed[reflect.TypeOf(obj)] {
+			indexers = maps.Clone(indexers)
+			delete(indexers, toolscache.NamespaceIndex)
+		}
+		return toolscache.NewSharedIndexInformer(lw, obj, resync, indexers)
+	}
 }
 
 // LogDisabled logs once, per controller left off, why.

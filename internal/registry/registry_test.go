@@ -9,6 +9,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
@@ -106,5 +108,39 @@ func TestCacheOptionsMergesTwoRestrictionsOfOneKind(t *testing.T) {
 	}
 	if len(notes) != len(want) {
 		t.Errorf("notes %v, want only %v", notes, want)
+	}
+}
+
+func TestNewInformerDropsTheNamespaceIndexOnlyWhereEveryControllerAgrees(t *testing.T) {
+	kinds := func(objs ...client.Object) func() map[client.Object]cache.ByObject {
+		return func() map[client.Object]cache.ByObject {
+			m := map[client.Object]cache.ByObject{}
+			for _, o := range objs {
+				m[o] = cache.ByObject{}
+			}
+			return m
+		}
+	}
+	a := Controller{Name: "a", CacheByObject: kinds(&corev1.Secret{}, &corev1.ConfigMap{}),
+		NoNamespaceIndex: []client.Object{&corev1.Secret{}, &corev1.ConfigMap{}}}
+	b := Controller{Name: "b", CacheByObject: kinds(&corev1.ConfigMap{})}
+	newInformer := NewInformer([]Controller{a, b})
+	indexed := func(obj runtime.Object) bool {
+		indexers := toolscache.Indexers{toolscache.NamespaceIndex: toolscache.MetaNamespaceIndexFunc, "other": toolscache.MetaNamespaceIndexFunc}
+		got := newInformer(nil, obj, 0, indexers).GetIndexer().GetIndexers()
+		if _, ok := got["other"]; !ok || len(indexers) != 2 {
+			t.Errorf("%T: other indexes lost, or the caller's indexers changed: %v", obj, got)
+		}
+		_, ok := got[toolscache.NamespaceIndex]
+		return ok
+	}
+	if indexed(&corev1.Secret{}) {
+		t.Error("Secrets keep the namespace index, though only a caches them and marks them")
+	}
+	if !indexed(&corev1.ConfigMap{}) {
+		t.Error("ConfigMaps lost the namespace index, though b caches them without marking them")
+	}
+	if !indexed(&corev1.Namespace{}) {
+		t.Error("Namespaces lost the namespace index, though no controller marks them")
 	}
 }

@@ -63,7 +63,7 @@ func main() {
 	pattern := flag.String("cases", ".", "run only the cases whose name matches this regular expression")
 	keep := flag.Bool("keep-cluster", false, "leave the benchmark cluster running afterwards")
 	flag.StringVar(&clusterName, "cluster", clusterName, "name of the local cluster the benchmark starts (and deletes first if it exists)")
-	flag.StringVar(&profilesDir, "profiles", "", "save into this directory a heap profile of the manager process wherever a case measures its RSS")
+	flag.StringVar(&profilesDir, "profiles", "", "save into this directory a heap profile and the memory map (smaps) of the manager process wherever a case measures its RSS")
 	flag.Parse()
 	// Controllers run in-process: show their errors, not their chatter.
 	log.SetLogger(zap.New(zap.Level(zapcore.ErrorLevel)))

@@ -38,11 +38,27 @@ var managerBuild struct {
 	err  error
 }
 
-// managerBinary builds cmd/quartermaster into binDir the first time it is called.
+// managerBinary builds cmd/quartermaster into binDir the first time it is called, as the image
+// does. The binary is flushed to disk, as an installed one is: the kernel cannot drop the dirty pages of a file just
+// written, so a fresh build would keep the start-up pages the manager gives back (codepages)
+// resident for the first half minute.
 func managerBinary() (string, error) {
 	bin := filepath.Join(binDir, "quartermaster")
-	managerBuild.once.Do(func() { managerBuild.err = testenv.GoBuild(bin, "./cmd/quartermaster") })
+	managerBuild.once.Do(func() {
+		if managerBuild.err = testenv.GoBuildAsShipped(bin, "./cmd/quartermaster"); managerBuild.err == nil {
+			managerBuild.err = syncFile(bin)
+		}
+	})
 	return bin, managerBuild.err
+}
+
+func syncFile(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return f.Sync()
 }
 
 // startProcess runs the manager binary with args as the cluster's admin.
@@ -78,10 +94,21 @@ func (p *managerProcess) rssMiB() (float64, error) {
 }
 
 // saveHeapProfile writes the process's heap profile (after a collection) to name in profilesDir,
-// when -profiles is given.
+// and its memory map with each mapping's resident size (/proc/PID/smaps) to name.smaps, when
+// -profiles is given.
 func (p *managerProcess) saveHeapProfile(name string) error {
 	if p.pprof == "" {
 		return nil
+	}
+	if err := os.MkdirAll(profilesDir, 0o755); err != nil {
+		return err
+	}
+	smaps, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps", p.cmd.Process.Pid))
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(profilesDir, name+".smaps"), smaps, 0o644); err != nil {
+		return err
 	}
 	resp, err := http.Get("http://" + p.pprof + "/debug/pprof/heap?gc=1")
 	if err != nil {
@@ -90,9 +117,6 @@ func (p *managerProcess) saveHeapProfile(name string) error {
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		return fmt.Errorf("heap profile: %s", resp.Status)
-	}
-	if err := os.MkdirAll(profilesDir, 0o755); err != nil {
-		return err
 	}
 	f, err := os.Create(filepath.Join(profilesDir, name))
 	if err != nil {

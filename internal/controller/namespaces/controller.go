@@ -18,7 +18,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrl "sigs.k8s.io/controller-runtime/pkg/manager"
 
-	"github.com/quartermaster-dev/quartermaster/internal/cachemeta"
 	"github.com/quartermaster-dev/quartermaster/internal/nsrequest"
 	"github.com/quartermaster-dev/quartermaster/internal/registry"
 )
@@ -117,7 +116,8 @@ func Controller() registry.Controller {
 			_, _, err := o.policy()
 			return err
 		},
-		CacheByObject: o.cacheByObject,
+		CacheByObject:    o.cacheByObject,
+		NoNamespaceIndex: noNamespaceIndex,
 		Setup: func(mgr ctrl.Manager) error {
 			policy, defaults, err := o.policy()
 			if err != nil {
@@ -132,12 +132,19 @@ func Controller() registry.Controller {
 	}
 }
 
+// noNamespaceIndex are the kinds the controller caches per requested namespace and reads by name
+// only (and Namespaces, which are in no namespace): no other controller uses them, and client-go's
+// per-namespace index would cost a set per namespace and kind.
+var noNamespaceIndex = []client.Object{&corev1.Namespace{}, &rbacv1.Role{}, &rbacv1.RoleBinding{}, &corev1.ResourceQuota{}, &corev1.LimitRange{}}
+
 // cacheByObject keeps the cache to what the controller owns: ConfigMaps and Secrets of the requests
-// namespace only (the manager has no RBAC for them elsewhere), and everything else by label.
+// namespace only (the manager has no RBAC for them elsewhere), and everything else by label, with
+// what repeats across requested namespaces stored once (cache_content.go).
 func (o *Options) cacheByObject() map[client.Object]cache.ByObject {
 	managed := labels.SelectorFromSet(labels.Set{nsrequest.LabelManagedBy: nsrequest.ManagedByValue})
 	inRequests := map[string]cache.Config{o.RequestsNamespace: {}}
-	byLabel := cache.ByObject{Label: managed}
+	byLabel := cache.ByObject{Label: managed, Transform: internContent}
+	shared := cache.ByObject{Label: managed, Transform: shareDefaults}
 	return map[client.Object]cache.ByObject{
 		&corev1.ConfigMap{}:           {Namespaces: inRequests},
 		&corev1.Secret{}:              {Namespaces: inRequests, Label: managed, Transform: summarizeCredentials},
@@ -145,19 +152,8 @@ func (o *Options) cacheByObject() map[client.Object]cache.ByObject {
 		&corev1.ServiceAccount{}:      byLabel,
 		&rbacv1.Role{}:                byLabel,
 		&rbacv1.RoleBinding{}:         byLabel,
-		&corev1.ResourceQuota{}:       {Label: managed, Transform: withoutQuotaStatus},
-		&corev1.LimitRange{}:          byLabel,
-		&networkingv1.NetworkPolicy{}: byLabel,
+		&corev1.ResourceQuota{}:       shared,
+		&corev1.LimitRange{}:          shared,
+		&networkingv1.NetworkPolicy{}: shared,
 	}
-}
-
-// withoutQuotaStatus keeps a ResourceQuota in the cache without its status: the quota controller
-// rewrites the usage at every pod the tenant creates or deletes, and the controller reads only the
-// spec. (It also drops managedFields, as the manager's default transform does for every other kind.)
-func withoutQuotaStatus(obj any) (any, error) {
-	obj, err := cachemeta.Transform(obj)
-	if q, ok := obj.(*corev1.ResourceQuota); ok {
-		q.Status = corev1.ResourceQuotaStatus{}
-	}
-	return obj, err
 }

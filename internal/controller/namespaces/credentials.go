@@ -108,7 +108,7 @@ func (r *Reconciler) ensureCredentials(ctx context.Context, req *nsrequest.Reque
 func (r *Reconciler) credentialsStale(s *corev1.Secret, req *nsrequest.Request, sa *corev1.ServiceAccount, now time.Time) bool {
 	c := credentialsOf(s)
 	if s.Annotations[nsrequest.AnnotationTokenSAUID] != string(sa.UID) || !c.HasToken || !c.HasKubeconfig ||
-		c.CADigest != digest(r.CAData) || c.Namespace != req.Namespace || c.Server == "" || c.Server != r.Server {
+		c.CADigest != digest(r.CAData) || !c.NamespaceIsName || s.Name != req.Namespace || c.Server == "" || c.Server != r.Server {
 		return true
 	}
 	return tokenState(s).NeedsRefresh(now, req.TokenTTL, nsrequest.Jitter(req.Namespace))

@@ -1,6 +1,7 @@
 package namespaces
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -20,8 +21,10 @@ type credentials struct {
 	HasToken      bool   `json:"token,omitempty"`
 	HasKubeconfig bool   `json:"kubeconfig,omitempty"`
 	CADigest      string `json:"ca"` // SHA-256, hex
-	Namespace     string `json:"namespace,omitempty"`
-	Server        string `json:"server,omitempty"` // "" when the kubeconfig does not parse
+	// NamespaceIsName: the namespace the credentials are for is the one the Secret is named after
+	// (a bool rather than the name, so that every Secret's summary is the same and stored once).
+	NamespaceIsName bool   `json:"namespaceIsName,omitempty"`
+	Server          string `json:"server,omitempty"` // "" when the kubeconfig does not parse
 }
 
 // credentialsOf reads a credentials Secret, whole (as written, or read from the API server) or
@@ -34,7 +37,7 @@ func credentialsOf(s *corev1.Secret) credentials {
 	}
 	c := credentials{
 		HasToken: len(s.Data[keyToken]) > 0, HasKubeconfig: len(s.Data[keyKubeconfig]) > 0,
-		CADigest: digest(s.Data[keyCA]), Namespace: string(s.Data[keyNamespace]),
+		CADigest: digest(s.Data[keyCA]), NamespaceIsName: s.Name != "" && string(s.Data[keyNamespace]) == s.Name,
 	}
 	if c.HasKubeconfig {
 		c.Server, _ = kubeconfig.Server(s.Data[keyKubeconfig])
@@ -48,9 +51,10 @@ func digest(b []byte) string {
 }
 
 // summarizeCredentials is the cache's transform of credentials Secrets: their data (a kubeconfig,
-// a token and the CA, about 6 KB each) becomes the few facts the drift check reads, so a thousand
-// served requests hold kilobytes of Secrets in memory rather than megabytes. (It also drops
-// managedFields, as the manager's default transform does for every other kind.)
+// a token and the CA, about 6 KB each) becomes the few facts the drift check reads, the same for
+// every Secret in good order, so it and the labels are stored once for all of them (cachemeta).
+// A thousand served requests hold kilobytes of Secrets in memory rather than megabytes. (It also
+// drops managedFields, as the manager's default transform does for every other kind.)
 func summarizeCredentials(obj any) (any, error) {
 	obj, err := cachemeta.Transform(obj)
 	s, ok := obj.(*corev1.Secret)
@@ -64,6 +68,12 @@ func summarizeCredentials(obj any) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	s.Data = map[string][]byte{keySummary: b}
+	s.Data = summaries.Share(&s.ObjectMeta, cachemeta.HashBytes(b), map[string][]byte{keySummary: b})
+	cachemeta.ShareMaps(&s.ObjectMeta)
 	return s, nil
 }
+
+// summaries are the cached Secrets' data, each summary stored once.
+var summaries = cachemeta.NewShared(func(a, b map[string][]byte) bool {
+	return bytes.Equal(a[keySummary], b[keySummary])
+})

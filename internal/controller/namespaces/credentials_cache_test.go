@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/quartermaster-dev/quartermaster/internal/kubeconfig"
 )
@@ -15,7 +16,7 @@ func TestSummarizedCredentialsReadAsTheSecret(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	whole := &corev1.Secret{Data: map[string][]byte{keyToken: []byte("a.b.c"), keyCA: []byte("ca-pem"),
+	whole := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "team-a"}, Data: map[string][]byte{keyToken: []byte("a.b.c"), keyCA: []byte("ca-pem"),
 		keyNamespace: []byte("team-a"), keyKubeconfig: config}}
 	out, err := summarizeCredentials(whole.DeepCopy())
 	if err != nil {
@@ -25,7 +26,7 @@ func TestSummarizedCredentialsReadAsTheSecret(t *testing.T) {
 	if len(summarized.Data) != 1 || len(summarized.Data[keySummary]) > 200 {
 		t.Errorf("summarized data %v, want only the summary", summarized.Data)
 	}
-	if got, want := credentialsOf(summarized), credentialsOf(whole); got != want || want.Server != "https://api.example.com:6443" || !want.HasToken {
+	if got, want := credentialsOf(summarized), credentialsOf(whole); got != want || want.Server != "https://api.example.com:6443" || !want.HasToken || !want.NamespaceIsName {
 		t.Errorf("summary reads %+v, the Secret %+v", got, want)
 	}
 	again, _ := summarizeCredentials(summarized.DeepCopy())

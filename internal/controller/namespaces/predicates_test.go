@@ -20,7 +20,7 @@ func TestQuotaUsageDoesNotWakeTheRequest(t *testing.T) {
 		}
 	}
 	cached := func(q *corev1.ResourceQuota) *corev1.ResourceQuota {
-		out, err := withoutQuotaStatus(q)
+		out, err := shareDefaults(q)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -33,14 +33,15 @@ func TestQuotaUsageDoesNotWakeTheRequest(t *testing.T) {
 	if contentChanged(before, after) {
 		t.Error("a usage change (and a new resourceVersion) counts as a change")
 	}
-	edited := cached(quota("3", "2"))
-	edited.Spec.Hard[corev1.ResourcePods] = resource.MustParse("1000")
-	if !contentChanged(after, edited) {
+	// (Edited before it is cached: cached objects share their spec and are never changed.)
+	edit := quota("3", "2")
+	edit.Spec.Hard[corev1.ResourcePods] = resource.MustParse("1000")
+	if edited := cached(edit); !contentChanged(after, edited) {
 		t.Error("a spec edit does not count as a change")
 	}
-	relabelled := cached(quota("4", "2"))
-	relabelled.Labels = map[string]string{"x": "y"}
-	if !contentChanged(after, relabelled) {
+	relabel := quota("4", "2")
+	relabel.Labels = map[string]string{"x": "y"}
+	if relabelled := cached(relabel); !contentChanged(after, relabelled) {
 		t.Error("a label change does not count as a change")
 	}
 }

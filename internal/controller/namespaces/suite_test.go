@@ -20,7 +20,9 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime/pkg/manager"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
+	"github.com/quartermaster-dev/quartermaster/internal/cachemeta"
 	"github.com/quartermaster-dev/quartermaster/internal/nsrequest"
+	"github.com/quartermaster-dev/quartermaster/internal/registry"
 	"github.com/quartermaster-dev/quartermaster/internal/testing/testenv"
 )
 
@@ -82,8 +84,9 @@ func runController(t *testing.T, env *testenv.Env, tweak func(*Options)) *fixtur
 		t.Fatal(err)
 	}
 	mgr, err := ctrl.New(env.Config, ctrl.Options{
-		Scheme:  env.Scheme,
-		Cache:   cache.Options{ByObject: o.cacheByObject(), DefaultTransform: cache.TransformStripManagedFields()},
+		Scheme: env.Scheme,
+		Cache: cache.Options{ByObject: o.cacheByObject(), DefaultTransform: cachemeta.Transform,
+			NewInformer: registry.NewInformer([]registry.Controller{{Name: Name, CacheByObject: o.cacheByObject, NoNamespaceIndex: noNamespaceIndex}})},
 		Metrics: metricsserver.Options{BindAddress: "0"},
 		// envtest runs several managers in one process: controller names must not collide.
 		Controller: config.Controller{SkipNameValidation: ptr.To(true)},

@@ -24,7 +24,18 @@ import (
 // GoBuild builds the repository's main package pkg (e.g. ./cmd/quartermaster) into out, for tests
 // and benchmarks that run a binary as its own process.
 func GoBuild(out, pkg string) error {
-	build := exec.Command("go", "build", "-o", out, pkg)
+	return goBuild(exec.Command("go", "build", "-o", out, pkg), pkg)
+}
+
+// GoBuildAsShipped builds pkg into out as the image does (hack/image): static (no cgo, so no C
+// library mapped beside it) and stripped, for measuring what users run.
+func GoBuildAsShipped(out, pkg string) error {
+	build := exec.Command("go", "build", "-trimpath", "-buildvcs=false", "-ldflags=-s -w", "-o", out, pkg)
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	return goBuild(build, pkg)
+}
+
+func goBuild(build *exec.Cmd, pkg string) error {
 	build.Dir = RepoRoot()
 	if output, err := build.CombinedOutput(); err != nil {
 		return fmt.Errorf("building %s: %w\n%s", pkg, err, output)
