@@ -169,6 +169,7 @@ func Run(ctx context.Context, args []string, all []registry.Controller, scheme *
 	} else if limit > 0 {
 		logger.Info("soft memory limit set from the container's limit", "bytes", limit, "ratio", memlimit.Ratio, "from", from)
 	}
+	logger.V(1).Info("collector growth target", "gogc", memlimit.SetGCPercent())
 
 	sel, err := registry.Select(o.Controllers, all)
 	if err != nil {

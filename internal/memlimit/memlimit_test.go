@@ -60,3 +60,20 @@ func TestFromCgroup(t *testing.T) {
 		})
 	}
 }
+
+func TestSetGCPercent(t *testing.T) {
+	before := debug.SetGCPercent(-1)
+	debug.SetGCPercent(before)
+	t.Cleanup(func() { debug.SetGCPercent(before) })
+
+	t.Setenv("GOGC", "")
+	if got := SetGCPercent(); got != GCPercent || debug.SetGCPercent(GCPercent) != GCPercent {
+		t.Errorf("without GOGC: %d in force, want %d", got, GCPercent)
+	}
+	// With GOGC set, what the runtime took from it stays (here: whatever is in force).
+	debug.SetGCPercent(80)
+	t.Setenv("GOGC", "80")
+	if got := SetGCPercent(); got != 80 || debug.SetGCPercent(80) != 80 {
+		t.Errorf("with GOGC=80: %d in force, want 80", got)
+	}
+}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"fmt"
 	"io"
 	"net/http"
@@ -128,6 +129,33 @@ func (p *managerProcess) saveHeapProfile(name string) error {
 	}
 	return f.Close()
 }
+
+// cpuSeconds is the CPU time the process has used so far, user and system (/proc/PID/stat).
+func (p *managerProcess) cpuSeconds() (float64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.cmd.Process.Pid))
+	if err != nil {
+		return 0, err
+	}
+	// The command name, field 2, is in parentheses and may hold spaces: count from the last ")".
+	i := bytes.LastIndexByte(b, ')')
+	fields := strings.Fields(string(b[i+1:]))
+	if i < 0 || len(fields) < 13 {
+		return 0, fmt.Errorf("/proc/%d/stat: %q", p.cmd.Process.Pid, b)
+	}
+	var ticks float64
+	for _, f := range fields[11:13] { // utime and stime, fields 14 and 15 of stat
+		n, err := strconv.ParseFloat(f, 64)
+		if err != nil {
+			return 0, err
+		}
+		ticks += n
+	}
+	return ticks / clockTicksPerSecond, nil
+}
+
+// clockTicksPerSecond is USER_HZ, the unit of /proc times: 100 on every Linux architecture Go
+// supports.
+const clockTicksPerSecond = 100
 
 // rssSplit says how much of the resident set is the process's own memory (heap, stacks) and how
 // much the pages of its binary and other files, which the kernel can drop and read back.
