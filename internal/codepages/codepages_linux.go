@@ -28,9 +28,13 @@ func Release() (Result, error) {
 	if !ok {
 		return r, fmt.Errorf("no inode for /proc/self/exe")
 	}
-	ranges, err := readOnlyMappings("/proc/self/maps", st.Ino)
+	path, _ := os.Readlink("/proc/self/exe")
+	ranges, err := readOnlyMappings("/proc/self/maps", st.Ino, path)
 	if err != nil {
 		return r, err
+	}
+	if len(ranges) == 0 {
+		return r, fmt.Errorf("no mapping of the executable %s (inode %d) in /proc/self/maps", path, st.Ino)
 	}
 	if r.FileBefore, err = rssFile(); err != nil {
 		return r, err
@@ -55,9 +59,11 @@ func Release() (Result, error) {
 
 type mapping struct{ start, end uintptr }
 
-// readOnlyMappings lists the mappings of the file with inode ino that are not writable: the
-// writable ones hold the binary's initialized variables, which the program may have changed.
-func readOnlyMappings(maps string, ino uint64) ([]mapping, error) {
+// readOnlyMappings lists the mappings of the executable, known by its inode ino or its path, that
+// are not writable: the writable ones hold the binary's initialized variables, which the program
+// may have changed. (Either may identify it: on an overlay file system the maps may show the
+// inode of the layer below.)
+func readOnlyMappings(maps string, ino uint64, path string) ([]mapping, error) {
 	b, err := os.ReadFile(maps)
 	if err != nil {
 		return nil, err
@@ -70,7 +76,8 @@ func readOnlyMappings(maps string, ino uint64) ([]mapping, error) {
 		if len(f) < 5 || strings.Contains(f[1], "w") {
 			continue
 		}
-		if n, err := strconv.ParseUint(f[4], 10, 64); err != nil || n != ino {
+		n, err := strconv.ParseUint(f[4], 10, 64)
+		if err != nil || n == 0 || (n != ino && (len(f) < 6 || path == "" || f[5] != path)) {
 			continue
 		}
 		lo, hi, ok := strings.Cut(f[0], "-")

@@ -18,13 +18,18 @@ c000000000-c000400000 rw-p 00000000 00:00 0
 	if err := os.WriteFile(maps, []byte(content), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	got, err := readOnlyMappings(maps, 4242)
-	if err != nil {
-		t.Fatal(err)
-	}
 	want := []mapping{{0x400000, 0x292c000}, {0x292c000, 0x532e000}}
-	if len(got) != len(want) || got[0] != want[0] || got[1] != want[1] {
-		t.Errorf("mappings %x, want the code and read-only data only: %x", got, want)
+	for _, by := range []struct {
+		ino  uint64
+		path string
+	}{{4242, ""}, {1, "/usr/local/bin/quartermaster"}} {
+		got, err := readOnlyMappings(maps, by.ino, by.path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got) != len(want) || got[0] != want[0] || got[1] != want[1] {
+			t.Errorf("by %+v: mappings %x, want the code and read-only data only: %x", by, got, want)
+		}
 	}
 }
 
