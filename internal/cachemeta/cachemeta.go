@@ -5,6 +5,7 @@ package cachemeta
 
 import (
 	"unique"
+	"unsafe"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -31,30 +32,49 @@ func Transform(obj any) (any, error) {
 	}
 	if t, ok := obj.(runtime.Object); ok {
 		if tm, ok := t.GetObjectKind().(*metav1.TypeMeta); ok {
-			tm.APIVersion, tm.Kind = Intern(tm.APIVersion), Intern(tm.Kind)
+			InternAt(&tm.APIVersion)
+			InternAt(&tm.Kind)
 		}
 	}
-	m.SetNamespace(Intern(m.GetNamespace()))
+	if ns := m.GetNamespace(); !isInterned(ns) {
+		m.SetNamespace(Intern(ns))
+	}
 	internMap(m.GetLabels(), true)
 	internMap(m.GetAnnotations(), false)
 	owners := m.GetOwnerReferences()
 	for i := range owners {
-		owners[i].APIVersion = Intern(owners[i].APIVersion)
-		owners[i].Kind = Intern(owners[i].Kind)
+		InternAt(&owners[i].APIVersion)
+		InternAt(&owners[i].Kind)
 	}
 	return obj, nil
 }
 
 // internMap replaces m's keys (and its values, with values) by their shared copies, in place:
-// assigning to an existing string key stores the new key's bytes too.
+// assigning to an existing string key stores the new key's bytes too. It writes only what is not
+// shared yet: a map already shared (cachemeta.Shared) is read by other objects' transforms at the
+// same time, and an object may be transformed again.
 func internMap(m map[string]string, values bool) {
 	for k, v := range m {
+		nv := v
 		if values {
-			v = Intern(v)
+			nv = Intern(v)
 		}
-		m[Intern(k)] = v
+		if !isInterned(k) || !sameString(nv, v) {
+			m[Intern(k)] = nv
+		}
 	}
 }
+
+// InternAt makes *s its shared copy, writing only when it is not one already.
+func InternAt(s *string) {
+	if !isInterned(*s) {
+		*s = Intern(*s)
+	}
+}
+
+func isInterned(s string) bool { return sameString(s, Intern(s)) }
+
+func sameString(a, b string) bool { return unsafe.StringData(a) == unsafe.StringData(b) }
 
 // Intern returns the shared copy of s.
 func Intern(s string) string {

@@ -3,6 +3,7 @@ package cachemeta
 import (
 	"hash/maphash"
 	"maps"
+	"reflect"
 	"runtime"
 	"sync"
 
@@ -110,17 +111,27 @@ type heldMaps struct {
 // annotations); for a unique map it costs the set's entry and a cleanup.
 func ShareMaps(m *metav1.ObjectMeta) {
 	var held heldMaps
+	// Assigned only when it changes: an object may be transformed again while others read it.
+	var shared map[string]string
 	if len(m.Labels) > 0 {
 		held.labels = HashStrings(m.Labels)
-		m.Labels, held.hasLabels = stringMaps.hold(held.labels, m.Labels)
+		if shared, held.hasLabels = stringMaps.hold(held.labels, m.Labels); !sameMap(shared, m.Labels) {
+			m.Labels = shared
+		}
 	}
 	if len(m.Annotations) > 0 {
 		held.annotations = HashStrings(m.Annotations)
-		m.Annotations, held.hasAnnotations = stringMaps.hold(held.annotations, m.Annotations)
+		if shared, held.hasAnnotations = stringMaps.hold(held.annotations, m.Annotations); !sameMap(shared, m.Annotations) {
+			m.Annotations = shared
+		}
 	}
 	if held.hasLabels || held.hasAnnotations {
 		runtime.AddCleanup(m, releaseMaps, held)
 	}
+}
+
+func sameMap(a, b map[string]string) bool {
+	return reflect.ValueOf(a).UnsafePointer() == reflect.ValueOf(b).UnsafePointer()
 }
 
 func releaseMaps(held heldMaps) {

@@ -17,7 +17,7 @@ func TestEqualMapsAreStoredOnceAndLetGoWithTheirObjects(t *testing.T) {
 		return sa
 	}
 	a, b := object(), object()
-	if !sameMap(a.Labels, b.Labels) {
+	if !sameMapByWrite(a.Labels, b.Labels) {
 		t.Error("two equal label maps are two copies")
 	}
 	if set.Len() != 1 {
@@ -35,10 +35,10 @@ func TestAValueWhoseHashIsTakenIsNotShared(t *testing.T) {
 	owner := &metav1.ObjectMeta{}
 	first := set.Share(owner, 1, map[string]string{"a": "1"})
 	other := map[string]string{"b": "2"}
-	if got := set.Share(owner, 1, other); !sameMap(got, other) || got["b"] != "2" {
+	if got := set.Share(owner, 1, other); !sameMapByWrite(got, other) || got["b"] != "2" {
 		t.Errorf("a different value under a taken hash came back as %v", got)
 	}
-	if again := set.Share(owner, 1, map[string]string{"a": "1"}); !sameMap(again, first) {
+	if again := set.Share(owner, 1, map[string]string{"a": "1"}); !sameMapByWrite(again, first) {
 		t.Error("the value first stored under the hash is not shared")
 	}
 	runtime.KeepAlive(owner)
@@ -64,7 +64,7 @@ func TestShareMapsSharesLabelsAndAnnotations(t *testing.T) {
 	a, b := object(), object()
 	ShareMaps(a)
 	ShareMaps(b)
-	if !sameMap(a.Labels, b.Labels) || !sameMap(a.Annotations, b.Annotations) {
+	if !sameMapByWrite(a.Labels, b.Labels) || !sameMapByWrite(a.Annotations, b.Annotations) {
 		t.Error("equal labels or annotations are two copies")
 	}
 	if a.Labels["l"] != "1" || a.Annotations["a"] != "1" || len(a.Labels) != 1 || len(a.Annotations) != 1 {
@@ -75,8 +75,8 @@ func TestShareMapsSharesLabelsAndAnnotations(t *testing.T) {
 	waitUntil(t, func() bool { return HeldMaps() == 0 }, "the maps outlive their objects")
 }
 
-// sameMap reports whether two maps are one: a write through one shows in the other.
-func sameMap(a, b map[string]string) bool {
+// sameMapByWrite reports whether two maps are one: a write through one shows in the other.
+func sameMapByWrite(a, b map[string]string) bool {
 	const probe = "\x00probe"
 	a[probe] = "x"
 	_, same := b[probe]

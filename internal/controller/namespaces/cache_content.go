@@ -82,24 +82,27 @@ func internContent(obj any) (any, error) {
 	}
 	switch o := obj.(type) {
 	case *rbacv1.RoleBinding:
-		o.Name = cachemeta.Intern(o.Name)
-		o.RoleRef = rbacv1.RoleRef{APIGroup: cachemeta.Intern(o.RoleRef.APIGroup), Kind: cachemeta.Intern(o.RoleRef.Kind), Name: cachemeta.Intern(o.RoleRef.Name)}
+		for _, s := range []*string{&o.Name, &o.RoleRef.APIGroup, &o.RoleRef.Kind, &o.RoleRef.Name} {
+			cachemeta.InternAt(s)
+		}
 		for i := range o.Subjects {
 			s := &o.Subjects[i]
-			s.APIGroup, s.Kind, s.Name, s.Namespace = cachemeta.Intern(s.APIGroup), cachemeta.Intern(s.Kind), cachemeta.Intern(s.Name), cachemeta.Intern(s.Namespace)
+			for _, f := range []*string{&s.APIGroup, &s.Kind, &s.Name, &s.Namespace} {
+				cachemeta.InternAt(f)
+			}
 		}
 	case *rbacv1.Role:
-		o.Name = cachemeta.Intern(o.Name)
+		cachemeta.InternAt(&o.Name)
 		for i := range o.Rules {
 			r := &o.Rules[i]
 			for _, l := range [][]string{r.APIGroups, r.Resources, r.ResourceNames, r.Verbs, r.NonResourceURLs} {
 				for j := range l {
-					l[j] = cachemeta.Intern(l[j])
+					cachemeta.InternAt(&l[j])
 				}
 			}
 		}
 	case *corev1.ServiceAccount:
-		o.Name = cachemeta.Intern(o.Name)
+		cachemeta.InternAt(&o.Name)
 	}
 	return obj, nil
 }
