@@ -36,8 +36,8 @@ func Transform(obj any) (any, error) {
 			InternAt(&tm.Kind)
 		}
 	}
-	if ns := m.GetNamespace(); !isInterned(ns) {
-		m.SetNamespace(Intern(ns))
+	if ns, shared := m.GetNamespace(), Intern(m.GetNamespace()); !sameString(ns, shared) {
+		m.SetNamespace(shared)
 	}
 	internMap(m.GetLabels(), true)
 	internMap(m.GetAnnotations(), false)
@@ -59,20 +59,18 @@ func internMap(m map[string]string, values bool) {
 		if values {
 			nv = Intern(v)
 		}
-		if !isInterned(k) || !sameString(nv, v) {
-			m[Intern(k)] = nv
+		if nk := Intern(k); !sameString(nk, k) || !sameString(nv, v) {
+			m[nk] = nv
 		}
 	}
 }
 
 // InternAt makes *s its shared copy, writing only when it is not one already.
 func InternAt(s *string) {
-	if !isInterned(*s) {
-		*s = Intern(*s)
+	if shared := Intern(*s); !sameString(shared, *s) {
+		*s = shared
 	}
 }
-
-func isInterned(s string) bool { return sameString(s, Intern(s)) }
 
 func sameString(a, b string) bool { return unsafe.StringData(a) == unsafe.StringData(b) }
 

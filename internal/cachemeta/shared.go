@@ -93,9 +93,6 @@ func HashStrings(m map[string]string) uint64 {
 // HashBytes hashes b, an object's encoding.
 func HashBytes(b []byte) uint64 { return maphash.Bytes(seed, b) }
 
-// HeldMaps is the number of distinct label and annotation maps held for cached objects.
-func HeldMaps() int { return stringMaps.Len() }
-
 // stringMaps holds the label and annotation maps of every cached object.
 var stringMaps = NewShared(maps.Equal[map[string]string])
 

@@ -72,7 +72,7 @@ func TestShareMapsSharesLabelsAndAnnotations(t *testing.T) {
 	}
 	runtime.KeepAlive(a)
 	runtime.KeepAlive(b)
-	waitUntil(t, func() bool { return HeldMaps() == 0 }, "the maps outlive their objects")
+	waitUntil(t, func() bool { return stringMaps.Len() == 0 }, "the maps outlive their objects")
 }
 
 // sameMapByWrite reports whether two maps are one: a write through one shows in the other.

@@ -176,7 +176,7 @@ func Run(ctx context.Context, args []string, all []registry.Controller, scheme *
 		return err
 	}
 	registry.LogDisabled(logger, sel)
-	byObject, notes := registry.CacheOptions(sel.Enabled)
+	cacheOpts, notes := CacheOptions(sel.Enabled)
 	for _, note := range notes {
 		logger.Info("cache widened", "why", note)
 	}
@@ -186,13 +186,9 @@ func Run(ctx context.Context, args []string, all []registry.Controller, scheme *
 		return fmt.Errorf("no API server to talk to (use --kubeconfig, KUBECONFIG or run in a cluster): %w", err)
 	}
 	mgr, err := ctrl.New(restConfig, ctrl.Options{
-		Scheme: scheme,
-		Logger: root,
-		Cache: cache.Options{
-			ByObject:         byObject,
-			DefaultTransform: cachemeta.Transform,
-			NewInformer:      registry.NewInformer(sel.Enabled),
-		},
+		Scheme:                        scheme,
+		Logger:                        root,
+		Cache:                         cacheOpts,
 		Metrics:                       metricsOptions(o),
 		HealthProbeBindAddress:        o.HealthProbeBindAddress,
 		PprofBindAddress:              o.PprofBindAddress,
@@ -236,6 +232,19 @@ func Run(ctx context.Context, args []string, all []registry.Controller, scheme *
 	logger.Info("starting manager", "controllers", registry.Names(sel.Enabled))
 	releaseStartupPages(logger)
 	return StartUntilStopped(ctx, mgr.Start)
+}
+
+// CacheOptions is the shared cache of the enabled controllers: their merged restrictions (with a
+// note for each widening), every object stored through cachemeta.Transform, and informers without
+// the per-namespace index where the controllers mark it unneeded. Tests and benchmarks that run a
+// controller in-process build their cache with it too.
+func CacheOptions(enabled []registry.Controller) (cache.Options, []string) {
+	byObject, notes := registry.CacheOptions(enabled)
+	return cache.Options{
+		ByObject:         byObject,
+		DefaultTransform: cachemeta.Transform,
+		NewInformer:      registry.NewInformer(enabled),
+	}, notes
 }
 
 // releaseStartupPages drops the binary's pages that only start-up used (codepages). A failure

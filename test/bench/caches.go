@@ -38,10 +38,8 @@ func cachesBench(ctx context.Context, e *env) ([]result, error) {
 		return nil, err
 	}
 	const ns, requestsNS, unrelatedNS = "bench-caches", "bench-caches-requests", "bench-unrelated"
-	for _, n := range []string{ns, requestsNS, unrelatedNS} {
-		if err := e.client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: n}}); err != nil {
-			return nil, err
-		}
+	if err := e.client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: unrelatedNS}}); err != nil {
+		return nil, err
 	}
 	out, err := startOutsideSystems(ctx, e, ns, requestsNS)
 	if err != nil {
@@ -123,7 +121,14 @@ type outsideSystems struct {
 	stop func()
 }
 
+// startOutsideSystems creates the namespaces ns (where the vCenter Secret goes) and requestsNS,
+// and starts the outside systems.
 func startOutsideSystems(ctx context.Context, e *env, ns, requestsNS string) (*outsideSystems, error) {
+	for _, n := range []string{ns, requestsNS} {
+		if err := e.client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: n}}); err != nil {
+			return nil, err
+		}
+	}
 	emu := iamemulator.New(iamemulator.Options{Seed: 1})
 	srv := httptest.NewServer(emu)
 	sim, err := vsimtest.New(ctx)

@@ -33,11 +33,6 @@ func failoverBench(ctx context.Context, e *env) ([]result, error) {
 	if err != nil {
 		return nil, err
 	}
-	for _, n := range []string{ns, requestsNS} {
-		if err := e.client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: n}}); err != nil {
-			return nil, err
-		}
-	}
 	out, err := startOutsideSystems(ctx, e, ns, requestsNS)
 	if err != nil {
 		return nil, err

@@ -17,13 +17,12 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	ctrl "sigs.k8s.io/controller-runtime/pkg/manager"
 
-	"github.com/quartermaster-dev/quartermaster/internal/cachemeta"
 	"github.com/quartermaster-dev/quartermaster/internal/controller/namespaces"
+	"github.com/quartermaster-dev/quartermaster/internal/manager"
 	"github.com/quartermaster-dev/quartermaster/internal/nsrequest"
 	"github.com/quartermaster-dev/quartermaster/internal/registry"
 	"github.com/quartermaster-dev/quartermaster/internal/testing/testenv"
@@ -55,8 +54,8 @@ func namespacesBench(ctx context.Context, e *env) ([]result, error) {
 		return nil, err
 	}
 	// The cache as the manager binary builds it.
-	mgr, err := newManager(cfg, ctrl.Options{Scheme: e.client.Scheme(), Cache: cache.Options{ByObject: reg.CacheByObject(),
-		DefaultTransform: cachemeta.Transform, NewInformer: registry.NewInformer([]registry.Controller{reg})}})
+	cacheOpts, _ := manager.CacheOptions([]registry.Controller{reg})
+	mgr, err := newManager(cfg, ctrl.Options{Scheme: e.client.Scheme(), Cache: cacheOpts})
 	if err != nil {
 		return nil, err
 	}

@@ -17,7 +17,7 @@ import (
 	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/quartermaster-dev/quartermaster/internal/cachemeta"
+	"github.com/quartermaster-dev/quartermaster/internal/manager"
 	"github.com/quartermaster-dev/quartermaster/internal/nsrequest"
 	"github.com/quartermaster-dev/quartermaster/internal/registry"
 )
@@ -40,14 +40,14 @@ func TestCacheCostPerServedRequest(t *testing.T) {
 		t.Fatal(err)
 	}
 	o := &Options{RequestsNamespace: "requests"}
+	// The cache as the manager builds it: same transforms, same informers and indexes.
+	opts, _ := manager.CacheOptions([]registry.Controller{o.controller()})
 	transforms := map[string]toolscache.TransformFunc{}
-	for obj, by := range o.cacheByObject() {
+	for obj, by := range opts.ByObject {
 		if by.Transform != nil {
 			transforms[fmt.Sprintf("%T", obj)] = by.Transform
 		}
 	}
-	// The informers the manager would build, one per kind, with the indexes it would give them.
-	newInformer := registry.NewInformer([]registry.Controller{{Name: Name, CacheByObject: o.cacheByObject, NoNamespaceIndex: noNamespaceIndex}})
 	codec := protobuf.NewSerializer(clientgoscheme.Scheme, clientgoscheme.Scheme)
 	const n = 1000
 	var wire [][]byte
@@ -72,7 +72,7 @@ func TestCacheCostPerServedRequest(t *testing.T) {
 
 	stores := map[string]toolscache.Indexer{}
 	for kind, obj := range examples {
-		stores[kind] = newInformer(nil, obj, 0, toolscache.Indexers{toolscache.NamespaceIndex: toolscache.MetaNamespaceIndexFunc}).GetIndexer()
+		stores[kind] = opts.NewInformer(nil, obj, 0, toolscache.Indexers{toolscache.NamespaceIndex: toolscache.MetaNamespaceIndexFunc}).GetIndexer()
 	}
 	var before, after runtime.MemStats
 	runtime.GC()
@@ -84,7 +84,7 @@ func TestCacheCostPerServedRequest(t *testing.T) {
 		}
 		transform := transforms[kinds[i]]
 		if transform == nil {
-			transform = cachemeta.Transform
+			transform = opts.DefaultTransform
 		}
 		cached, err := transform(obj)
 		if err != nil {

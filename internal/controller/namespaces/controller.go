@@ -107,8 +107,10 @@ func (o *Options) policy() (*nsrequest.Policy, *nsrequest.Defaults, error) {
 }
 
 // Controller returns the registry entry of the namespaces controller.
-func Controller() registry.Controller {
-	o := &Options{}
+func Controller() registry.Controller { return (&Options{}).controller() }
+
+// controller is the registry entry of the namespaces controller configured by o.
+func (o *Options) controller() registry.Controller {
 	return registry.Controller{
 		Name:     Name,
 		AddFlags: o.AddFlags,

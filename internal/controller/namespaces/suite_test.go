@@ -12,7 +12,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/config"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
@@ -20,7 +19,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime/pkg/manager"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
-	"github.com/quartermaster-dev/quartermaster/internal/cachemeta"
+	"github.com/quartermaster-dev/quartermaster/internal/manager"
 	"github.com/quartermaster-dev/quartermaster/internal/nsrequest"
 	"github.com/quartermaster-dev/quartermaster/internal/registry"
 	"github.com/quartermaster-dev/quartermaster/internal/testing/testenv"
@@ -83,10 +82,10 @@ func runController(t *testing.T, env *testenv.Env, tweak func(*Options)) *fixtur
 	if err != nil {
 		t.Fatal(err)
 	}
+	cacheOpts, _ := manager.CacheOptions([]registry.Controller{o.controller()})
 	mgr, err := ctrl.New(env.Config, ctrl.Options{
-		Scheme: env.Scheme,
-		Cache: cache.Options{ByObject: o.cacheByObject(), DefaultTransform: cachemeta.Transform,
-			NewInformer: registry.NewInformer([]registry.Controller{{Name: Name, CacheByObject: o.cacheByObject, NoNamespaceIndex: noNamespaceIndex}})},
+		Scheme:  env.Scheme,
+		Cache:   cacheOpts,
 		Metrics: metricsserver.Options{BindAddress: "0"},
 		// envtest runs several managers in one process: controller names must not collide.
 		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
