@@ -9,10 +9,12 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
+
+	"github.com/quartermaster-dev/quartermaster/internal/generated"
 )
 
-// Transform drops an object's managedFields (as cache.TransformStripManagedFields does) and makes
+// Transform drops an object's managedFields (as cache.TransformStripManagedFields does; of an object
+// a controller generated it keeps generated.Summary, usually nothing) and makes
 // the strings its metadata shares with thousands of other cached objects point to one copy: label
 // keys and values, annotation keys, the namespace, its own and its owners' apiVersion and kind.
 // Decoding gives every object its own copy of each ("quartermaster.dev/managed-by" once per
@@ -20,11 +22,16 @@ import (
 // heap. Annotation values (timestamps, UIDs, messages) and names are mostly unique and are left
 // alone. Maps and specs that repeat are shared by the controllers that know they do (Shared).
 func Transform(obj any) (any, error) {
-	obj, err := cache.TransformStripManagedFields()(obj)
-	if err != nil {
-		return obj, err
-	}
 	m, ok := obj.(metav1.Object)
+	if ok && len(m.GetManagedFields()) > 0 {
+		// A generated object keeps what shows someone else's edits (usually nothing): the drift
+		// rule reads it (generated.Current).
+		var keep []metav1.ManagedFieldsEntry
+		if _, ours := m.GetAnnotations()[generated.HashAnnotation]; ours {
+			keep = generated.Summary(m.GetManagedFields())
+		}
+		m.SetManagedFields(keep)
+	}
 	if _, unstructured := obj.(runtime.Unstructured); !ok || unstructured {
 		// Tombstones have no metadata; an unstructured object's getters return copies, so its
 		// strings could not be replaced in place.

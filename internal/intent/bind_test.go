@@ -4,9 +4,6 @@ import (
 	"slices"
 	"testing"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-
 	intentv1alpha1 "github.com/quartermaster-dev/quartermaster/api/intent/v1alpha1"
 )
 
@@ -50,51 +47,5 @@ func TestSelectNamespaces(t *testing.T) {
 				t.Errorf("got %v, want %v", got, tc.want)
 			}
 		})
-	}
-}
-
-func TestMatches(t *testing.T) {
-	np := &intentv1alpha1.NimbusPolicy{
-		ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "shop", UID: "np-uid"},
-		Spec: intentv1alpha1.NimbusPolicySpec{
-			Selector:    intentv1alpha1.LabelSelector{MatchLabels: map[string]string{"app": "nginx"}},
-			NimbusRules: []intentv1alpha1.NimbusRules{rule(EscapeToHost, "Block", nil)},
-		},
-	}
-	desired := ForNimbusPolicy(np, Inputs{})[3].Object // the Kyverno Policy
-	stored := func(edit func(spec map[string]any)) *unstructured.Unstructured {
-		s := desired.DeepCopy()
-		spec := s.Object["spec"].(map[string]any)
-		// What Kyverno's CRD defaults add.
-		spec["admission"] = true
-		r := spec["rules"].([]any)[0].(map[string]any)
-		r["skipBackgroundRequests"] = true
-		s.SetResourceVersion("42")
-		s.SetAnnotations(map[string]string{ManagedBy: "nimbus-kyverno", "policies.kyverno.io/description": "desc of escapeToHost", "note": "someone's"})
-		if edit != nil {
-			edit(spec)
-		}
-		return s
-	}
-	if !Matches(desired, stored(nil)) {
-		t.Error("the stored copy with server defaults does not match")
-	}
-	for name, edit := range map[string]func(map[string]any){
-		"action changed": func(s map[string]any) { s["validationFailureAction"] = "Audit" },
-		"rule added":     func(s map[string]any) { s["rules"] = append(s["rules"].([]any), map[string]any{"name": "x"}) },
-		"field added":    func(s map[string]any) { s["schemaValidation"] = false; s["failurePolicy"] = "Ignore" },
-		"level weakened": func(s map[string]any) {
-			s["rules"].([]any)[0].(map[string]any)["validate"] = map[string]any{"podSecurity": map[string]any{"level": "privileged", "version": "latest"}}
-		},
-		"field removed": func(s map[string]any) { delete(s, "background") },
-	} {
-		if Matches(desired, stored(edit)) {
-			t.Errorf("%s: still matches", name)
-		}
-	}
-	other := stored(nil)
-	other.SetOwnerReferences([]metav1.OwnerReference{{Kind: "NimbusPolicy", UID: "someone-else", Controller: new(true)}})
-	if Matches(desired, other) {
-		t.Error("a copy controlled by another owner matches")
 	}
 }

@@ -94,6 +94,15 @@ type Inputs struct {
 	// Deployments of the NimbusPolicy's namespace, in any order: cocoWorkload moves the existing
 	// ones its selector picks to the RuntimeClass.
 	Deployments []Workload
+	// Engines are the engines installed and enabled: virtualPatch writes generators only of their
+	// kinds (Kyverno refuses a generate rule of a kind the cluster does not serve). Nil: every
+	// engine.
+	Engines func(Engine) bool
+}
+
+// has reports whether in allows policies of engine e.
+func (in Inputs) has(e Engine) bool {
+	return in.Engines == nil || in.Engines(e)
 }
 
 // Workload is what the catalogue needs of a workload object.
@@ -146,7 +155,7 @@ func kyvernoPolicies(p parent, r intentv1alpha1.NimbusRules, in Inputs) []Policy
 	case CocoWorkload:
 		return cocoWorkloadPolicies(p, r, in.Deployments)
 	case VirtualPatch:
-		return virtualPatchPolicies(p, r)
+		return virtualPatchPolicies(p, r, in)
 	}
 	return nil
 }

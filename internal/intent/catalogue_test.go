@@ -190,14 +190,11 @@ spec:
 		if got == nil {
 			t.Fatal("no Kyverno Policy")
 		}
-		assertObject(t, got.Object.Object, kyverno("Policy", "web-escapetohost", "shop", npOwner, `  validationFailureAction: Enforce
+		assertObject(t, got.Object.Object, kyverno("Policy", "web-escapetohost", "shop", npOwner, `
   rules:
   - name: pod-security-standard
-    match: {any: [{resources: {kinds: [v1/Pod], selector: {matchLabels: {app: nginx}}}}], resources: {}}
-    exclude: {resources: {}}
-    mutate: {}
-    validate: {podSecurity: {level: restricted, version: latest}}
-    generate: {clone: {}, cloneList: {}}
+    match: {any: [{resources: {kinds: [v1/Pod], selector: {matchLabels: {app: nginx}}}}]}
+    validate: {failureAction: Enforce, podSecurity: {level: restricted, version: latest}}
 `))
 	})
 	for _, tc := range []struct {
@@ -212,9 +209,10 @@ spec:
 		t.Run(tc.name, func(t *testing.T) {
 			p := ForNimbusPolicy(nimbusPolicy(rule(EscapeToHost, tc.action, tc.params)), Inputs{})[3]
 			spec := p.Object.Object["spec"].(map[string]any)
-			level := spec["rules"].([]any)[0].(map[string]any)["validate"].(map[string]any)["podSecurity"].(map[string]any)["level"]
-			if level != tc.wantLevel || spec["validationFailureAction"] != tc.wantAction {
-				t.Errorf("level %v, action %v", level, spec["validationFailureAction"])
+			validate := spec["rules"].([]any)[0].(map[string]any)["validate"].(map[string]any)
+			level := validate["podSecurity"].(map[string]any)["level"]
+			if level != tc.wantLevel || validate["failureAction"] != tc.wantAction {
+				t.Errorf("level %v, action %v", level, validate["failureAction"])
 			}
 		})
 	}
@@ -236,37 +234,35 @@ spec:
 		match, exclude string
 	}{
 		{"matchNames", intentv1alpha1.NamespaceSelector{MatchNames: []string{"a", "b"}}, map[string]string{"app": "nginx"},
-			`{any: [{resources: {kinds: [v1/Pod], namespaces: [a, b], selector: {matchLabels: {app: nginx}}}}], resources: {}}`,
-			`{any: [{resources: {namespaces: [kube-system]}}], resources: {}}`},
+			`{any: [{resources: {kinds: [v1/Pod], namespaces: [a, b], selector: {matchLabels: {app: nginx}}}}]}`,
+			`{any: [{resources: {namespaces: [kube-system]}}]}`},
 		{"every namespace but some", intentv1alpha1.NamespaceSelector{MatchNames: []string{"*"}, ExcludeNames: []string{"spire"}}, nil,
-			`{any: [{resources: {kinds: [v1/Pod]}}], resources: {}}`,
-			`{any: [{resources: {namespaces: [kube-system]}}, {resources: {namespaces: [spire]}}], resources: {}}`},
+			`{any: [{resources: {kinds: [v1/Pod]}}]}`,
+			`{any: [{resources: {namespaces: [kube-system]}}, {resources: {namespaces: [spire]}}]}`},
 		{"excludeNames alone", intentv1alpha1.NamespaceSelector{ExcludeNames: []string{"spire"}}, nil,
-			`{any: [{resources: {kinds: [v1/Pod]}}], resources: {}}`,
-			`{any: [{resources: {namespaces: [kube-system]}}, {resources: {namespaces: [spire]}}], resources: {}}`},
+			`{any: [{resources: {kinds: [v1/Pod]}}]}`,
+			`{any: [{resources: {namespaces: [kube-system]}}, {resources: {namespaces: [spire]}}]}`},
 	} {
 		t.Run("ClusterPolicy, "+tc.name, func(t *testing.T) {
 			ps := ForClusterNimbusPolicy(cnp(tc.sel, tc.labels))
 			if len(ps) != 1 || ps[0].Entry != "KyvernoClusterPolicy/all-escapetohost" {
 				t.Fatalf("policies %+v, want the escapeToHost ClusterPolicy alone", ps)
 			}
-			assertObject(t, ps[0].Object.Object, kyverno("ClusterPolicy", "all-escapetohost", "", cnpOwner, `  validationFailureAction: Enforce
+			assertObject(t, ps[0].Object.Object, kyverno("ClusterPolicy", "all-escapetohost", "", cnpOwner, `
   rules:
   - name: pod-security-standard
     match: `+tc.match+`
     exclude: `+tc.exclude+`
-    mutate: {}
-    validate: {podSecurity: {level: baseline, version: latest}}
-    generate: {clone: {}, cloneList: {}}
+    validate: {failureAction: Enforce, podSecurity: {level: baseline, version: latest}}
 `))
 		})
 	}
 }
 
-// TestKyvernoRulesAsGoTypesSerializeThem: every Kyverno rule carries the fields Kyverno's Go types
-// write when they are unset, as Nimbus's adapter sends its rules (Kyverno's CRD defaults none of
-// them, so a stored policy keeps exactly what was sent).
-func TestKyvernoRulesAsGoTypesSerializeThem(t *testing.T) {
+// TestKyvernoRulesDoOneThing: every Kyverno rule has exactly one operation block and no empty one
+// (Kyverno refuses a rule with two, and its CRD defaults fields into an empty one), and no policy
+// carries the spec-level actions Kyverno has deprecated for the rule-level ones.
+func TestKyvernoRulesDoOneThing(t *testing.T) {
 	np := nimbusPolicy(rule(EscapeToHost, "Block", nil), rule(CocoWorkload, "Block", nil),
 		rule(VirtualPatch, "Block", map[string]intentv1alpha1.ParamValues{"cveList": {"CVE-2024-4439"}}))
 	cnp := &intentv1alpha1.ClusterNimbusPolicy{
@@ -281,30 +277,26 @@ func TestKyvernoRulesAsGoTypesSerializeThem(t *testing.T) {
 		if p.Engine != Kyverno {
 			continue
 		}
-		for _, r := range p.Object.Object["spec"].(map[string]any)["rules"].([]any) {
+		spec := p.Object.Object["spec"].(map[string]any)
+		for _, deprecated := range []string{"validationFailureAction", "mutateExistingOnPolicyUpdate", "generateExisting"} {
+			if _, ok := spec[deprecated]; ok {
+				t.Errorf("%s sets spec.%s", p.Entry, deprecated)
+			}
+		}
+		for _, r := range spec["rules"].([]any) {
 			n++
 			rule := r.(map[string]any)
-			for _, path := range [][]string{{"match", "resources"}, {"exclude", "resources"}, {"mutate"}, {"validate"},
-				{"generate", "clone"}, {"generate", "cloneList"}} {
-				var v any = rule
-				for _, k := range path {
-					v = v.(map[string]any)[k]
-				}
-				if _, ok := v.(map[string]any); !ok {
-					t.Errorf("%s rule %v: %s is %v, want an object", p.Entry, rule["name"], strings.Join(path, "."), v)
-				}
-			}
-			acts := 0
-			for _, k := range []string{"mutate", "validate"} {
-				if len(rule[k].(map[string]any)) > 0 {
-					acts++
+			var ops []string
+			for _, k := range []string{"validate", "mutate", "generate", "verifyImages"} {
+				if v, ok := rule[k]; ok {
+					ops = append(ops, k)
+					if m, ok := v.(map[string]any); !ok || len(m) == 0 {
+						t.Errorf("%s rule %v: %s is empty", p.Entry, rule["name"], k)
+					}
 				}
 			}
-			if _, ok := rule["generate"].(map[string]any)["kind"]; ok {
-				acts++
-			}
-			if acts != 1 {
-				t.Errorf("%s rule %v does %d things, want one", p.Entry, rule["name"], acts)
+			if len(ops) != 1 {
+				t.Errorf("%s rule %v does %v, want one operation", p.Entry, rule["name"], ops)
 			}
 		}
 	}

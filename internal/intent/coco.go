@@ -65,28 +65,25 @@ func cocoWorkloadPolicies(p parent, r intentv1alpha1.NimbusRules, deployments []
 			"kinds": []any{intentv1alpha1.GroupVersion.String() + "/NimbusPolicy"},
 			"name":  p.name,
 		}}
-		out = append(out, cocoWorkloadPolicy(p, r, p.name+"-mutateexisting", true, map[string]any{
-			"name":   "add runtime",
-			"match":  map[string]any{"any": []any{trigger}},
-			"mutate": map[string]any{"targets": targets, "patchStrategicMerge": runtimeClassPatch(r)},
+		out = append(out, cocoWorkloadPolicy(p, r, p.name+"-mutateexisting", map[string]any{
+			"name":  "add runtime",
+			"match": map[string]any{"any": []any{trigger}},
+			"mutate": map[string]any{
+				"targets": targets, "patchStrategicMerge": runtimeClassPatch(r), "mutateExistingOnPolicyUpdate": true,
+			},
 		}))
 	}
-	return append(out, cocoWorkloadPolicy(p, r, p.name+"-mutateoncreate", false, map[string]any{
+	return append(out, cocoWorkloadPolicy(p, r, p.name+"-mutateoncreate", map[string]any{
 		"name":   "add runtime",
 		"match":  map[string]any{"any": []any{kindResources(deploymentKind, nil, p.labels)}},
 		"mutate": map[string]any{"patchStrategicMerge": runtimeClassPatch(r)},
 	}))
 }
 
-func cocoWorkloadPolicy(p parent, r intentv1alpha1.NimbusRules, name string, mutateExisting bool, rule map[string]any) Policy {
-	spec := map[string]any{
-		"background":              true,
-		"validationFailureAction": validationFailureAction(r.Rule.RuleAction),
-		"rules":                   []any{kyvernoRule(rule)},
-	}
-	if mutateExisting {
-		spec["mutateExistingOnPolicyUpdate"] = true
-	}
+// cocoWorkloadPolicy is one of cocoWorkload's Policies. A mutate rule has no failure action: the
+// intent's action (Block or Audit) does not change what it does.
+func cocoWorkloadPolicy(p parent, r intentv1alpha1.NimbusRules, name string, rule map[string]any) Policy {
+	spec := map[string]any{"background": true, "rules": []any{rule}}
 	obj := object(KyvernoPolicyKind, name, p.namespace, kyvernoAnnotations(r), p.owner, spec)
 	return Policy{Engine: Kyverno, Object: obj, Entry: "KyvernoPolicy/" + name}
 }
@@ -119,14 +116,14 @@ func cocoWorkloadClusterPolicy(cnp *intentv1alpha1.ClusterNimbusPolicy, owner ma
 		"namespace": "{{ request.object.metadata.namespace }}", "name": "{{ request.object.metadata.name }}",
 	}
 	spec := map[string]any{
-		"mutateExistingOnPolicyUpdate": true,
-		"validationFailureAction":      validationFailureAction(r.Rule.RuleAction),
-		"rules": []any{kyvernoRule(map[string]any{
+		"rules": []any{map[string]any{
 			"name":    "add-runtime-class-to-pods",
 			"match":   match,
 			"exclude": exclude,
-			"mutate":  map[string]any{"targets": []any{target}, "patchStrategicMerge": runtimeClassPatch(r)},
-		})},
+			"mutate": map[string]any{
+				"targets": []any{target}, "patchStrategicMerge": runtimeClassPatch(r), "mutateExistingOnPolicyUpdate": true,
+			},
+		}},
 	}
 	obj := object(KyvernoClusterPolicyKind, name, "", kyvernoAnnotations(r), owner, spec)
 	return Policy{Engine: Kyverno, Object: obj, Entry: "KyvernoClusterPolicy/" + name}

@@ -62,28 +62,20 @@ func TestCocoWorkloadPolicies(t *testing.T) {
 			t.Fatalf("entries %v, want %v", entries(got), want)
 		}
 		assertObject(t, got[0].Object.Object, kyvernoPolicyYAML("web-mutateexisting", CocoWorkload, `  background: true
-  validationFailureAction: Enforce
-  mutateExistingOnPolicyUpdate: true
   rules:
   - name: add runtime
-    match: {any: [{resources: {kinds: [intent.security.nimbus.com/v1alpha1/NimbusPolicy], name: web}}], resources: {}}
-    exclude: {resources: {}}
-    validate: {}
-    generate: {clone: {}, cloneList: {}}
+    match: {any: [{resources: {kinds: [intent.security.nimbus.com/v1alpha1/NimbusPolicy], name: web}}]}
     mutate:
       targets:
       - {apiVersion: apps/v1, kind: Deployment, name: cache}
       - {apiVersion: apps/v1, kind: Deployment, name: web}
       patchStrategicMerge: {spec: {template: {spec: {runtimeClassName: kata-qemu}}}}
+      mutateExistingOnPolicyUpdate: true
 `))
 		assertObject(t, got[1].Object.Object, kyvernoPolicyYAML("web-mutateoncreate", CocoWorkload, `  background: true
-  validationFailureAction: Enforce
   rules:
   - name: add runtime
-    match: {any: [{resources: {kinds: [apps/v1/Deployment], selector: {matchLabels: {app: nginx}}}}], resources: {}}
-    exclude: {resources: {}}
-    validate: {}
-    generate: {clone: {}, cloneList: {}}
+    match: {any: [{resources: {kinds: [apps/v1/Deployment], selector: {matchLabels: {app: nginx}}}}]}
     mutate:
       patchStrategicMerge: {spec: {template: {spec: {runtimeClassName: kata-qemu}}}}
 `))
@@ -96,26 +88,18 @@ func TestCocoWorkloadPolicies(t *testing.T) {
 			t.Fatalf("entries %v", entries(got))
 		}
 		assertObject(t, got[0].Object.Object, kyvernoPolicyYAML("web-mutateexisting", CocoWorkload, `  background: true
-  validationFailureAction: Audit
-  mutateExistingOnPolicyUpdate: true
   rules:
   - name: add runtime
-    match: {any: [{resources: {kinds: [intent.security.nimbus.com/v1alpha1/NimbusPolicy], name: web}}], resources: {}}
-    exclude: {resources: {}}
-    validate: {}
-    generate: {clone: {}, cloneList: {}}
+    match: {any: [{resources: {kinds: [intent.security.nimbus.com/v1alpha1/NimbusPolicy], name: web}}]}
     mutate:
       targets: [{apiVersion: apps/v1, kind: Deployment}]
       patchStrategicMerge: {spec: {template: {spec: {runtimeClassName: kata-clh}}}}
+      mutateExistingOnPolicyUpdate: true
 `))
 		assertObject(t, got[1].Object.Object, kyvernoPolicyYAML("web-mutateoncreate", CocoWorkload, `  background: true
-  validationFailureAction: Audit
   rules:
   - name: add runtime
-    match: {any: [{resources: {kinds: [apps/v1/Deployment]}}], resources: {}}
-    exclude: {resources: {}}
-    validate: {}
-    generate: {clone: {}, cloneList: {}}
+    match: {any: [{resources: {kinds: [apps/v1/Deployment]}}]}
     mutate:
       patchStrategicMerge: {spec: {template: {spec: {runtimeClassName: kata-clh}}}}
 `))
@@ -154,11 +138,11 @@ func TestCocoWorkloadPolicies(t *testing.T) {
 		match, exclude string
 	}{
 		{"matchNames", intentv1alpha1.NamespaceSelector{MatchNames: []string{"a", "b"}}, map[string]string{"app": "nginx", "tier": "front"},
-			`{any: [{resources: {kinds: [apps/v1/Deployment], namespaces: [a, b], selector: {matchLabels: {app: nginx, tier: front}}}}], resources: {}}`,
-			`{any: [{resources: {namespaces: [kube-system]}}], resources: {}}`},
+			`{any: [{resources: {kinds: [apps/v1/Deployment], namespaces: [a, b], selector: {matchLabels: {app: nginx, tier: front}}}}]}`,
+			`{any: [{resources: {namespaces: [kube-system]}}]}`},
 		{"every namespace but some", intentv1alpha1.NamespaceSelector{MatchNames: []string{"*"}, ExcludeNames: []string{"spire"}}, nil,
-			`{any: [{resources: {kinds: [apps/v1/Deployment]}}], resources: {}}`,
-			`{any: [{resources: {namespaces: [kube-system]}}, {resources: {namespaces: [spire]}}], resources: {}}`},
+			`{any: [{resources: {kinds: [apps/v1/Deployment]}}]}`,
+			`{any: [{resources: {namespaces: [kube-system]}}, {resources: {namespaces: [spire]}}]}`},
 	} {
 		t.Run("ClusterPolicy, "+tc.name, func(t *testing.T) {
 			cnp := clusterNimbusPolicy(tc.sel, tc.labels, rule(EscapeToHost, "Audit", runtimeClass("first-rule")), rule(CocoWorkload, "Block", runtimeClass("kata-qemu")))
@@ -173,18 +157,15 @@ metadata:
   name: all-cocoworkload
   annotations: {app.kubernetes.io/managed-by: nimbus-kyverno, policies.kyverno.io/description: desc of cocoWorkload}`+clusterOwner+`
 spec:
-  mutateExistingOnPolicyUpdate: true
-  validationFailureAction: Enforce
   rules:
   - name: add-runtime-class-to-pods
     match: `+tc.match+`
     exclude: `+tc.exclude+`
-    validate: {}
-    generate: {clone: {}, cloneList: {}}
     mutate:
       targets:
       - {apiVersion: apps/v1, kind: Deployment, namespace: '{{ request.object.metadata.namespace }}', name: '{{ request.object.metadata.name }}'}
       patchStrategicMerge: {spec: {template: {spec: {runtimeClassName: kata-qemu}}}}
+      mutateExistingOnPolicyUpdate: true
 `)
 		})
 	}

@@ -24,9 +24,10 @@ func psaLevel(r intentv1alpha1.NimbusRules) string {
 	return PSABaseline
 }
 
-// validationFailureAction maps an intent's action to Kyverno's: Block enforces, anything else
-// audits.
-func validationFailureAction(action string) string {
+// failureAction maps an intent's action to Kyverno's rule-level validate.failureAction (Kyverno
+// 1.13 and newer; the spec-level validationFailureAction is deprecated): Block enforces, anything
+// else audits.
+func failureAction(action string) string {
 	if action == intentv1alpha1.ActionBlock {
 		return "Enforce"
 	}
@@ -67,58 +68,32 @@ func anyList(ss []string) []any {
 
 func podSecurityRule(r intentv1alpha1.NimbusRules, match, exclude map[string]any) map[string]any {
 	rule := map[string]any{
-		"name":     "pod-security-standard",
-		"match":    match,
-		"validate": map[string]any{"podSecurity": map[string]any{"level": psaLevel(r), "version": "latest"}},
+		"name":  "pod-security-standard",
+		"match": match,
+		"validate": map[string]any{
+			"failureAction": failureAction(r.Rule.RuleAction),
+			"podSecurity":   map[string]any{"level": psaLevel(r), "version": "latest"},
+		},
 	}
 	if exclude != nil {
 		rule["exclude"] = exclude
 	}
-	return kyvernoRule(rule)
-}
-
-// kyvernoRule completes a rule with what Kyverno's Go types serialize for a rule that leaves them
-// unset, as Nimbus's adapter sends it: match and exclude always carry resources ({} when it names
-// none), mutate and validate are {} when the rule does not mutate or validate, and generate holds
-// empty clone and cloneList. Kyverno's CRD keeps them as sent (none of them is defaulted), so a
-// whole-object comparison with Nimbus's policies sees them.
-func kyvernoRule(rule map[string]any) map[string]any {
-	for _, k := range []string{"match", "exclude"} {
-		m, _ := rule[k].(map[string]any)
-		if m == nil {
-			m = map[string]any{}
-		}
-		if _, ok := m["resources"]; !ok {
-			m["resources"] = map[string]any{}
-		}
-		rule[k] = m
-	}
-	for _, k := range []string{"mutate", "validate"} {
-		if _, ok := rule[k]; !ok {
-			rule[k] = map[string]any{}
-		}
-	}
-	g, _ := rule["generate"].(map[string]any)
-	if g == nil {
-		g = map[string]any{}
-	}
-	for _, k := range []string{"clone", "cloneList"} {
-		if _, ok := g[k]; !ok {
-			g[k] = map[string]any{}
-		}
-	}
-	rule["generate"] = g
 	return rule
 }
+
+// A rule carries exactly one operation block (validate, mutate or generate): Kyverno refuses a
+// rule with two, and its CRD defaults fields into an empty one (validate.allowExistingViolations
+// since 1.14), which would make an empty block a second operation. The rule-level fields
+// (validate.failureAction, mutate.mutateExistingOnPolicyUpdate, generate.generateExisting) replace
+// the spec-level ones Kyverno has deprecated.
 
 // kyvernoPolicy is escapeToHost's Kyverno Policy: the pod security standard at the rule's
 // psaLevel for the NimbusPolicy's pods.
 func kyvernoPolicy(p parent, r intentv1alpha1.NimbusRules) Policy {
 	name := PolicyName(p.name, r.ID)
 	spec := map[string]any{
-		"background":              true,
-		"validationFailureAction": validationFailureAction(r.Rule.RuleAction),
-		"rules":                   []any{podSecurityRule(r, map[string]any{"any": []any{kindResources(podKind, nil, p.labels)}}, nil)},
+		"background": true,
+		"rules":      []any{podSecurityRule(r, map[string]any{"any": []any{kindResources(podKind, nil, p.labels)}}, nil)},
 	}
 	obj := object(KyvernoPolicyKind, name, p.namespace, kyvernoAnnotations(r), p.owner, spec)
 	return Policy{Engine: Kyverno, Object: obj, Entry: "KyvernoPolicy/" + name}
@@ -130,9 +105,8 @@ func kyvernoClusterPolicy(cnp *intentv1alpha1.ClusterNimbusPolicy, owner map[str
 	name := PolicyName(cnp.Name, r.ID)
 	match, exclude := clusterSelection(cnp, podKind)
 	spec := map[string]any{
-		"background":              true,
-		"validationFailureAction": validationFailureAction(r.Rule.RuleAction),
-		"rules":                   []any{podSecurityRule(r, match, exclude)},
+		"background": true,
+		"rules":      []any{podSecurityRule(r, match, exclude)},
 	}
 	obj := object(KyvernoClusterPolicyKind, name, "", kyvernoAnnotations(r), owner, spec)
 	return Policy{Engine: Kyverno, Object: obj, Entry: "KyvernoClusterPolicy/" + name}

@@ -42,15 +42,16 @@ func parseVirtualPatches(data []byte) []vulnerableImage {
 // patchEngine is an engine a virtual patch is written for: its key in vp.json and the kind a
 // generator Policy makes of the manifest.
 type patchEngine struct {
-	key  string
-	kind schema.GroupVersionKind
+	key    string
+	kind   schema.GroupVersionKind
+	engine Engine
 }
 
 // patchEngines in the order Nimbus looks for them in a virtual patch.
 var patchEngines = []patchEngine{
-	{"karmor", KubeArmorPolicyKind},
-	{"kyverno", KyvernoPolicyKind},
-	{"netpol", NetworkPolicyKind},
+	{"karmor", KubeArmorPolicyKind, KubeArmor},
+	{"kyverno", KyvernoPolicyKind, Kyverno},
+	{"netpol", NetworkPolicyKind, NetworkPolicy},
 }
 
 // cveList is the rule's own cveList param (cve_list, the spelling of Nimbus's docs, too).
@@ -95,7 +96,7 @@ func patched(cve string) bool {
 // image, generates the patch's policy in the namespace. Named <np>-<cve>-<engine>-<n>, n counting
 // per CVE and engine from 1. (Nimbus also schedules the deletion of the NimbusPolicy to pick up new
 // data: the data is built in here, so a new release brings it.)
-func virtualPatchPolicies(p parent, r intentv1alpha1.NimbusRules) []Policy {
+func virtualPatchPolicies(p parent, r intentv1alpha1.NimbusRules, in Inputs) []Policy {
 	wanted := cveList(r)
 	count := map[string]int{}
 	var out []Policy
@@ -108,10 +109,10 @@ func virtualPatchPolicies(p parent, r intentv1alpha1.NimbusRules) []Policy {
 			for _, patch := range c.VirtualPatch {
 				for _, e := range patchEngines {
 					manifest, ok := patch[e.key]
-					if !ok {
+					if !ok || !in.has(e.engine) {
 						continue
 					}
-					rule, ok := generatorRule(p, e, cve, img.Image, manifest)
+					rule, ok := generatorRule(p, e, cve, img.Image, failureAction(r.Rule.RuleAction), manifest)
 					if !ok {
 						continue
 					}
@@ -126,12 +127,7 @@ func virtualPatchPolicies(p parent, r intentv1alpha1.NimbusRules) []Policy {
 }
 
 func generatorPolicy(p parent, r intentv1alpha1.NimbusRules, name string, rule map[string]any) Policy {
-	spec := map[string]any{
-		"background":              true,
-		"validationFailureAction": validationFailureAction(r.Rule.RuleAction),
-		"generateExisting":        true,
-		"rules":                   []any{kyvernoRule(rule)},
-	}
+	spec := map[string]any{"background": true, "rules": []any{rule}}
 	obj := object(KyvernoPolicyKind, name, p.namespace, kyvernoAnnotations(r), p.owner, spec)
 	return Policy{Engine: Kyverno, Object: obj, Entry: "KyvernoPolicy/" + name}
 }
@@ -142,7 +138,7 @@ func contextVariable(name, jmesPath string) map[string]any {
 
 // generatorRule is the rule generating one virtual patch's policy for the NimbusPolicy's pods
 // running image; false for a manifest it cannot use (Nimbus panics on some).
-func generatorRule(p parent, e patchEngine, cve, image string, raw json.RawMessage) (map[string]any, bool) {
+func generatorRule(p parent, e patchEngine, cve, image, action string, raw json.RawMessage) (map[string]any, bool) {
 	var manifest map[string]any
 	if err := utiljson.Unmarshal(raw, &manifest); err != nil { // integers as int64
 		return nil, false
@@ -206,6 +202,16 @@ func generatorRule(p parent, e patchEngine, cve, image string, raw json.RawMessa
 			}
 		}
 		first["preconditions"] = map[string]any{"all": conditions}
+		// The intent's action, not the data's, decides whether its validations block, as a
+		// rule-level failureAction (Kyverno deprecates the spec-level one the data has).
+		delete(spec, "validationFailureAction")
+		for _, r := range rules {
+			if rule, ok := r.(map[string]any); ok {
+				if v, ok := rule["validate"].(map[string]any); ok {
+					v["failureAction"] = action
+				}
+			}
+		}
 		rule["name"] = cve + "-virtual-patch-kyverno"
 	case "netpol":
 		selector, _ := spec["podSelector"].(map[string]any)
@@ -221,6 +227,7 @@ func generatorRule(p parent, e patchEngine, cve, image string, raw json.RawMessa
 		rule["preconditions"] = map[string]any{"all": []any{runsImage}}
 		rule["context"] = []any{podName}
 	}
+	generate["generateExisting"] = true
 	rule["generate"] = generate
 	return rule, true
 }

@@ -19,28 +19,22 @@ func cves(key string, list ...string) map[string]intentv1alpha1.ParamValues {
 func TestVirtualPatchPolicies(t *testing.T) {
 	generator := func(name, rule string) string {
 		return kyvernoPolicyYAML(name, VirtualPatch, `  background: true
-  validationFailureAction: Enforce
-  generateExisting: true
   rules:
 `+rule)
 	}
 	want := map[string]string{
 		"web-cve-2024-4439-karmor-1": generator("web-cve-2024-4439-karmor-1", `  - name: cve-2024-4439virtual-patch-karmor
-    match: {any: [{resources: {kinds: [v1/Pod], selector: {matchLabels: {app: nginx}}}}], resources: {}}
-    exclude: {resources: {}}
-    mutate: {}
-    validate: {}
+    match: {any: [{resources: {kinds: [v1/Pod], selector: {matchLabels: {app: nginx}}}}]}
     preconditions: `+runsNginx+`
     context:
     - {name: containerName, variable: {jmesPath: "request.object.spec.containers[?(@.image=='nginx:latest')].name | [0]"}}
     - {name: podName, variable: {jmesPath: request.object.metadata.name}}
     generate:
+      generateExisting: true
       apiVersion: security.kubearmor.com/v1
       kind: KubeArmorPolicy
       name: 'block-pkg-mgmt-tools-exec-{{ podName }}'
       namespace: shop
-      clone: {}
-      cloneList: {}
       data:
         metadata: {name: block-pkg-mgmt-tools-exec, ownerReferences: [`+npRef+`]}
         spec:
@@ -49,45 +43,37 @@ func TestVirtualPatchPolicies(t *testing.T) {
           action: Block
 `),
 		"web-cve-2024-4439-kyverno-1": generator("web-cve-2024-4439-kyverno-1", `  - name: cve-2024-4439-virtual-patch-kyverno
-    match: {any: [{resources: {kinds: [v1/Pod], selector: {matchLabels: {app: nginx}}}}], resources: {}}
-    exclude: {resources: {}}
-    mutate: {}
-    validate: {}
+    match: {any: [{resources: {kinds: [v1/Pod], selector: {matchLabels: {app: nginx}}}}]}
     generate:
+      generateExisting: true
       apiVersion: kyverno.io/v1
       kind: Policy
       name: disallow-latest-tag
       namespace: shop
-      clone: {}
-      cloneList: {}
       data:
         metadata: {name: disallow-latest-tag, ownerReferences: [`+npRef+`]}
         spec:
-          validationFailureAction: Enforce
           background: true
           rules:
           - name: validate-image-tag
             match: {any: [{resources: {kinds: [Pod], selector: {matchLabels: {app: nginx}}}}]}
             preconditions: `+runsNginx+`
             validate:
+              failureAction: Enforce
               message: Using a mutable image tag e.g. 'latest' is not allowed.
               pattern: {spec: {containers: [{image: '!*:latest'}]}}
 `),
 		"web-cve-2024-4439-netpol-1": generator("web-cve-2024-4439-netpol-1", `  - name: cve-2024-4439virtual-patch-netpol
-    match: {any: [{resources: {kinds: [v1/Pod], selector: {matchLabels: {app: nginx}}}}], resources: {}}
-    exclude: {resources: {}}
-    mutate: {}
-    validate: {}
+    match: {any: [{resources: {kinds: [v1/Pod], selector: {matchLabels: {app: nginx}}}}]}
     preconditions: `+runsNginx+`
     context:
     - {name: podName, variable: {jmesPath: request.object.metadata.name}}
     generate:
+      generateExisting: true
       apiVersion: networking.k8s.io/v1
       kind: NetworkPolicy
       name: test-network-policy
       namespace: shop
-      clone: {}
-      cloneList: {}
       data:
         metadata: {name: test-network-policy, ownerReferences: [`+npRef+`]}
         spec:
@@ -139,10 +125,7 @@ func TestVirtualPatchPolicies(t *testing.T) {
 		for _, p := range got {
 			spec := p.Object.Object["spec"].(map[string]any)
 			r := spec["rules"].([]any)[0].(map[string]any)
-			if spec["validationFailureAction"] != "Audit" {
-				t.Errorf("%s: validationFailureAction %v", p.Entry, spec["validationFailureAction"])
-			}
-			assertObject(t, r["match"].(map[string]any), `{any: [{resources: {kinds: [v1/Pod]}}], resources: {}}`)
+			assertObject(t, r["match"].(map[string]any), `{any: [{resources: {kinds: [v1/Pod]}}]}`)
 		}
 		data := func(i int) map[string]any {
 			r := got[i].Object.Object["spec"].(map[string]any)["rules"].([]any)[0].(map[string]any)
@@ -150,6 +133,10 @@ func TestVirtualPatchPolicies(t *testing.T) {
 		}
 		assertObject(t, data(0)["selector"].(map[string]any), `{matchLabels: {kubearmor.io/container.name: '{{ containerName }}'}}`)
 		assertObject(t, data(1)["rules"].([]any)[0].(map[string]any)["match"].(map[string]any), `{any: [{resources: {kinds: [Pod]}}]}`)
+		// An Audit intent's generated Policy audits, whatever the data says.
+		if action := data(1)["rules"].([]any)[0].(map[string]any)["validate"].(map[string]any)["failureAction"]; action != "Audit" {
+			t.Errorf("the generated Policy's failureAction is %v, want Audit", action)
+		}
 		assertObject(t, data(2)["podSelector"].(map[string]any), `{}`)
 	})
 	t.Run("unpatched CVEs generate nothing and are reported", func(t *testing.T) {
@@ -183,4 +170,23 @@ func TestVirtualPatchPolicies(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestVirtualPatchOnlyForEnginesAvailable: a generator of an engine's kind is written only when
+// that engine is installed and enabled (Kyverno refuses a generate rule of a kind not served).
+func TestVirtualPatchOnlyForEnginesAvailable(t *testing.T) {
+	np := nimbusPolicy(rule(VirtualPatch, "Block", cves("cveList", "CVE-2024-4439")))
+	only := func(es ...Engine) func(Engine) bool { return func(e Engine) bool { return slices.Contains(es, e) } }
+	for _, tc := range []struct {
+		engines func(Engine) bool
+		want    []string
+	}{
+		{only(Kyverno, NetworkPolicy), []string{"KyvernoPolicy/web-cve-2024-4439-kyverno-1", "KyvernoPolicy/web-cve-2024-4439-netpol-1"}},
+		{only(Kyverno), []string{"KyvernoPolicy/web-cve-2024-4439-kyverno-1"}},
+		{only(Kyverno, KubeArmor, NetworkPolicy), []string{"KyvernoPolicy/web-cve-2024-4439-karmor-1", "KyvernoPolicy/web-cve-2024-4439-kyverno-1", "KyvernoPolicy/web-cve-2024-4439-netpol-1"}},
+	} {
+		if got := entries(ForNimbusPolicy(np, Inputs{Engines: tc.engines})); !slices.Equal(got, tc.want) {
+			t.Errorf("entries %v, want %v", got, tc.want)
+		}
+	}
 }

@@ -7,17 +7,18 @@ import (
 
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/config"
 	ctrl "sigs.k8s.io/controller-runtime/pkg/manager"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	"github.com/quartermaster-dev/quartermaster/internal/cachemeta"
 )
 
-// newManager is a manager for one run of a case: metrics off, managed fields stripped from the
-// cache, and controller names free to repeat (a case may start several managers in one process).
+// newManager is a manager for one run of a case: metrics off, the cache's transform the binary's
+// (cachemeta.Transform), and controller names free to repeat (a case may start several managers in one process).
 // opts carries what the case sets itself (scheme, cache restrictions, logger).
 func newManager(cfg *rest.Config, opts ctrl.Options) (ctrl.Manager, error) {
-	opts.Cache.DefaultTransform = cache.TransformStripManagedFields()
+	opts.Cache.DefaultTransform = cachemeta.Transform
 	opts.Metrics = metricsserver.Options{BindAddress: "0"}
 	opts.Controller = config.Controller{SkipNameValidation: ptr.To(true)}
 	return ctrl.New(cfg, opts)

@@ -171,7 +171,7 @@ func newBase(mgr ctrl.Manager, cfg config, api AWS) (*base, error) {
 	if _, _, err := mgr.GetScheme().ObjectKinds(&iamv1alpha1.IAMPolicy{}); err != nil {
 		return nil, errors.New("the manager's scheme lacks iam.quartermaster.dev/v1alpha1 (add iamv1alpha1.AddToScheme)")
 	}
-	recorder, err := newQuietRecorder(mgr, mgr.GetEventRecorder("quartermaster-iam"))
+	recorder, err := newQuietRecorder(mgr, status.NewRecorder(mgr, "quartermaster-iam"))
 	if err != nil {
 		return nil, err
 	}

@@ -4,12 +4,10 @@ import (
 	"cmp"
 	"context"
 	"fmt"
-	"maps"
 	"slices"
 	"strings"
 
 	"golang.org/x/sync/errgroup"
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -17,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/quartermaster-dev/quartermaster/internal/controller/owned"
 	"github.com/quartermaster-dev/quartermaster/internal/intent"
 )
 
@@ -28,17 +27,15 @@ type applied struct {
 	changes   []string // what was created, updated, deleted: one Event says it
 	shadowed  []string // policies an earlier rule of the same id already makes
 	rejected  []string // policies the API server (or an engine's webhook) refuses as they are
+	refused   []string // policies their engine reports it cannot enforce, with the engine's reason
+	pending   []string // policies their engine has not accepted yet
+	disabled  []intent.Engine
 }
 
 // rejected reports an answer that retrying the same object cannot change: the object is invalid
 // or an admission webhook refuses it.
 func rejected(err error) bool {
 	return apierrors.IsInvalid(err) || apierrors.IsBadRequest(err)
-}
-
-// inTerminatingNamespace reports the API server's refusal to create in a namespace being deleted.
-func inTerminatingNamespace(err error) bool {
-	return apierrors.IsForbidden(err) && apierrors.HasStatusCause(err, corev1.NamespaceTerminatingCause)
 }
 
 // applyPolicies creates the generated policies that are missing, reverts the ones edited by hand,
@@ -54,6 +51,12 @@ func (b *base) applyPolicies(ctx context.Context, parent types.UID, desired []in
 	wanted := map[schema.GroupVersionKind]map[string]bool{}
 	var present []intent.Policy
 	for _, p := range desired {
+		if !b.engines.enabled(p.Engine) {
+			if !slices.Contains(a.disabled, p.Engine) {
+				a.disabled = append(a.disabled, p.Engine)
+			}
+			continue
+		}
 		if !b.engines.has(p.Engine) {
 			if !slices.Contains(a.missing, p.Engine) {
 				a.missing = append(a.missing, p.Engine)
@@ -80,7 +83,7 @@ func (b *base) applyPolicies(ctx context.Context, parent types.UID, desired []in
 	g.SetLimit(policyWriters)
 	for i, p := range present {
 		g.Go(func() error {
-			results[i] = b.applyPolicy(ctx, parent, p, p.Entry != "" && slices.Contains(made, p.Entry))
+			results[i] = b.applyPolicy(ctx, p, p.Entry != "" && slices.Contains(made, p.Entry))
 			return nil
 		})
 	}
@@ -97,14 +100,20 @@ func (b *base) applyPolicies(ctx context.Context, parent types.UID, desired []in
 			a.conflicts = append(a.conflicts, r.conflict)
 		case present[i].Entry != "":
 			a.entries = append(a.entries, present[i].Entry)
+			switch r.verdict {
+			case intent.Pending:
+				a.pending = append(a.pending, present[i].Entry)
+			case intent.Refused:
+				a.refused = append(a.refused, present[i].Entry+": "+r.reason)
+			}
 		}
 		if r.change != "" {
 			a.changes = append(a.changes, r.change)
 		}
 	}
 	for _, gvk := range kinds {
-		if !b.engines.has(engineOf(gvk)) {
-			continue
+		if !b.engines.has(engineOf(gvk)) || !b.engines.enabled(engineOf(gvk)) {
+			continue // a disabled engine's objects are left alone, as it is not watched
 		}
 		list := &unstructured.UnstructuredList{}
 		list.SetGroupVersionKind(gvk.GroupVersion().WithKind(gvk.Kind + "List"))
@@ -140,67 +149,32 @@ type policyResult struct {
 	controlled bool   // the object is the parent's (false: conflict names what is in the way)
 	conflict   string // the object in the way
 	change     string // created or reverted, for the Event
+	verdict    intent.Verdict
+	reason     string // the engine's, when it refused the policy
 	err        error
 }
 
 // applyPolicy brings one generated policy about; made says the parent's status lists it.
-func (b *base) applyPolicy(ctx context.Context, parent types.UID, p intent.Policy, made bool) policyResult {
-	cur := &unstructured.Unstructured{}
-	cur.SetGroupVersionKind(p.Object.GroupVersionKind())
-	key := client.ObjectKeyFromObject(p.Object)
-	err := b.objects.Get(ctx, key, cur)
-	if apierrors.IsNotFound(err) && made {
-		err = b.apiReader.Get(ctx, key, cur)
+func (b *base) applyPolicy(ctx context.Context, p intent.Policy, made bool) policyResult {
+	did, stored, err := b.policies().Ensure(ctx, p.Object.DeepCopy(), owned.Options{Made: made})
+	var verdict intent.Verdict
+	var reason string
+	if u, ok := stored.(*unstructured.Unstructured); ok {
+		verdict, reason = intent.EngineVerdict(u)
 	}
-	if apierrors.IsNotFound(err) {
-		err = b.client.Create(ctx, p.Object.DeepCopy())
-		if err == nil {
-			return policyResult{controlled: true, change: "created " + p.Object.GetKind() + " " + p.Object.GetName()}
-		}
-		if inTerminatingNamespace(err) {
-			return policyResult{skipped: true}
-		}
-		if !apierrors.IsAlreadyExists(err) {
-			return policyResult{err: err}
-		}
-		// Created by a reconcile the cache does not show yet, or by someone else: look.
-		err = b.apiReader.Get(ctx, key, cur)
-	}
-	if err != nil {
+	switch {
+	case err != nil:
 		return policyResult{err: err}
+	case did == owned.Terminating:
+		return policyResult{skipped: true}
+	case did == owned.Taken:
+		return policyResult{conflict: p.Object.GetKind() + " " + client.ObjectKeyFromObject(p.Object).String()}
+	case did == owned.Updated:
+		return policyResult{controlled: true, verdict: verdict, reason: reason, change: "reverted " + p.Object.GetKind() + " " + p.Object.GetName()}
+	case did == owned.Created:
+		return policyResult{controlled: true, verdict: verdict, reason: reason, change: "created " + p.Object.GetKind() + " " + p.Object.GetName()}
 	}
-	if ref := metav1.GetControllerOf(cur); ref == nil || ref.UID != parent {
-		return policyResult{conflict: p.Object.GetKind() + " " + key.String()}
-	}
-	if intent.Matches(p.Object, cur) {
-		return policyResult{controlled: true}
-	}
-	upd := cur.DeepCopy()
-	want := p.Object.DeepCopy()
-	for _, field := range []string{"spec", "data"} {
-		if v, ok := want.Object[field]; ok {
-			upd.Object[field] = v
-		} else {
-			delete(upd.Object, field)
-		}
-	}
-	labels := upd.GetLabels()
-	if labels == nil {
-		labels = map[string]string{}
-	}
-	maps.Copy(labels, want.GetLabels())
-	upd.SetLabels(labels)
-	annotations := upd.GetAnnotations()
-	if annotations == nil {
-		annotations = map[string]string{}
-	}
-	maps.Copy(annotations, want.GetAnnotations())
-	upd.SetAnnotations(annotations)
-	upd.SetOwnerReferences(want.GetOwnerReferences())
-	if err := b.client.Update(ctx, upd); err != nil {
-		return policyResult{err: err}
-	}
-	return policyResult{controlled: true, change: "reverted " + p.Object.GetKind() + " " + p.Object.GetName()}
+	return policyResult{controlled: true, verdict: verdict, reason: reason}
 }
 
 func engineOf(gvk schema.GroupVersionKind) intent.Engine {
@@ -215,12 +189,14 @@ func engineOf(gvk schema.GroupVersionKind) intent.Engine {
 // summary is what the parent's status says of the applied policies.
 func (a applied) summary(unenforced []string) string {
 	msg := fmt.Sprintf("%d engine policies", len(a.entries))
+	if len(a.pending) > 0 {
+		msg += "; waiting for their engine to accept " + strings.Join(a.pending, ", ")
+	}
 	if len(a.missing) > 0 {
-		names := make([]string, 0, len(a.missing))
-		for _, e := range a.missing {
-			names = append(names, string(e))
-		}
-		msg += "; not installed (its policies are generated once it is): " + strings.Join(names, ", ")
+		msg += "; not installed (its policies are generated once it is): " + joinEngines(a.missing)
+	}
+	if len(a.disabled) > 0 {
+		msg += "; disabled by --intents-engines: " + joinEngines(a.disabled)
 	}
 	if len(a.shadowed) > 0 {
 		msg += "; an earlier rule of the same intent id makes " + strings.Join(a.shadowed, ", ")

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -16,12 +17,14 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	ctrl "sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	intentv1alpha1 "github.com/quartermaster-dev/quartermaster/api/intent/v1alpha1"
+	"github.com/quartermaster-dev/quartermaster/internal/controller/owned"
 	"github.com/quartermaster-dev/quartermaster/internal/controller/status"
 	"github.com/quartermaster-dev/quartermaster/internal/intent"
 )
@@ -32,6 +35,41 @@ func specOrLabels() predicate.Predicate {
 	return predicate.Or[client.Object](predicate.GenerationChangedPredicate{}, predicate.LabelChangedPredicate{})
 }
 
+// readyChanged passes updates that change an object's Ready condition (status, reason, message or
+// generation observed): a binding is Ready when its NimbusPolicy is, an intent when its bindings are.
+func readyChanged() predicate.Predicate {
+	return predicate.Funcs{
+		CreateFunc: func(event.CreateEvent) bool { return false },
+		DeleteFunc: func(event.DeleteEvent) bool { return false },
+		UpdateFunc: func(e event.UpdateEvent) bool {
+			return !equality.Semantic.DeepEqual(readyOf(e.ObjectOld), readyOf(e.ObjectNew))
+		},
+		GenericFunc: func(event.GenericEvent) bool { return false },
+	}
+}
+
+// readyOf is obj's Ready condition, without its transition time.
+func readyOf(obj client.Object) *metav1.Condition {
+	var conds []metav1.Condition
+	switch o := obj.(type) {
+	case *intentv1alpha1.NimbusPolicy:
+		conds = o.Status.Conditions
+	case *intentv1alpha1.ClusterNimbusPolicy:
+		conds = o.Status.Conditions
+	case *intentv1alpha1.SecurityIntentBinding:
+		conds = o.Status.Conditions
+	case *intentv1alpha1.ClusterSecurityIntentBinding:
+		conds = o.Status.Conditions
+	}
+	c := meta.FindStatusCondition(conds, status.Ready)
+	if c == nil {
+		return nil
+	}
+	out := *c
+	out.LastTransitionTime = metav1.Time{}
+	return &out
+}
+
 // intentReconciler shows each SecurityIntent's id and action in its status, as Nimbus does.
 type intentReconciler struct{ *base }
 
@@ -39,11 +77,33 @@ func (r *intentReconciler) setup(mgr ctrl.Manager, opts controller.Options) erro
 	return builder.ControllerManagedBy(mgr).
 		Named("securityintent").
 		For(&intentv1alpha1.SecurityIntent{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		// An intent is in force when the bindings naming it are.
+		Watches(&intentv1alpha1.SecurityIntentBinding{}, handler.EnqueueRequestsFromMapFunc(intentsNamed),
+			builder.WithPredicates(predicate.Or[client.Object](readyChanged(), createOrDelete(), predicate.GenerationChangedPredicate{}))).
+		Watches(&intentv1alpha1.ClusterSecurityIntentBinding{}, handler.EnqueueRequestsFromMapFunc(intentsNamed),
+			builder.WithPredicates(predicate.Or[client.Object](readyChanged(), createOrDelete(), predicate.GenerationChangedPredicate{}))).
 		WithOptions(opts).
 		Complete(r)
 }
 
-// Reconcile writes one SecurityIntent's status.
+// intentsNamed maps a binding to the SecurityIntents it names.
+func intentsNamed(_ context.Context, obj client.Object) []reconcile.Request {
+	var names []intentv1alpha1.MatchIntent
+	switch b := obj.(type) {
+	case *intentv1alpha1.SecurityIntentBinding:
+		names = b.Spec.Intents
+	case *intentv1alpha1.ClusterSecurityIntentBinding:
+		names = b.Spec.Intents
+	}
+	reqs := make([]reconcile.Request, 0, len(names))
+	for _, m := range names {
+		reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKey{Name: m.Name}})
+	}
+	return reqs
+}
+
+// Reconcile writes one SecurityIntent's status: Ready when every binding naming it is (its engine
+// policies exist and their engines accepted them), naming the engines that enforce it here.
 func (r *intentReconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	si := &intentv1alpha1.SecurityIntent{}
 	if err := r.client.Get(ctx, req.NamespacedName, si); err != nil {
@@ -53,17 +113,94 @@ func (r *intentReconciler) Reconcile(ctx context.Context, req reconcile.Request)
 	in := si.Spec.Intent
 	si.Status.ID, si.Status.Action, si.Status.Status = in.ID, in.Action, intentv1alpha1.StatusCreated
 	si.Status.ObservedGeneration = si.Generation
-	engines := intent.Implementations[in.ID]
-	msg := "enforced by " + joinEngines(engines)
-	if len(engines) == 0 {
-		msg = "no engine implements " + in.ID + ": bindings accept it, nothing enforces it"
+	o, err := r.intentOutcome(ctx, si)
+	if err != nil {
+		o = status.Transient("Error", err.Error(), err)
 	}
-	o := status.Healthy("Accepted", msg, 0)
 	status.Report(r.recorder, si, &si.Status.Conditions, si.Generation, o)
 	if err := r.writeStatus(ctx, si, !equality.Semantic.DeepEqual(before.Status, si.Status)); err != nil {
 		return reconcile.Result{}, err
 	}
 	return o.Result()
+}
+
+// intentOutcome says which engines enforce the intent here and whether the bindings naming it are
+// in force.
+func (r *intentReconciler) intentOutcome(ctx context.Context, si *intentv1alpha1.SecurityIntent) (status.Outcome, error) {
+	id := si.Spec.Intent.ID
+	var enforcing, missing, disabled []intent.Engine
+	for _, e := range slices.Concat(intent.Implementations[id], intent.ClusterImplementations[id]) {
+		switch {
+		case slices.Contains(enforcing, e) || slices.Contains(missing, e) || slices.Contains(disabled, e):
+		case !r.engines.enabled(e):
+			disabled = append(disabled, e)
+		case !r.engines.has(e):
+			missing = append(missing, e)
+		default:
+			enforcing = append(enforcing, e)
+		}
+	}
+	var notes []string
+	if len(missing) > 0 {
+		notes = append(notes, "not installed: "+joinEngines(missing))
+	}
+	if len(disabled) > 0 {
+		notes = append(notes, "disabled by --intents-engines: "+joinEngines(disabled))
+	}
+	suffix := ""
+	if len(notes) > 0 {
+		suffix = " (" + strings.Join(notes, "; ") + ")"
+	}
+	recheck := time.Duration(0)
+	if len(missing) > 0 {
+		recheck = engineRecheck // its message names engines that may be installed meanwhile
+	}
+	if len(enforcing) == 0 {
+		return status.Healthy("Accepted", "no engine enforces "+id+" here"+suffix+": bindings accept it, nothing enforces it", recheck), nil
+	}
+	bindings, err := r.bindingsNaming(ctx, si.Name)
+	if err != nil {
+		return status.Outcome{}, err
+	}
+	if len(bindings) == 0 {
+		return status.Healthy("Accepted", "not bound; "+joinEngines(enforcing)+" enforce it once bound"+suffix, recheck), nil
+	}
+	for _, b := range bindings {
+		if o := status.Dependent(b.what, b.conditions, b.generation); o != nil {
+			if o.Reason == status.WaitingFor {
+				return o.Silenced(), nil // a binding on its way: no Event
+			}
+			return *o, nil
+		}
+	}
+	return status.Healthy("Accepted", fmt.Sprintf("enforced by %s in %d bindings%s", joinEngines(enforcing), len(bindings), suffix), recheck), nil
+}
+
+// boundBy is what an intent's status reads of a binding naming it.
+type boundBy struct {
+	what       string
+	conditions []metav1.Condition
+	generation int64
+}
+
+// bindingsNaming lists the bindings of both kinds that name the intent, from the cache.
+func (r *intentReconciler) bindingsNaming(ctx context.Context, name string) ([]boundBy, error) {
+	var out []boundBy
+	sibs := &intentv1alpha1.SecurityIntentBindingList{}
+	if err := r.client.List(ctx, sibs, client.MatchingFields{indexIntents: name}); err != nil {
+		return nil, err
+	}
+	for _, b := range sibs.Items {
+		out = append(out, boundBy{"SecurityIntentBinding " + b.Namespace + "/" + b.Name, b.Status.Conditions, b.Generation})
+	}
+	csibs := &intentv1alpha1.ClusterSecurityIntentBindingList{}
+	if err := r.client.List(ctx, csibs, client.MatchingFields{indexIntents: name}); err != nil {
+		return nil, err
+	}
+	for _, b := range csibs.Items {
+		out = append(out, boundBy{"ClusterSecurityIntentBinding " + b.Name, b.Status.Conditions, b.Generation})
+	}
+	return out, nil
 }
 
 func joinEngines(es []intent.Engine) string {
@@ -106,44 +243,15 @@ func (b *base) bindingsOf(list client.ObjectList) handler.MapFunc {
 	}
 }
 
-// ensurePolicy creates want, or updates the existing object when its labels, spec or controller
-// differ. An existing object controlled by someone else is left alone: false.
-//
-// made says the owner's status lists want as generated. The status is read through the guarded
-// client, so it is never older than our own last write of it: when it says so and the cache shows
-// no such object, the cache is behind the create that made it (or someone deleted it since), and
-// the API server is asked before creating, rather than repeating the create for a refusal.
-func (b *base) ensurePolicy(ctx context.Context, want, cur client.Object, owner metav1.Object, made bool, same func() bool, copySpec func()) (bool, string, error) {
-	err := b.client.Get(ctx, client.ObjectKeyFromObject(want), cur)
-	if apierrors.IsNotFound(err) && made {
-		err = b.apiReader.Get(ctx, client.ObjectKeyFromObject(want), cur)
+// ensurePolicy creates want (a NimbusPolicy or ClusterNimbusPolicy, with its controller
+// reference), or brings the existing one back to it. An existing object controlled by someone else
+// is left alone: false. made says the owner's status lists want as generated (owned.Options.Made).
+func (b *base) ensurePolicy(ctx context.Context, want client.Object, made bool) (bool, owned.Outcome, error) {
+	did, _, err := b.nimbus().Ensure(ctx, want, owned.Options{Made: made, ExactLabels: true})
+	if err != nil || did == owned.Taken || did == owned.Terminating {
+		return false, did, err
 	}
-	if apierrors.IsNotFound(err) {
-		err = b.client.Create(ctx, want)
-		if err == nil {
-			return true, "created", nil
-		}
-		if !apierrors.IsAlreadyExists(err) {
-			return false, "", err
-		}
-		// Made by a reconcile the cache does not show yet: compare with the API server's copy.
-		err = b.apiReader.Get(ctx, client.ObjectKeyFromObject(want), cur)
-	}
-	if err != nil {
-		return false, "", err
-	}
-	if ref := metav1.GetControllerOf(cur); ref == nil || ref.UID != owner.GetUID() {
-		return false, "", nil
-	}
-	if same() && equality.Semantic.DeepEqual(cur.GetLabels(), want.GetLabels()) {
-		return true, "", nil
-	}
-	copySpec()
-	cur.SetLabels(want.GetLabels())
-	if err := b.client.Update(ctx, cur); err != nil {
-		return false, "", err
-	}
-	return true, "updated", nil
+	return true, did, nil
 }
 
 // bindingReconciler makes each SecurityIntentBinding's NimbusPolicy: same name and namespace,
@@ -154,7 +262,7 @@ func (r *bindingReconciler) setup(mgr ctrl.Manager, opts controller.Options) err
 	return builder.ControllerManagedBy(mgr).
 		Named("securityintentbinding").
 		For(&intentv1alpha1.SecurityIntentBinding{}, builder.WithPredicates(specOrLabels())).
-		Owns(&intentv1alpha1.NimbusPolicy{}, builder.WithPredicates(specOrLabels(), notCreated())).
+		Owns(&intentv1alpha1.NimbusPolicy{}, builder.WithPredicates(predicate.Or(specOrLabels(), readyChanged()), notCreated())).
 		Watches(&intentv1alpha1.SecurityIntent{}, handler.EnqueueRequestsFromMapFunc(r.bindingsOf(&intentv1alpha1.SecurityIntentBindingList{})),
 			builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		WithOptions(opts).
@@ -232,11 +340,8 @@ func (r *bindingReconciler) bind(ctx context.Context, sib *intentv1alpha1.Securi
 	if err := controllerutil.SetControllerReference(sib, want, r.client.Scheme()); err != nil {
 		return status.Outcome{}, err
 	}
-	cur := &intentv1alpha1.NimbusPolicy{}
-	ok, did, err := r.ensurePolicy(ctx, want, cur, sib, st.NimbusPolicy == sib.Name,
-		func() bool { return equality.Semantic.DeepEqual(cur.Spec, want.Spec) },
-		func() { cur.Spec = want.Spec })
-	if inTerminatingNamespace(err) {
+	ok, did, err := r.ensurePolicy(ctx, want, st.NimbusPolicy == sib.Name)
+	if did == owned.Terminating {
 		setBound("")
 		return status.Progressing("NamespaceTerminating", "the namespace is being deleted", 0), nil
 	}
@@ -248,8 +353,8 @@ func (r *bindingReconciler) bind(ctx context.Context, sib *intentv1alpha1.Securi
 		return status.WaitsForPerson("Conflict", fmt.Sprintf(
 			"NimbusPolicy %s/%s exists and was not generated from this binding; it is left alone", sib.Namespace, sib.Name), conflictRetry), nil
 	}
-	if did != "" {
-		r.recorder.Eventf(sib, nil, corev1.EventTypeNormal, "NimbusPolicy"+strings.ToUpper(did[:1])+did[1:], "Bind",
+	if did != owned.Unchanged {
+		r.recorder.Eventf(sib, nil, corev1.EventTypeNormal, "NimbusPolicy"+strings.ToUpper(string(did[:1]))+string(did[1:]), "Bind",
 			"%s NimbusPolicy %s with %d rules", did, sib.Name, len(rules))
 	}
 	setBound(sib.Name)
@@ -257,9 +362,35 @@ func (r *bindingReconciler) bind(ctx context.Context, sib *intentv1alpha1.Securi
 		return status.Progressing("IntentNotFound", fmt.Sprintf(
 			"SecurityIntent %s does not exist; bound: %s", strings.Join(missing, ", "), strings.Join(bound, ", ")), 0), nil
 	}
-	o := status.Healthy("Bound", fmt.Sprintf("NimbusPolicy %s with %d rules", sib.Name, len(rules)), 0)
-	if did != "" {
-		o = o.Silenced()
+	// Bound is not enough: Ready means the NimbusPolicy's engine policies are in force.
+	np := &intentv1alpha1.NimbusPolicy{}
+	if o, err := r.dependOnPolicy(ctx, client.ObjectKeyFromObject(want), np, func() []metav1.Condition { return np.Status.Conditions }, did); o != nil || err != nil {
+		return *o, err
+	}
+	o := status.Healthy("Bound", fmt.Sprintf("NimbusPolicy %s with %d rules, in force", sib.Name, len(rules)), 0)
+	if did != owned.Unchanged || status.ReadyReason(sib.Status.Conditions) == status.WaitingFor {
+		o = o.Silenced() // its creation's Event said it; being in force is the expected next step
+	}
+	return o, nil
+}
+
+// dependOnPolicy is the outcome of a binding whose (Cluster)NimbusPolicy at key (read into obj)
+// is not Ready for its generation yet: nil when it is. A policy just made (did) has not reported:
+// that wait says nothing new, no Event (the creation's said it).
+func (b *base) dependOnPolicy(ctx context.Context, key client.ObjectKey, obj client.Object, conditions func() []metav1.Condition, did owned.Outcome) (*status.Outcome, error) {
+	waiting := status.Progressing(status.WaitingFor, owned.Kind(obj)+" "+key.String()+" has not reported yet", 0).Silenced()
+	if did == owned.Created {
+		return &waiting, nil // the cache may not show it yet; its first status wakes the binding
+	}
+	if err := b.client.Get(ctx, key, obj); apierrors.IsNotFound(err) {
+		return &waiting, nil
+	} else if err != nil {
+		return &status.Outcome{}, err
+	}
+	o := status.Dependent(owned.Kind(obj)+" "+key.String(), conditions(), obj.GetGeneration())
+	if o != nil && (did != owned.Unchanged || o.Reason == status.WaitingFor) {
+		q := o.Silenced()
+		o = &q
 	}
 	return o, nil
 }

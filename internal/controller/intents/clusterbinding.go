@@ -21,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	intentv1alpha1 "github.com/quartermaster-dev/quartermaster/api/intent/v1alpha1"
+	"github.com/quartermaster-dev/quartermaster/internal/controller/owned"
 	"github.com/quartermaster-dev/quartermaster/internal/controller/status"
 	"github.com/quartermaster-dev/quartermaster/internal/intent"
 )
@@ -162,10 +163,7 @@ func (r *clusterBindingReconciler) ensureClusterPolicy(ctx context.Context, csib
 	if err := controllerutil.SetControllerReference(csib, want, r.client.Scheme()); err != nil {
 		return false, err
 	}
-	cur := &intentv1alpha1.ClusterNimbusPolicy{}
-	ok, _, err := r.ensurePolicy(ctx, want, cur, csib, csib.Status.ClusterNimbusPolicy == csib.Name,
-		func() bool { return equality.Semantic.DeepEqual(cur.Spec, want.Spec) },
-		func() { cur.Spec = want.Spec })
+	ok, _, err := r.ensurePolicy(ctx, want, csib.Status.ClusterNimbusPolicy == csib.Name)
 	return ok, err
 }
 
@@ -189,12 +187,12 @@ func (r *clusterBindingReconciler) deleteClusterPolicy(ctx context.Context, csib
 // namespaces holding one, sorted.
 func (r *clusterBindingReconciler) ensureNamespacePolicies(ctx context.Context, csib *intentv1alpha1.ClusterSecurityIntentBinding, rules []intentv1alpha1.NimbusRules, selected []string) ([]string, []string, error) {
 	name := intent.ClusterPolicyNamePrefix + csib.Name
-	owned := &intentv1alpha1.NimbusPolicyList{}
-	if err := r.client.List(ctx, owned, client.MatchingFields{indexController: string(csib.UID)}); err != nil {
+	made := &intentv1alpha1.NimbusPolicyList{}
+	if err := r.client.List(ctx, made, client.MatchingFields{indexController: string(csib.UID)}); err != nil {
 		return nil, nil, err
 	}
-	for i := range owned.Items {
-		np := &owned.Items[i]
+	for i := range made.Items {
+		np := &made.Items[i]
 		if np.Name == name && slices.Contains(selected, np.Namespace) {
 			continue
 		}
@@ -211,17 +209,14 @@ func (r *clusterBindingReconciler) ensureNamespacePolicies(ctx context.Context, 
 		if err := controllerutil.SetControllerReference(csib, want, r.client.Scheme()); err != nil {
 			return nil, nil, err
 		}
-		cur := &intentv1alpha1.NimbusPolicy{}
-		ok, _, err := r.ensurePolicy(ctx, want, cur, csib, slices.Contains(csib.Status.NimbusPolicyNamespaces, ns),
-			func() bool { return equality.Semantic.DeepEqual(cur.Spec, want.Spec) },
-			func() { cur.Spec = want.Spec })
-		if apierrors.IsNotFound(err) || inTerminatingNamespace(err) {
+		_, did, err := r.ensurePolicy(ctx, want, slices.Contains(csib.Status.NimbusPolicyNamespaces, ns))
+		if apierrors.IsNotFound(err) || did == owned.Terminating {
 			continue // the namespace went meanwhile
 		}
 		if err != nil {
 			return nil, nil, err
 		}
-		if !ok {
+		if did == owned.Taken {
 			conflicts = append(conflicts, "NimbusPolicy "+ns+"/"+name)
 			continue
 		}

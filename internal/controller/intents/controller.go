@@ -7,11 +7,14 @@ package intents
 import (
 	"errors"
 	"flag"
+	"fmt"
+	"strings"
 
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	ctrl "sigs.k8s.io/controller-runtime/pkg/manager"
 
 	intentv1alpha1 "github.com/quartermaster-dev/quartermaster/api/intent/v1alpha1"
+	"github.com/quartermaster-dev/quartermaster/internal/intent"
 	"github.com/quartermaster-dev/quartermaster/internal/registry"
 )
 
@@ -21,19 +24,49 @@ const Name = "intents"
 // Options are the controller's flags.
 type Options struct {
 	Concurrency int
+	// Engines is --intents-engines: "all", "none" or a comma list of EngineNames.
+	Engines string
+}
+
+// EngineNames are --intents-engines' names of the engines.
+var EngineNames = map[string]intent.Engine{
+	"kubearmor": intent.KubeArmor, "kyverno": intent.Kyverno, "networkpolicy": intent.NetworkPolicy, "k8tls": intent.K8TLS,
+}
+
+// engines parses Engines: nil for every engine.
+func (o *Options) engines() (map[intent.Engine]bool, error) {
+	switch strings.TrimSpace(o.Engines) {
+	case "", "all":
+		return nil, nil
+	case "none":
+		return map[intent.Engine]bool{}, nil
+	}
+	out := map[intent.Engine]bool{}
+	for _, name := range strings.Split(o.Engines, ",") {
+		e, ok := EngineNames[strings.ToLower(strings.TrimSpace(name))]
+		if !ok {
+			return nil, fmt.Errorf("--intents-engines: unknown engine %q (want all, none, or a comma list of kubearmor, kyverno, networkpolicy, k8tls)", name)
+		}
+		out[e] = true
+	}
+	return out, nil
 }
 
 // AddFlags registers the controller's flags on fs.
 func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.Concurrency, "intents-concurrency", 16,
 		"SecurityIntents and (Cluster)NimbusPolicies of each kind reconciled in parallel, bindings of each kind 4 times as many (each waits on the API server, not the CPU).")
+	fs.StringVar(&o.Engines, "intents-engines", "all",
+		"The policy engines the intents controller writes for: all, none (only (Cluster)NimbusPolicies, as Nimbus's core alone), or a comma list of kubearmor, kyverno, networkpolicy, k8tls. "+
+			"Each is used once it is detected; a left-out engine is neither watched nor written, and its existing objects are left alone.")
 }
 
 func (o *Options) validate() error {
 	if o.Concurrency < 1 {
 		return errors.New("--intents-concurrency must be at least 1")
 	}
-	return nil
+	_, err := o.engines()
+	return err
 }
 
 // Kinds are the API kinds the controller serves.

@@ -35,8 +35,22 @@ type engines struct {
 
 	forbiddenOnce sync.Once
 
+	// allowed are the engines --intents-engines enables (nil: every engine). Another is neither
+	// looked for, watched nor written, and its objects are left as they are.
+	allowed map[intent.Engine]bool
+
 	mu      sync.RWMutex
 	present map[intent.Engine]bool
+}
+
+// enabled reports whether --intents-engines lets the controller use the engine.
+func (e *engines) enabled(en intent.Engine) bool {
+	return e.allowed == nil || e.allowed[en]
+}
+
+// available reports whether the engine is enabled and installed: its policies are written.
+func (e *engines) available(en intent.Engine) bool {
+	return e.enabled(en) && e.has(en)
 }
 
 // has reports whether the engine's kinds are served (NetworkPolicy always is).
@@ -78,7 +92,7 @@ func (e *engines) watchInstalled(ctx context.Context, installed []intent.Engine)
 func (e *engines) markServed(ctx context.Context) []intent.Engine {
 	var out []intent.Engine
 	for _, en := range []intent.Engine{intent.KubeArmor, intent.Kyverno, intent.K8TLS} {
-		if e.has(en) {
+		if e.has(en) || !e.enabled(en) {
 			continue
 		}
 		var served bool

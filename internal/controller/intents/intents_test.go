@@ -148,8 +148,8 @@ func testBinding(t *testing.T, f *fixture) {
 		kp, err := f.engineObject("Policy", "shop", "web-escapetohost")
 		must(t, err)
 		rules, _, _ := unstructured.NestedSlice(kp.Object, "spec", "rules")
-		ps := rules[0].(map[string]any)["validate"].(map[string]any)["podSecurity"].(map[string]any)
-		if ps["level"] != "restricted" || kp.Object["spec"].(map[string]any)["validationFailureAction"] != "Enforce" {
+		validate := rules[0].(map[string]any)["validate"].(map[string]any)
+		if validate["podSecurity"].(map[string]any)["level"] != "restricted" || validate["failureAction"] != "Enforce" {
 			t.Errorf("Kyverno Policy spec = %v", kp.Object["spec"])
 		}
 	})

@@ -24,6 +24,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	intentv1alpha1 "github.com/quartermaster-dev/quartermaster/api/intent/v1alpha1"
+	"github.com/quartermaster-dev/quartermaster/internal/generated"
 	"github.com/quartermaster-dev/quartermaster/internal/intent"
 	"github.com/quartermaster-dev/quartermaster/internal/testing/testenv"
 )
@@ -79,7 +80,9 @@ var nimbusNamespaces = []string{"ns-1", "ns-2", "ns-3", "prod", "spire", intent.
 // engine object, nothing more), compares them whole and removes everything before the next.
 //
 // The goldens are what Nimbus's core and adapters send for the manifest (read from its code, as its
-// Go types serialize it); each is created as a server dry run before the comparison, so the API
+// Go types serialize it), but for Kyverno's rules, which are as Kyverno 1.19 wants them (each rule
+// one operation, no empty blocks, the rule-level failureAction, mutateExistingOnPolicyUpdate and
+// generateExisting): Kyverno 1.19 refuses Nimbus's own; each is created as a server dry run before the comparison, so the API
 // server's own defaults apply to it as to the controller's object. Server-set metadata (uid,
 // resourceVersion, timestamps, managedFields, generation) and status are left out; the golden's
 // ownerReferences get the uid of the owner the controller made.
@@ -326,10 +329,15 @@ func (f *fixture) generatedObjects(t *testing.T) map[string]map[string]any {
 	return out
 }
 
-// stripServerFields removes what the API server sets on every object, and the status.
+// stripServerFields removes what the API server sets on every object, the status, and the hash
+// of what the controller wrote (generated.HashAnnotation: ours, not Nimbus's).
 func stripServerFields(obj *unstructured.Unstructured) {
 	for _, f := range []string{"uid", "resourceVersion", "creationTimestamp", "managedFields", "generation", "selfLink"} {
 		unstructured.RemoveNestedField(obj.Object, "metadata", f)
+	}
+	unstructured.RemoveNestedField(obj.Object, "metadata", "annotations", generated.HashAnnotation)
+	if a, ok, _ := unstructured.NestedMap(obj.Object, "metadata", "annotations"); ok && len(a) == 0 {
+		unstructured.RemoveNestedField(obj.Object, "metadata", "annotations")
 	}
 	delete(obj.Object, "status")
 }

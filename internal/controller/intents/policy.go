@@ -229,7 +229,7 @@ func unenforced(rules []intentv1alpha1.NimbusRules, cluster bool) []string {
 // inputs are the cluster facts the rules' policies need: the nodes' pod ranges for
 // NetworkPolicies.
 func (r *policyReconciler) inputs(ctx context.Context, namespace string, rules []intentv1alpha1.NimbusRules) (intent.Inputs, error) {
-	var in intent.Inputs
+	in := intent.Inputs{Engines: r.engines.available}
 	if needsNodes(rules) {
 		nodes := &corev1.NodeList{}
 		if err := r.nodes.List(ctx, nodes); err != nil {
@@ -264,8 +264,15 @@ func (b *base) report(obj client.Object, st *intentv1alpha1.NimbusPolicyStatus, 
 			strings.Join(a.conflicts, ", ")), conflictRetry)
 	case len(a.rejected) > 0:
 		o = status.WaitsForPerson("Rejected", "refused by the API server: "+strings.Join(a.rejected, "; "), conflictRetry)
+	case len(a.refused) > 0:
+		// The engine took the object but cannot enforce it: what it says is what to fix.
+		o = status.WaitsForPerson("RefusedByEngine", "the engine cannot enforce "+strings.Join(a.refused, "; "), conflictRetry)
 	case len(a.missing) > 0:
 		o = status.WaitsForPerson("EngineNotInstalled", a.summary(unenforced), engineRecheck)
+	case len(a.pending) > 0:
+		// The engine's status write wakes the policy (its watch); the recheck covers an engine
+		// that is installed but not running.
+		o = status.Progressing("WaitingForEngine", a.summary(unenforced), engineRecheck)
 	default:
 		o = status.Healthy("Generated", a.summary(unenforced), 0)
 	}

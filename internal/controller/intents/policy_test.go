@@ -20,8 +20,9 @@ import (
 	"github.com/quartermaster-dev/quartermaster/internal/testing/testenv"
 )
 
-// testEvents: a new binding is one outcome and records one Event, NimbusPolicyCreated on the
-// binding; its NimbusPolicy's first generation records none (its status lists what was made). What
+// testEvents: a new binding records one Event, NimbusPolicyCreated on the binding; its
+// NimbusPolicy's first generation records none (its status lists what was made), nor does the
+// binding's becoming Ready once the NimbusPolicy is. What
 // happens to the policy later (a revert) records PoliciesChanged on it, and a reconcile that
 // changes nothing records nothing. The reconcilers are called in turn, each Event read as it is
 // recorded.
@@ -71,6 +72,18 @@ func testEvents(t *testing.T, f *fixture) {
 	if r := status.ReadyReason(np.Status.Conditions); r != "Generated" || len(np.Status.Policies) != 2 {
 		t.Fatalf("NimbusPolicy Ready %s with %v, want Generated with its 2 policies", r, np.Status.Policies)
 	}
+	f.get(t, sib)
+	if r := status.ReadyReason(sib.Status.Conditions); r != status.WaitingFor {
+		t.Fatalf("binding Ready %s before its NimbusPolicy reported, want %s", r, status.WaitingFor)
+	}
+	// The NimbusPolicy's Ready wakes the binding (a watch), which is then in force: no Event, the
+	// expected next step of a new binding.
+	eventually(t, "the NimbusPolicy's status in the cache", func() (bool, string) {
+		cur := &intentv1alpha1.NimbusPolicy{}
+		err := mgr.GetCache().Get(ctx, client.ObjectKeyFromObject(np), cur)
+		return err == nil && status.ReadyReason(cur.Status.Conditions) == "Generated", testenv.ErrString(err)
+	})
+	expect("the binding's reconcile once its NimbusPolicy is Ready", bindings.Reconcile, sib)
 	f.get(t, sib)
 	if r := status.ReadyReason(sib.Status.Conditions); r != "Bound" {
 		t.Fatalf("binding Ready %s, want Bound", r)

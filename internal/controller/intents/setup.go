@@ -20,6 +20,7 @@ import (
 
 	intentv1alpha1 "github.com/quartermaster-dev/quartermaster/api/intent/v1alpha1"
 	"github.com/quartermaster-dev/quartermaster/internal/cachemeta"
+	"github.com/quartermaster-dev/quartermaster/internal/controller/owned"
 	"github.com/quartermaster-dev/quartermaster/internal/controller/status"
 	"github.com/quartermaster-dev/quartermaster/internal/intent"
 )
@@ -62,6 +63,16 @@ type base struct {
 	now         func() metav1.Time
 }
 
+// policies writes the engine policies, read from the controller's own cache.
+func (b *base) policies() *owned.Writer {
+	return &owned.Writer{Client: b.client, Reader: b.objects, APIReader: b.apiReader}
+}
+
+// nimbus writes the (Cluster)NimbusPolicies, read from the shared cache.
+func (b *base) nimbus() *owned.Writer {
+	return &owned.Writer{Client: b.client, Reader: b.client, APIReader: b.apiReader}
+}
+
 // Setup registers the intents controllers with the manager.
 func Setup(mgr ctrl.Manager, o Options) error {
 	_, err := setup(mgr, o, enginePollInterval)
@@ -82,11 +93,11 @@ func setup(mgr ctrl.Manager, o Options, engineInterval time.Duration) (*base, er
 		status.CountObjects(mgr, kind, list, status.ConditionState)
 	}
 	b := &base{
-		client: status.NewClient(mgr.GetClient(),
+		client: status.NewClient(owned.WithFieldOwner(mgr.GetClient()),
 			&intentv1alpha1.SecurityIntent{}, &intentv1alpha1.SecurityIntentBinding{}, &intentv1alpha1.ClusterSecurityIntentBinding{},
 			&intentv1alpha1.NimbusPolicy{}, &intentv1alpha1.ClusterNimbusPolicy{}),
 		apiReader: mgr.GetAPIReader(),
-		recorder:  mgr.GetEventRecorder("quartermaster-intents"),
+		recorder:  status.NewRecorder(mgr, "quartermaster-intents"),
 		now:       metav1.Now,
 	}
 	// Caches of the controller's own: the shared cache may be narrowed to another controller's
@@ -107,7 +118,11 @@ func setup(mgr ctrl.Manager, o Options, engineInterval time.Duration) (*base, er
 	if err != nil {
 		return nil, err
 	}
-	b.engines = &engines{discovery: dc, reader: mgr.GetAPIReader(), interval: engineInterval, log: mgr.GetLogger().WithName("intents"), present: map[intent.Engine]bool{}}
+	allowed, err := o.engines()
+	if err != nil {
+		return nil, err
+	}
+	b.engines = &engines{allowed: allowed, discovery: dc, reader: mgr.GetAPIReader(), interval: engineInterval, log: mgr.GetLogger().WithName("intents"), present: map[intent.Engine]bool{}}
 	if err := index(mgr); err != nil {
 		return nil, err
 	}
@@ -151,8 +166,10 @@ func setup(mgr ctrl.Manager, o Options, engineInterval time.Duration) (*base, er
 		return clusterPolicies.watchEngine(ctx, mgr, clusterPolicyCtrl, b.objects, b.client, e, wake)
 	}
 	// NetworkPolicy is always there; the others are looked for now, so the first reconciles know.
-	if err := policies.watchEngine(context.Background(), mgr, policyCtrl, b.objects, b.client, intent.NetworkPolicy, false); err != nil {
-		return nil, err
+	if b.engines.enabled(intent.NetworkPolicy) {
+		if err := policies.watchEngine(context.Background(), mgr, policyCtrl, b.objects, b.client, intent.NetworkPolicy, false); err != nil {
+			return nil, err
+		}
 	}
 	b.engines.watchInstalled(context.Background(), installed)
 	return b, mgr.Add(b.engines)

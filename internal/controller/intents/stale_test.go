@@ -45,6 +45,8 @@ func testStaleCache(t *testing.T, f *fixture) {
 	mgr, built := f.newManager(t)
 	testenv.StartCache(t, mgr.GetCache())
 	testenv.StartCache(t, built.namespaces)
+	testenv.StartCache(t, built.objects)
+	testenv.StartCache(t, built.nodes)
 	cfg, api := testenv.Counting(f.env.Config)
 	counted, err := client.New(cfg, client.Options{Scheme: f.scheme, Cache: &client.CacheOptions{Reader: mgr.GetCache()}})
 	must(t, err)
@@ -70,16 +72,36 @@ func testStaleCache(t *testing.T, f *fixture) {
 		return slices.ContainsFunc(list.Items, func(m metav1.PartialObjectMetadata) bool { return m.Name == ns }), "namespace " + ns + " not cached"
 	})
 	bindings, clusterBindings := &bindingReconciler{base: &b}, &clusterBindingReconciler{base: &b}
+	policies, clusterPolicies := &policyReconciler{base: &b}, &clusterPolicyReconciler{base: &b}
+	// What a binding made reports Ready (its watch would wake the binding): reconciled after
+	// each of the binding's reconciles.
+	generated := func(reqs ...reconcile.Request) func() {
+		return func() {
+			for _, req := range reqs {
+				r := reconcileFunc(policies.Reconcile)
+				if req.Namespace == "" {
+					r = clusterPolicies.Reconcile
+				}
+				_, err := r(ctx, req)
+				must(t, err)
+			}
+		}
+	}
+	npReq := func(ns, name string) reconcile.Request {
+		return reconcile.Request{NamespacedName: client.ObjectKey{Namespace: ns, Name: name}}
+	}
 
 	for _, tc := range []struct {
 		name      string
 		obj       client.Object
 		reconcile reconcileFunc
+		after     func() // what the reconcile made reports
 		ready     string // the Ready reason once ready
 	}{
-		{"SecurityIntent", si, (&intentReconciler{base: &b}).Reconcile, "Accepted"},
-		{"SecurityIntentBinding", sib, bindings.Reconcile, "Bound"},
-		{"ClusterSecurityIntentBinding", csib, clusterBindings.Reconcile, "Bound"},
+		{"SecurityIntentBinding", sib, bindings.Reconcile, generated(npReq(ns, "lagged")), "Bound"},
+		{"ClusterSecurityIntentBinding", csib, clusterBindings.Reconcile,
+			generated(npReq("", "lagged"), npReq(ns, intent.ClusterPolicyNamePrefix+"lagged")), "Bound"},
+		{"SecurityIntent", si, (&intentReconciler{base: &b}).Reconcile, func() {}, "Accepted"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			req := reconcile.Request{NamespacedName: client.ObjectKeyFromObject(tc.obj)}
@@ -94,6 +116,8 @@ func testStaleCache(t *testing.T, f *fixture) {
 				_, err := tc.reconcile(ctx, req)
 				must(t, err)
 				reasons = append(reasons, testenv.EventReasons(rec)...)
+				tc.after()
+				_ = testenv.EventReasons(rec) // what the NimbusPolicies recorded is theirs
 				f.get(t, tc.obj)
 			}
 			if lagging.Lags() == 0 {

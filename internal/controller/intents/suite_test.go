@@ -14,6 +14,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -25,6 +27,8 @@ import (
 	"sigs.k8s.io/yaml"
 
 	intentv1alpha1 "github.com/quartermaster-dev/quartermaster/api/intent/v1alpha1"
+	"github.com/quartermaster-dev/quartermaster/internal/cachemeta"
+	"github.com/quartermaster-dev/quartermaster/internal/intent"
 	"github.com/quartermaster-dev/quartermaster/internal/manager"
 	"github.com/quartermaster-dev/quartermaster/internal/testing/enginecrds"
 	"github.com/quartermaster-dev/quartermaster/internal/testing/testenv"
@@ -41,11 +45,12 @@ type fixture struct {
 	base   *base        // the running controllers' shared parts
 
 	running *testenv.Running // the running manager; nil when none runs
+	root    *testing.T       // the test the fixture lives as long as
 }
 
 func start(t *testing.T) *fixture {
 	t.Helper()
-	f := &fixture{logs: &testenv.LogBuffer{}}
+	f := &fixture{logs: &testenv.LogBuffer{}, root: t}
 	logf.SetLogger(zap.New(zap.UseDevMode(true), zap.WriteTo(f.logs)))
 	f.env = testenv.Start(t, enginecrds.Dir(t, enginecrds.KubeArmorModule, enginecrds.KubeArmor))
 	f.scheme = manager.Scheme(intentv1alpha1.AddToScheme, apiextensionsv1.AddToScheme)
@@ -67,7 +72,7 @@ func (f *fixture) newManager(t *testing.T) (ctrl.Manager, *base) {
 	t.Helper()
 	mgr, err := ctrl.New(f.env.Config, ctrl.Options{
 		Scheme:     f.scheme,
-		Cache:      cache.Options{DefaultTransform: cache.TransformStripManagedFields()},
+		Cache:      cache.Options{DefaultTransform: cachemeta.Transform},
 		Metrics:    metricsserver.Options{BindAddress: "0"},
 		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
 	})
@@ -94,7 +99,8 @@ func (f *fixture) stop(t *testing.T) {
 	f.running = nil
 }
 
-// installKyverno installs Kyverno's CRDs, as a cluster admin installing the engine late would.
+// installKyverno installs Kyverno's CRDs, as a cluster admin installing the engine late would,
+// and starts the stand-in for Kyverno's status writes (acceptKyvernoPolicies).
 func (f *fixture) installKyverno(t *testing.T) {
 	t.Helper()
 	dir := enginecrds.Dir(t, enginecrds.KyvernoModule, enginecrds.Kyverno)
@@ -104,6 +110,53 @@ func (f *fixture) installKyverno(t *testing.T) {
 		crd := &apiextensionsv1.CustomResourceDefinition{}
 		must(t, yaml.Unmarshal(b, crd))
 		must(t, f.c.Create(context.Background(), crd))
+	}
+	f.acceptKyvernoPolicies(t)
+}
+
+// acceptKyvernoPolicies stands in for Kyverno, which envtest does not run: to each Kyverno policy
+// that has no Ready condition yet it does only what Kyverno does once the policy is in its
+// webhooks, a status Ready=True. (A test refuses one by writing Ready=False, as Kyverno would;
+// the e2e runs the real Kyverno.)
+func (f *fixture) acceptKyvernoPolicies(t *testing.T) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	f.root.Cleanup(cancel) // as long as the fixture: Kyverno stays installed
+	// The CRDs were created a moment ago: the cache's mapper must see them served.
+	eventually(t, "Kyverno's kinds served", func() (bool, string) {
+		_, err := f.c.RESTMapper().RESTMapping(intent.KyvernoClusterPolicyKind.GroupKind(), "v1")
+		return err == nil, fmt.Sprint(err)
+	})
+	c, err := cache.New(f.env.Config, cache.Options{Scheme: f.scheme})
+	must(t, err)
+	accept := func(obj any) {
+		u, ok := obj.(*unstructured.Unstructured)
+		if !ok {
+			return
+		}
+		if v, _ := intent.EngineVerdict(u); v != intent.Pending {
+			return
+		}
+		accepted := u.DeepCopy()
+		_ = unstructured.SetNestedSlice(accepted.Object, []any{map[string]any{
+			"type": "Ready", "status": "True", "reason": "Succeeded", "message": "Ready",
+			"lastTransitionTime": time.Now().UTC().Format(time.RFC3339),
+		}}, "status", "conditions")
+		_ = f.c.Status().Update(ctx, accepted) // a conflict brings an update event, and another try
+	}
+	for _, gvk := range []schema.GroupVersionKind{intent.KyvernoPolicyKind, intent.KyvernoClusterPolicyKind} {
+		u := &unstructured.Unstructured{}
+		u.SetGroupVersionKind(gvk)
+		inf, err := c.GetInformer(ctx, u)
+		must(t, err)
+		_, err = inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+			AddFunc: accept, UpdateFunc: func(_, obj any) { accept(obj) },
+		})
+		must(t, err)
+	}
+	go func() { _ = c.Start(ctx) }()
+	if !c.WaitForCacheSync(ctx) {
+		t.Fatal("the Kyverno stand-in's cache did not sync")
 	}
 }
 

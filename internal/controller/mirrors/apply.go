@@ -2,9 +2,6 @@ package mirrors
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
-	"encoding/json"
 	"fmt"
 	"maps"
 	"reflect"
@@ -13,15 +10,13 @@ import (
 	"golang.org/x/sync/errgroup"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
-	policyv1 "k8s.io/api/policy/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	registryv1alpha1 "github.com/quartermaster-dev/quartermaster/api/registry/v1alpha1"
+	"github.com/quartermaster-dev/quartermaster/internal/controller/owned"
+	"github.com/quartermaster-dev/quartermaster/internal/generated"
 	"github.com/quartermaster-dev/quartermaster/internal/mirror"
 )
 
@@ -84,52 +79,31 @@ func (a *applier) applyAll(ctx context.Context, spec mirror.Spec, secret *corev1
 	return st, nil
 }
 
-// apply creates desired, or updates the object in place when it differs from desired in what
-// the controller sets; it returns the object as the API server (or the cache) has it, or nil when
+// apply brings one of the mirror's objects to desired (owned.Writer: the one create-or-update path
+// of generated objects); it returns the object as the API server (or the cache) has it, or nil when
 // the name is taken by an object the mirror does not own.
 func (a *applier) apply(ctx context.Context, desired client.Object) (client.Object, error) {
 	if err := controllerutil.SetControllerReference(a.owner, desired, a.r.scheme); err != nil {
 		return nil, err
 	}
-	hash, err := specHash(desired)
+	w := owned.Writer{Client: a.r.objects, Reader: a.r.objects, APIReader: a.r.apiReader}
+	did, obj, err := w.Ensure(ctx, desired, owned.Options{Others: othersMayWrite, Prepare: prepareUpdate})
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("applying %s %s: %w", kindOf(desired), desired.GetName(), err)
 	}
-	desired.SetAnnotations(merged(desired.GetAnnotations(), map[string]string{annotationSpecHash: hash}))
-	current := reflect.New(reflect.TypeOf(desired).Elem()).Interface().(client.Object)
-	err = a.r.objects.Get(ctx, client.ObjectKeyFromObject(desired), current)
-	if apierrors.IsNotFound(err) {
-		err = a.r.objects.Create(ctx, desired)
-		switch {
-		case err == nil:
-			a.record("created", desired)
-			return desired, nil
-		case !apierrors.IsAlreadyExists(err):
-			return nil, fmt.Errorf("creating %s %s: %w", kindOf(desired), desired.GetName(), err)
-		}
-		// The name exists though the cache does not show it: the cache is behind (our own
-		// create of a moment ago, say), or the object is someone else's. Ask the API server.
-		err = a.r.apiReader.Get(ctx, client.ObjectKeyFromObject(desired), current)
-	}
-	if err != nil {
-		return nil, err
-	}
-	if !ownedBy(current, a.owner) {
-		a.nameTaken(current)
+	switch did {
+	case owned.Taken:
+		a.nameTaken(desired)
 		return nil, nil
+	case owned.Created, owned.Updated:
+		a.record(string(did), desired)
 	}
-	if current.GetAnnotations()[annotationSpecHash] == hash && matches(desired, current) {
-		return current, nil
-	}
-	keepImmutable(desired, current)
-	keepOthers(desired, current)
-	desired.SetResourceVersion(current.GetResourceVersion())
-	if err := a.r.objects.Update(ctx, desired); err != nil {
-		return nil, fmt.Errorf("updating %s %s: %w", kindOf(desired), desired.GetName(), err)
-	}
-	a.record("updated", desired)
-	return desired, nil
+	return obj, nil
 }
+
+// othersMayWrite: a pod template's annotations are kubectl rollout restart's to set (it restarts
+// the pods; an update of ours keeps them, prepareUpdate).
+var othersMayWrite = []generated.Path{"spec.template.metadata.annotations"}
 
 func (a *applier) record(verb string, obj client.Object) {
 	a.mu.Lock()
@@ -137,41 +111,10 @@ func (a *applier) record(verb string, obj client.Object) {
 	a.changed = append(a.changed, verb+" "+kindOf(obj)+" "+obj.GetName())
 }
 
-// annotationSpecHash on each object is a hash of what the controller last set: a field the new
-// spec drops (a toleration, a limit, a node selector) changes it, where comparing the stored
-// object with the desired one cannot tell a field removed from one the API server defaulted.
-const annotationSpecHash = "registry.quartermaster.dev/spec-hash"
-
-// specHash hashes obj's content: its labels and everything but its metadata.
-func specHash(obj client.Object) (string, error) {
-	u, err := runtime.DefaultUnstructuredConverter.ToUnstructured(obj)
-	if err != nil {
-		return "", err
-	}
-	delete(u, "metadata")
-	delete(u, "status")
-	b, err := json.Marshal([]any{obj.GetLabels(), u})
-	if err != nil {
-		return "", err
-	}
-	sum := sha256.Sum256(b)
-	return hex.EncodeToString(sum[:8]), nil
-}
-
-func merged(base, over map[string]string) map[string]string {
-	out := make(map[string]string, len(base)+len(over))
-	maps.Copy(out, base)
-	maps.Copy(out, over)
-	return out
-}
-
-// keepOthers carries into desired, before an update, what others set on current: labels,
-// annotations and finalizers of the object, and annotations of a pod template (kubectl rollout
-// restart's, say), so an update of ours does not undo them or roll the pods again.
-func keepOthers(desired, current client.Object) {
-	desired.SetLabels(merged(current.GetLabels(), desired.GetLabels()))
-	desired.SetAnnotations(merged(current.GetAnnotations(), desired.GetAnnotations()))
-	desired.SetFinalizers(current.GetFinalizers())
+// prepareUpdate carries into an update what it may not change or must not undo: the fields an update
+// may not change (keepImmutable), and the pod template annotations others set.
+func prepareUpdate(desired, current client.Object) {
+	keepImmutable(desired, current)
 	switch d := desired.(type) {
 	case *appsv1.StatefulSet:
 		c := current.(*appsv1.StatefulSet)
@@ -180,6 +123,13 @@ func keepOthers(desired, current client.Object) {
 		c := current.(*appsv1.DaemonSet)
 		d.Spec.Template.Annotations = merged(c.Spec.Template.Annotations, d.Spec.Template.Annotations)
 	}
+}
+
+func merged(base, over map[string]string) map[string]string {
+	out := make(map[string]string, len(base)+len(over))
+	maps.Copy(out, base)
+	maps.Copy(out, over)
+	return out
 }
 
 func (a *applier) nameTaken(obj client.Object) {
@@ -195,41 +145,6 @@ func ownedBy(obj client.Object, owner client.Object) bool {
 
 func kindOf(obj client.Object) string {
 	return reflect.TypeOf(obj).Elem().Name()
-}
-
-// matches reports whether current already has everything desired sets: fields desired leaves
-// unset are the API server's defaults (or another controller's, like the Service's cluster IP)
-// and do not count.
-func matches(desired, current client.Object) bool {
-	if !equality.Semantic.DeepDerivative(desired.GetLabels(), current.GetLabels()) ||
-		!equality.Semantic.DeepDerivative(desired.GetOwnerReferences(), current.GetOwnerReferences()) {
-		return false
-	}
-	switch d := desired.(type) {
-	case *corev1.Secret:
-		c := current.(*corev1.Secret)
-		return d.Type == c.Type && equality.Semantic.DeepEqual(d.Data, c.Data)
-	case *corev1.Service:
-		c := current.(*corev1.Service)
-		return equality.Semantic.DeepDerivative(withNodePorts(d, c).Spec, c.Spec)
-	case *appsv1.StatefulSet:
-		c := current.(*appsv1.StatefulSet)
-		return samePodShape(&d.Spec.Template.Spec, &c.Spec.Template.Spec) && equality.Semantic.DeepDerivative(d.Spec, c.Spec)
-	case *appsv1.DaemonSet:
-		c := current.(*appsv1.DaemonSet)
-		return samePodShape(&d.Spec.Template.Spec, &c.Spec.Template.Spec) && equality.Semantic.DeepDerivative(d.Spec, c.Spec)
-	case *policyv1.PodDisruptionBudget:
-		return equality.Semantic.DeepDerivative(d.Spec, current.(*policyv1.PodDisruptionBudget).Spec)
-	}
-	return false
-}
-
-// samePodShape: no container, init container or volume added by hand (DeepDerivative reads a
-// longer stored list as matching a shorter desired one).
-func samePodShape(desired, current *corev1.PodSpec) bool {
-	return len(desired.Containers) == len(current.Containers) && len(desired.InitContainers) == len(current.InitContainers) &&
-		len(desired.Volumes) == len(current.Volumes) && len(desired.Tolerations) == len(current.Tolerations) &&
-		len(desired.NodeSelector) == len(current.NodeSelector)
 }
 
 // withNodePorts gives desired's ports the node ports the API server allocated for current, so an

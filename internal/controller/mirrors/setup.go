@@ -23,6 +23,7 @@ import (
 
 	registryv1alpha1 "github.com/quartermaster-dev/quartermaster/api/registry/v1alpha1"
 	"github.com/quartermaster-dev/quartermaster/internal/cachemeta"
+	"github.com/quartermaster-dev/quartermaster/internal/controller/owned"
 	"github.com/quartermaster-dev/quartermaster/internal/controller/status"
 	"github.com/quartermaster-dev/quartermaster/internal/mirror"
 )
@@ -73,11 +74,11 @@ func setup(mgr ctrl.Manager, o Options) (*Reconciler, error) {
 	}
 	r := &Reconciler{
 		client: status.NewClient(mgr.GetClient(), &registryv1alpha1.RegistryMirror{}),
-		objects: status.NewClient(objectClient,
+		objects: status.NewClient(owned.WithFieldOwner(objectClient),
 			&corev1.Secret{}, &corev1.Service{}, &appsv1.StatefulSet{}, &appsv1.DaemonSet{}, &policyv1.PodDisruptionBudget{}),
 		apiReader: mgr.GetAPIReader(),
 		scheme:    mgr.GetScheme(),
-		recorder:  mgr.GetEventRecorder("quartermaster-mirrors"),
+		recorder:  status.NewRecorder(mgr, "quartermaster-mirrors"),
 		install:   mirror.Install{Namespace: o.Namespace, Image: o.Image, AgentServiceAccount: o.AgentServiceAccount},
 		resync:    o.Resync,
 		slowRetry: time.Minute,

@@ -24,6 +24,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	registryv1alpha1 "github.com/quartermaster-dev/quartermaster/api/registry/v1alpha1"
+	"github.com/quartermaster-dev/quartermaster/internal/cachemeta"
 	"github.com/quartermaster-dev/quartermaster/internal/manager"
 	"github.com/quartermaster-dev/quartermaster/internal/mirror"
 	"github.com/quartermaster-dev/quartermaster/internal/testing/testenv"
@@ -82,7 +83,7 @@ func (f *fixture) newManager(t *testing.T) (ctrl.Manager, *Reconciler, *testenv.
 	cfg, api := testenv.Counting(f.env.Config)
 	mgr, err := ctrl.New(cfg, ctrl.Options{
 		Scheme:     f.scheme,
-		Cache:      cache.Options{DefaultTransform: cache.TransformStripManagedFields()},
+		Cache:      cache.Options{DefaultTransform: cachemeta.Transform},
 		Metrics:    metricsserver.Options{BindAddress: "0"},
 		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
 	})

@@ -101,7 +101,7 @@ func NewReconciler(mgr ctrl.Manager, policy *nsrequest.Policy, defaults *nsreque
 		// drive writes, Events and token minting: never read one older than our last write of it.
 		Client:       status.NewClient(mgr.GetClient(), &corev1.ConfigMap{}, &corev1.Secret{}, &corev1.Namespace{}),
 		APIReader:    mgr.GetAPIReader(),
-		Recorder:     mgr.GetEventRecorder("quartermaster-namespaces"),
+		Recorder:     status.NewRecorder(mgr, "quartermaster-namespaces"),
 		Policy:       policy,
 		Defaults:     defaults,
 		Server:       server,

@@ -11,6 +11,8 @@ import (
 	"regexp"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 )
@@ -97,4 +99,29 @@ var reasonPattern = regexp.MustCompile(`^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$
 // ValidReason reports whether s may be a condition reason (an AWS error code, say, may not).
 func ValidReason(s string) bool {
 	return len(s) <= 1024 && reasonPattern.MatchString(s)
+}
+
+// WaitingFor is the Ready reason of an object waiting for another it made to report.
+const WaitingFor = "WaitingFor"
+
+// Dependent is the outcome of an object whose readiness is another's (what names it, conds and
+// generation are its): nil when that one is Ready for its generation. Otherwise its reason and
+// message, Stalled when it is, or WaitingFor while it has not reported on its generation. The
+// other's status change wakes the dependent (a watch), so nothing is requeued.
+func Dependent(what string, conds []metav1.Condition, generation int64) *Outcome {
+	c := meta.FindStatusCondition(conds, Ready)
+	switch {
+	case c == nil || c.ObservedGeneration != generation:
+		o := Progressing(WaitingFor, what+" has not reported yet", 0)
+		return &o
+	case c.Status == metav1.ConditionTrue:
+		return nil
+	}
+	msg := what + ": " + c.Message
+	if s := meta.FindStatusCondition(conds, Stalled); s != nil && s.Status == metav1.ConditionTrue {
+		o := WaitsForPerson(c.Reason, msg, 0)
+		return &o
+	}
+	o := Progressing(c.Reason, msg, 0)
+	return &o
 }

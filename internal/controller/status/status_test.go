@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -118,5 +119,16 @@ func TestValidReason(t *testing.T) {
 		if got := ValidReason(s); got != want {
 			t.Errorf("ValidReason(%q) = %v, want %v", s, got, want)
 		}
+	}
+}
+
+func TestTruncateKeepsEventsWithinTheAPILimit(t *testing.T) {
+	long := strings.Repeat("é", 600) // 1200 bytes, two per rune
+	got := Truncate(long, MaxEventNote)
+	if len(got) > MaxEventNote || !utf8.ValidString(got) || !strings.HasSuffix(got, "…") {
+		t.Errorf("Truncate: %d bytes, valid %v, ends %q", len(got), utf8.ValidString(got), got[len(got)-3:])
+	}
+	if Truncate("short", MaxEventNote) != "short" {
+		t.Error("a short note changed")
 	}
 }

@@ -105,7 +105,7 @@ func NewReconciler(mgr ctrl.Manager, o *Options) (*Reconciler, error) {
 		Client:           status.NewClient(mgr.GetClient(), &computev1alpha1.VmGroup{}),
 		Secrets:          secrets,
 		secrets:          secrets,
-		Recorder:         mgr.GetEventRecorder("quartermaster-vmgroups"),
+		Recorder:         status.NewRecorder(mgr, "quartermaster-vmgroups"),
 		Connector:        &vcenter.Connector{},
 		Secret:           ref,
 		Insecure:         o.Insecure,

@@ -1,6 +1,7 @@
 // Package enginecrds installs the policy engines' own CustomResourceDefinitions in test API
 // servers, so every generated KubeArmor and Kyverno policy is validated against the engine's
-// schema. The CRDs come from the engines' Go modules at the versions Nimbus pins, downloaded
+// schema. The CRDs come from the engines' Go modules (KubeArmor at the version Nimbus pins, Kyverno at
+// the newest release the module proxy serves, as people run it), downloaded
 // through the Go module proxy (nothing is copied into this repository).
 package enginecrds
 
@@ -16,14 +17,14 @@ import (
 // The pinned engine modules and the CRD files inside them.
 const (
 	KubeArmorModule = "github.com/kubearmor/KubeArmor/pkg/KubeArmorController@v0.0.0-20240509053911-a5f584c38ee7"
-	KyvernoModule   = "github.com/kyverno/kyverno@v1.11.4"
+	KyvernoModule   = "github.com/kyverno/kyverno@v1.19.1"
 )
 
 var (
 	// KubeArmor are the KubeArmorPolicy CRD's files in its module.
 	KubeArmor = []string{"config/crd/bases/security.kubearmor.com_kubearmorpolicies.yaml"}
 	// Kyverno are the Policy and ClusterPolicy CRDs' files in its module.
-	Kyverno = []string{"config/crds/kyverno.io_policies.yaml", "config/crds/kyverno.io_clusterpolicies.yaml"}
+	Kyverno = []string{"config/crds/kyverno/kyverno.io_policies.yaml", "config/crds/kyverno/kyverno.io_clusterpolicies.yaml"}
 )
 
 // Dir downloads module (cached by the go command) and copies the named files into a new folder,

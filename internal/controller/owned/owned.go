@@ -1,0 +1,145 @@
+// Package owned creates and repairs the objects a controller generates and controls: the one
+// create-or-update path of every controller that owns generated objects (the intents engine
+// policies and NimbusPolicies, a registry mirror's StatefulSet, Services, Secret…). What counts as
+// drift is internal/generated's rule; this package reads, writes and handles a cache that lags.
+package owned
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"reflect"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/quartermaster-dev/quartermaster/internal/generated"
+)
+
+// Writer writes generated objects, always as generated.FieldManager (the drift rule tells our
+// writes from others' by it). Reader is where current objects are read first (a cache whose
+// transform keeps generated.Summary, as cachemeta.Transform does), APIReader where a cache that
+// may lag is checked.
+type Writer struct {
+	Client    client.Client
+	Reader    client.Reader
+	APIReader client.Reader
+}
+
+// WithFieldOwner is c writing as generated.FieldManager, as a Writer writes: a controller's other
+// writes of generated objects must use it too.
+func WithFieldOwner(c client.Client) client.Client {
+	return client.WithFieldOwner(c, generated.FieldManager)
+}
+
+// Outcome is what Ensure found and did.
+type Outcome string
+
+// The outcomes.
+const (
+	Unchanged   Outcome = ""
+	Created     Outcome = "created"
+	Updated     Outcome = "updated" // the want changed, or someone's edit was reverted
+	Taken       Outcome = "taken"   // the name is held by an object the owner does not control
+	Terminating Outcome = "terminating"
+)
+
+// Options are how one kind of object is written.
+type Options struct {
+	// Made says the owner's status lists the object as made. The status is read through the
+	// guarded client, never older than our own last write: when the cache does not show the
+	// object, it is behind the create that made it (or someone deleted it since), and the API
+	// server is asked before creating, rather than repeating the create for a refusal.
+	Made bool
+	// ExactLabels: the object's labels are exactly desired's (a binding's labels copied onto its
+	// NimbusPolicy). Otherwise others' labels are kept, as others' annotations always are.
+	ExactLabels bool
+	// Others are the fields others may write without it counting as an edit (generated.Edits).
+	Others []generated.Path
+	// Prepare adjusts the update of current to desired: fields an update may not change, fields
+	// others set that must be kept.
+	Prepare func(desired, current client.Object)
+}
+
+// Ensure brings the object desired names to desired, which must carry its controller reference.
+// It returns what it did and the object as stored (nil when Taken or Terminating). A current object
+// makes no write.
+func (w *Writer) Ensure(ctx context.Context, desired client.Object, o Options) (Outcome, client.Object, error) {
+	if err := generated.Stamp(desired); err != nil {
+		return "", nil, err
+	}
+	writes := WithFieldOwner(w.Client)
+	key := client.ObjectKeyFromObject(desired)
+	current := newLike(desired)
+	err := w.Reader.Get(ctx, key, current)
+	if apierrors.IsNotFound(err) && o.Made {
+		err = w.APIReader.Get(ctx, key, current)
+	}
+	if apierrors.IsNotFound(err) {
+		created := desired.DeepCopyObject().(client.Object)
+		err = writes.Create(ctx, created)
+		switch {
+		case err == nil:
+			return Created, created, nil
+		case apierrors.IsForbidden(err) && apierrors.HasStatusCause(err, corev1.NamespaceTerminatingCause):
+			return Terminating, nil, nil
+		case !apierrors.IsAlreadyExists(err):
+			return "", nil, err
+		}
+		// The name exists though the cache does not show it: the cache is behind (our own create
+		// of a moment ago, say), or the object is someone else's. Ask the API server.
+		err = w.APIReader.Get(ctx, key, current)
+	}
+	if err != nil {
+		return "", nil, err
+	}
+	want, have := metav1.GetControllerOfNoCopy(desired), metav1.GetControllerOfNoCopy(current)
+	if have == nil || want == nil || have.UID != want.UID {
+		return Taken, nil, nil
+	}
+	if generated.Current(desired, current, o.Others...) {
+		return Unchanged, current, nil
+	}
+	update := desired.DeepCopyObject().(client.Object)
+	update.SetResourceVersion(current.GetResourceVersion())
+	update.SetFinalizers(current.GetFinalizers())
+	if !o.ExactLabels {
+		update.SetLabels(merged(current.GetLabels(), desired.GetLabels()))
+	}
+	update.SetAnnotations(merged(current.GetAnnotations(), desired.GetAnnotations()))
+	if o.Prepare != nil {
+		o.Prepare(update, current)
+	}
+	if err := writes.Update(ctx, update); err != nil {
+		return "", nil, fmt.Errorf("updating %s %s: %w", Kind(desired), key, err)
+	}
+	return Updated, update, nil
+}
+
+// newLike returns an empty object of obj's type (and, unstructured, its kind).
+func newLike(obj client.Object) client.Object {
+	if u, ok := obj.(*unstructured.Unstructured); ok {
+		out := &unstructured.Unstructured{}
+		out.SetGroupVersionKind(u.GroupVersionKind())
+		return out
+	}
+	return reflect.New(reflect.TypeOf(obj).Elem()).Interface().(client.Object)
+}
+
+// Kind is obj's kind, for messages.
+func Kind(obj client.Object) string {
+	if k := obj.GetObjectKind().GroupVersionKind().Kind; k != "" {
+		return k
+	}
+	return reflect.TypeOf(obj).Elem().Name()
+}
+
+func merged(base, over map[string]string) map[string]string {
+	out := make(map[string]string, len(base)+len(over))
+	maps.Copy(out, base)
+	maps.Copy(out, over)
+	return out
+}

@@ -1,0 +1,202 @@
+// Package generated decides whether an object a controller generated is still what it generated,
+// without mistaking the API server's defaults for an edit. One rule for every controller that owns
+// generated objects (engine policies, NimbusPolicies, a mirror's StatefulSet):
+//
+//   - what the controller wants is recorded as a hash in the object's HashAnnotation when it writes
+//     it: a changed hash is a changed want (a field dropped from the want shows there too, where
+//     comparing stored and wanted values cannot tell a dropped field from a defaulted one);
+//   - what someone else did shows in the object's managedFields: a writer other than FieldManager
+//     owning a field of the object's content (spec, data, rules…) edited it, since the API server
+//     attributes a field to whoever last changed it. Defaults are never anyone's edit: the server
+//     fills them in while our own write is stored, or for nobody. Status writes (an engine
+//     reporting Ready) are the status subresource's and do not count.
+//
+// No value is compared, so no schema is needed and a new engine version that defaults a new field
+// changes nothing.
+package generated
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"maps"
+	"strings"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+)
+
+// FieldManager is the name every write of a generated object is made under.
+const FieldManager = "quartermaster"
+
+// HashAnnotation holds the hash of what the controller last wrote (Hash).
+const HashAnnotation = "quartermaster.dev/generated"
+
+// Object is what the rule reads of an object: its metadata and content.
+type Object interface {
+	metav1.Object
+	runtime.Object
+}
+
+// Hash is the hash of what desired says: its labels, annotations (but HashAnnotation), controller
+// and every top-level field but metadata and status.
+func Hash(desired Object) (string, error) {
+	u, err := runtime.DefaultUnstructuredConverter.ToUnstructured(desired)
+	if err != nil {
+		return "", err
+	}
+	content := maps.Clone(u) // an unstructured object's own map
+	delete(content, "metadata")
+	delete(content, "status")
+	annotations := maps.Clone(desired.GetAnnotations())
+	delete(annotations, HashAnnotation)
+	if len(annotations) == 0 {
+		annotations = nil
+	}
+	labels := desired.GetLabels()
+	if len(labels) == 0 {
+		labels = nil
+	}
+	var controller string
+	if ref := metav1.GetControllerOfNoCopy(desired); ref != nil {
+		controller = ref.Kind + "/" + ref.Name + "/" + string(ref.UID)
+	}
+	b, err := json.Marshal([]any{labels, annotations, controller, content})
+	if err != nil {
+		return "", err
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:12]), nil
+}
+
+// Stamp records desired's Hash in its HashAnnotation, before it is written.
+func Stamp(desired Object) error {
+	h, err := Hash(desired)
+	if err != nil {
+		return err
+	}
+	annotations := maps.Clone(desired.GetAnnotations())
+	if annotations == nil {
+		annotations = map[string]string{}
+	}
+	annotations[HashAnnotation] = h
+	desired.SetAnnotations(annotations)
+	return nil
+}
+
+// Current reports whether live is still what stamped (desired after Stamp) says: the same hash,
+// its labels and annotations present, the same controller, and no content field edited by anyone
+// else (Edits). others lists the field paths others may write (see Edits).
+func Current(stamped, live metav1.Object, others ...Path) bool {
+	for k, v := range stamped.GetLabels() {
+		if got, ok := live.GetLabels()[k]; !ok || got != v {
+			return false
+		}
+	}
+	for k, v := range stamped.GetAnnotations() {
+		if got, ok := live.GetAnnotations()[k]; !ok || got != v {
+			return false
+		}
+	}
+	want, got := metav1.GetControllerOfNoCopy(stamped), metav1.GetControllerOfNoCopy(live)
+	if (want == nil) != (got == nil) || want != nil && (want.UID != got.UID || want.Kind != got.Kind) {
+		return false
+	}
+	return len(Edits(live.GetManagedFields(), others...)) == 0
+}
+
+// Path is a field path others may write without it counting as an edit, as dot-separated field
+// names ("spec.template.metadata.annotations": kubectl rollout restart's).
+type Path string
+
+// Edits returns the writers other than FieldManager that own a content field of the object (any
+// field but metadata, status, apiVersion and kind, outside the paths others may write), in
+// managedFields order.
+func Edits(entries []metav1.ManagedFieldsEntry, others ...Path) []string {
+	var out []string
+	for _, e := range entries {
+		if e.Manager == FieldManager || e.Subresource != "" || e.FieldsV1 == nil {
+			continue
+		}
+		fields := map[string]any{}
+		if err := json.Unmarshal(e.FieldsV1.Raw, &fields); err != nil {
+			out = append(out, e.Manager) // unreadable: it cannot be shown to be harmless
+			continue
+		}
+		for _, p := range others {
+			drop(fields, strings.Split(string(p), "."))
+		}
+		for k, v := range fields {
+			if !metaField(k) && owns(v) {
+				out = append(out, e.Manager)
+				break
+			}
+		}
+	}
+	return out
+}
+
+// Summary is what a cache keeps of an object's managedFields for Current: the entries that are
+// edits (Edits, with no paths allowed), with only their content fields. Usually nothing.
+func Summary(entries []metav1.ManagedFieldsEntry) []metav1.ManagedFieldsEntry {
+	var out []metav1.ManagedFieldsEntry
+	for _, e := range entries {
+		if len(Edits([]metav1.ManagedFieldsEntry{e})) == 0 {
+			continue
+		}
+		fields := map[string]any{}
+		if err := json.Unmarshal(e.FieldsV1.Raw, &fields); err == nil {
+			for k := range fields {
+				if metaField(k) {
+					delete(fields, k)
+				}
+			}
+			if raw, err := json.Marshal(fields); err == nil {
+				e.FieldsV1 = &metav1.FieldsV1{Raw: raw}
+			}
+		}
+		e.Time = nil
+		out = append(out, e)
+	}
+	return out
+}
+
+func metaField(k string) bool {
+	switch k {
+	case "f:metadata", "f:status", "f:apiVersion", "f:kind", ".":
+		return true
+	}
+	return false
+}
+
+// owns reports whether a fieldsV1 subtree names a field (not only its "." marker).
+func owns(v any) bool {
+	m, ok := v.(map[string]any)
+	if !ok || len(m) == 0 {
+		return true // a leaf
+	}
+	for k := range m {
+		if k != "." {
+			return true
+		}
+	}
+	return false
+}
+
+// drop removes the subtree at path (field names) from fields.
+func drop(fields map[string]any, path []string) {
+	if len(path) == 0 {
+		return
+	}
+	key := "f:" + path[0]
+	if len(path) == 1 {
+		delete(fields, key)
+		return
+	}
+	if sub, ok := fields[key].(map[string]any); ok && len(sub) > 0 {
+		drop(sub, path[1:])
+		if len(sub) == 0 || !owns(sub) { // nothing of it left but its "." marker
+			delete(fields, key)
+		}
+	}
+}

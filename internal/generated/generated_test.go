@@ -1,0 +1,138 @@
+package generated
+
+import (
+	"slices"
+	"testing"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+)
+
+func policy(spec map[string]any) *unstructured.Unstructured {
+	u := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "kyverno.io/v1", "kind": "Policy",
+		"metadata": map[string]any{"name": "p", "namespace": "shop", "labels": map[string]any{"a": "b"}},
+		"spec":     spec,
+	}}
+	u.SetOwnerReferences([]metav1.OwnerReference{{Kind: "NimbusPolicy", Name: "web", UID: "np-uid", Controller: new(true)}})
+	return u
+}
+
+func entry(manager, subresource, fields string) metav1.ManagedFieldsEntry {
+	return metav1.ManagedFieldsEntry{Manager: manager, Operation: metav1.ManagedFieldsOperationUpdate, Subresource: subresource,
+		FieldsType: "FieldsV1", FieldsV1: &metav1.FieldsV1{Raw: []byte(fields)}}
+}
+
+// stored is the object as the API server keeps it after our write: stamped, defaults filled in
+// (owned by us: a default set while our write is stored is ours), plus entries.
+func stored(t *testing.T, entries ...metav1.ManagedFieldsEntry) (desired, live *unstructured.Unstructured) {
+	t.Helper()
+	desired = policy(map[string]any{"rules": []any{map[string]any{"name": "r", "validate": map[string]any{"failureAction": "Enforce"}}}})
+	if err := Stamp(desired); err != nil {
+		t.Fatal(err)
+	}
+	live = desired.DeepCopy()
+	spec := live.Object["spec"].(map[string]any)
+	spec["admission"], spec["background"] = true, true
+	spec["rules"].([]any)[0].(map[string]any)["validate"].(map[string]any)["allowExistingViolations"] = true
+	live.SetAnnotations(map[string]string{HashAnnotation: desired.GetAnnotations()[HashAnnotation], "someone's": "note"})
+	live.SetManagedFields(append([]metav1.ManagedFieldsEntry{entry(FieldManager, "", `{"f:spec":{"f:rules":{},"f:admission":{}}}`)}, entries...))
+	return desired, live
+}
+
+func TestCurrent(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		entries []metav1.ManagedFieldsEntry
+		others  []Path
+		edit    func(live *unstructured.Unstructured)
+		want    bool
+	}{
+		{name: "as written, with the server's defaults", want: true},
+		{name: "the engine's status writes", entries: []metav1.ManagedFieldsEntry{entry("kyverno", "status", `{"f:status":{"f:conditions":{}}}`)}, want: true},
+		{name: "someone's metadata (a label, the garbage collector)", entries: []metav1.ManagedFieldsEntry{entry("kubectl-label", "", `{"f:metadata":{"f:labels":{"f:x":{}}}}`)}, want: true},
+		{name: "an edit of the spec", entries: []metav1.ManagedFieldsEntry{entry("kubectl-edit", "", `{"f:spec":{"f:rules":{}}}`)}},
+		{name: "a field added (admission off)", entries: []metav1.ManagedFieldsEntry{entry("kubectl-patch", "", `{"f:spec":{"f:admission":{}}}`)}},
+		{name: "a top-level field of a ConfigMap", entries: []metav1.ManagedFieldsEntry{entry("kubectl-edit", "", `{"f:data":{"f:x":{}}}`)}},
+		{name: "a path others may write", entries: []metav1.ManagedFieldsEntry{entry("kubectl-rollout", "", `{"f:spec":{"f:template":{"f:metadata":{"f:annotations":{".":{},"f:kubectl.kubernetes.io/restartedAt":{}}}}}}`)},
+			others: []Path{"spec.template.metadata.annotations"}, want: true},
+		{name: "beside a path others may write", entries: []metav1.ManagedFieldsEntry{entry("kubectl-edit", "", `{"f:spec":{"f:template":{"f:metadata":{"f:annotations":{}},"f:spec":{"f:x":{}}}}}`)},
+			others: []Path{"spec.template.metadata.annotations"}},
+		{name: "a label of ours removed", edit: func(l *unstructured.Unstructured) { l.SetLabels(nil) }},
+		{name: "the hash of an older want", edit: func(l *unstructured.Unstructured) {
+			l.SetAnnotations(map[string]string{HashAnnotation: "older"})
+		}},
+		{name: "another controller", edit: func(l *unstructured.Unstructured) {
+			l.SetOwnerReferences([]metav1.OwnerReference{{Kind: "NimbusPolicy", Name: "web", UID: "other", Controller: new(true)}})
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			desired, live := stored(t, tc.entries...)
+			if tc.edit != nil {
+				tc.edit(live)
+			}
+			if got := Current(desired, live, tc.others...); got != tc.want {
+				t.Errorf("Current = %v, want %v", got, tc.want)
+			}
+			// The cache keeps only what the rule needs, and the rule reads it the same way.
+			live.SetManagedFields(Summary(live.GetManagedFields()))
+			if got := Current(desired, live, tc.others...); got != tc.want {
+				t.Errorf("Current on the cache's summary = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestHashSaysWhatTheWantSays(t *testing.T) {
+	base := policy(map[string]any{"background": true, "rules": []any{"x"}})
+	h := func(u *unstructured.Unstructured) string {
+		s, err := Hash(u)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	same := base.DeepCopy()
+	same.SetResourceVersion("42")
+	same.SetAnnotations(map[string]string{HashAnnotation: "anything"})
+	same.Object["status"] = map[string]any{"ready": true}
+	if h(base) != h(same) {
+		t.Error("the hash depends on the resourceVersion, the hash annotation or the status")
+	}
+	for name, edit := range map[string]func(u *unstructured.Unstructured){
+		"a field dropped": func(u *unstructured.Unstructured) { delete(u.Object["spec"].(map[string]any), "background") },
+		"a label":         func(u *unstructured.Unstructured) { u.SetLabels(map[string]string{"a": "c"}) },
+		"an annotation":   func(u *unstructured.Unstructured) { u.SetAnnotations(map[string]string{"x": "y"}) },
+		"the controller": func(u *unstructured.Unstructured) {
+			u.SetOwnerReferences([]metav1.OwnerReference{{Kind: "NimbusPolicy", Name: "web", UID: "other", Controller: new(true)}})
+		},
+	} {
+		u := base.DeepCopy()
+		edit(u)
+		if h(u) == h(base) {
+			t.Errorf("%s: same hash", name)
+		}
+	}
+}
+
+func TestSummaryKeepsOnlyEdits(t *testing.T) {
+	entries := []metav1.ManagedFieldsEntry{
+		entry(FieldManager, "", `{"f:spec":{}}`),
+		entry("kyverno", "status", `{"f:status":{}}`),
+		entry("kubectl-label", "", `{"f:metadata":{"f:labels":{}}}`),
+		entry("kubectl-edit", "", `{"f:metadata":{"f:labels":{}},"f:spec":{"f:x":{}}}`),
+	}
+	got := Summary(entries)
+	if len(got) != 1 || got[0].Manager != "kubectl-edit" || string(got[0].FieldsV1.Raw) != `{"f:spec":{"f:x":{}}}` {
+		t.Errorf("Summary = %+v", got)
+	}
+	if again := Summary(got); len(again) != 1 || string(again[0].FieldsV1.Raw) != string(got[0].FieldsV1.Raw) {
+		t.Errorf("Summary of a summary = %+v", again)
+	}
+	if got := Edits([]metav1.ManagedFieldsEntry{entry("x", "", `{`)}); !slices.Equal(got, []string{"x"}) {
+		t.Errorf("an unreadable entry: Edits = %v, want it counted", got)
+	}
+	if !slices.Equal(Edits(entries), []string{"kubectl-edit"}) {
+		t.Errorf("Edits = %v", Edits(entries))
+	}
+}
