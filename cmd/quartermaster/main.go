@@ -35,7 +35,8 @@ func controllers() []registry.Controller {
 
 // subcommands are the other programs of the suite that ship in the same binary and image (the
 // registry mirror's cache and its node agent, the pipeline's namespace request); each file that defines one adds it in init. The
-// manager runs when the first argument names none of them.
+// manager runs when the first argument names none of them. Every command, the manager included, reads
+// its flags with internal/cli (kubectl's convention: flags before or after the arguments).
 var subcommands = map[string]func(ctx context.Context, args []string) error{}
 
 func main() {

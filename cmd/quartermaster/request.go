@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/config"
 
+	"github.com/quartermaster-dev/quartermaster/internal/cli"
 	"github.com/quartermaster-dev/quartermaster/internal/nsclient"
 )
 
@@ -19,22 +21,31 @@ func init() {
 	subcommands["request"] = request
 }
 
-// request is the pipeline side of a namespace request: quartermaster request NAME.
-func request(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("request", flag.ContinueOnError)
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), `Usage: quartermaster request [flags] NAME
-
-Asks the namespaces controller for namespace NAME (creating the request ConfigMap NAME, or reusing
+// requestUsage is `quartermaster request --help`, above its flags.
+var requestUsage = cli.Usage{
+	Command: "quartermaster request",
+	Args:    "NAME",
+	About: `Asks the namespaces controller for namespace NAME (creating the request ConfigMap NAME, or reusing
 it), waits for the answer and writes the kubeconfig it hands out. Exits 0 when the namespace is
 ready, 2 at once when the request is refused (Invalid or Conflict, with the controller's reason),
 and 1 on a timeout or any other error. Needs only create/get/delete of ConfigMaps and get of Secrets
-in the requests namespace (config/samples/namespaces/pipeline-rbac.yaml).
+in the requests namespace (config/samples/namespaces/pipeline-rbac.yaml). Flags may come before or
+after NAME.`,
+	Examples: []string{
+		"# Ask for namespace ci-pr-42 for two hours, then deploy into it with the kubeconfig it hands out\n" +
+			"quartermaster request ci-pr-42 --ttl=2h --kubeconfig-out=kubeconfig && KUBECONFIG=kubeconfig kubectl apply -f deploy/",
+		"# The same with the flags first, a controller watching another requests namespace, and a shorter wait\n" +
+			"quartermaster request --requests-namespace team-requests --timeout 30s ci-pr-42",
+		"# As a pipeline identity other than KUBECONFIG's\n" +
+			"quartermaster request ci-pr-42 --kubeconfig=pipeline.kubeconfig --token-ttl=30m",
+	},
+}
 
-Flags:
-`)
-		fs.PrintDefaults()
-	}
+// requestFlags reads request's command line (flags before or after the name) into the request.
+// flag.ErrHelp is returned for --help, after the usage was written to out.
+func requestFlags(args []string, out io.Writer) (nsclient.Request, error) {
+	fs := flag.NewFlagSet("request", flag.ContinueOnError)
+	fs.SetOutput(out)
 	r := nsclient.Request{}
 	fs.StringVar(&r.RequestsNamespace, "requests-namespace", "namespace-requests", "the namespace whose ConfigMaps are requests (the controller's --requests-namespace)")
 	fs.DurationVar(&r.TTL, "ttl", 0, "delete the namespace this long after its creation (0: no expiry, or the operator's --max-ttl)")
@@ -42,17 +53,29 @@ Flags:
 	fs.DurationVar(&r.Timeout, "timeout", 2*time.Minute, "how long to wait for the namespace to be ready")
 	fs.StringVar(&r.KubeconfigPath, "kubeconfig-out", "kubeconfig", "where to write the namespace's kubeconfig (mode 0600)")
 	config.RegisterFlags(fs) // --kubeconfig: the pipeline's own identity
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil
-		}
+	names, err := cli.Parse(fs, requestUsage, args)
+	if err != nil {
+		return r, err
+	}
+	switch {
+	case len(names) == 0:
+		return r, requestUsage.Errorf("want exactly one argument, the namespace's name")
+	case len(names) > 1:
+		return r, requestUsage.Errorf("want exactly one argument, the namespace's name, got %q", names)
+	}
+	r.Name = names[0]
+	return r, nil
+}
+
+// request is the pipeline side of a namespace request: quartermaster request NAME.
+func request(ctx context.Context, args []string) error {
+	r, err := requestFlags(args, os.Stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return nil
+	}
+	if err != nil {
 		return err
 	}
-	if fs.NArg() != 1 {
-		fs.Usage()
-		return errors.New("want exactly one argument, the namespace's name")
-	}
-	r.Name = fs.Arg(0)
 	cfg, err := config.GetConfig()
 	if err != nil {
 		return fmt.Errorf("no API server to talk to (use --kubeconfig or KUBECONFIG): %w", err)

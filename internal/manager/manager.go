@@ -31,6 +31,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/quartermaster-dev/quartermaster/internal/cachemeta"
+	"github.com/quartermaster-dev/quartermaster/internal/cli"
 	"github.com/quartermaster-dev/quartermaster/internal/codepages"
 	"github.com/quartermaster-dev/quartermaster/internal/memlimit"
 	"github.com/quartermaster-dev/quartermaster/internal/registry"
@@ -95,7 +96,23 @@ func Scheme(addToScheme ...func(*runtime.Scheme) error) *runtime.Scheme {
 	return s
 }
 
-// ParseFlags parses args into Options and into every controller's own flags.
+// usage is the manager's --help, above its flags.
+var usage = cli.Usage{
+	Command: "quartermaster",
+	About: `Runs the Quartermaster manager: every configured controller (or those --controllers names)
+in one controller-runtime manager. The binary's other commands, each with its own help
+(quartermaster COMMAND --help): request (a pipeline's namespace request), registry-mirror and
+node-agent (the mirrors controller's workloads run them).`,
+	Examples: []string{
+		"# Run the namespaces and iam controllers against the current kubeconfig's cluster\n" +
+			"quartermaster --controllers=namespaces,iam --cluster-name=prod --oidc-issuer=https://oidc.example.com",
+		"# Run every configured controller with leader election, as the Deployment does\n" +
+			"quartermaster --leader-elect --leader-election-namespace=quartermaster-system --zap-log-level=debug",
+	},
+}
+
+// ParseFlags parses args into Options and into every controller's own flags (internal/cli: flags
+// in any order, --flag=value or --flag value, Go's -flag accepted too).
 // flag.ErrHelp is returned for -h/--help, after the usage was written to out.
 func ParseFlags(args []string, all []registry.Controller, out io.Writer) (*Options, error) {
 	o := &Options{}
@@ -138,11 +155,12 @@ func ParseFlags(args []string, all []registry.Controller, out io.Writer) (*Optio
 			c.AddFlags(fs)
 		}
 	}
-	if err := fs.Parse(args); err != nil {
+	rest, err := cli.Parse(fs, usage, args)
+	if err != nil {
 		return nil, err
 	}
-	if fs.NArg() > 0 {
-		return nil, fmt.Errorf("unexpected arguments: %q", fs.Args())
+	if len(rest) > 0 {
+		return nil, usage.Errorf("unexpected arguments: %q", rest)
 	}
 	if err := o.validateLease(); err != nil {
 		return nil, err

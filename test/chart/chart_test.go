@@ -374,14 +374,18 @@ func TestEveryFlagHasAValue(t *testing.T) {
 	if err := testenv.GoBuild(bin, "./cmd/quartermaster"); err != nil {
 		t.Fatal(err)
 	}
-	help, _ := exec.Command(bin, "--help").CombinedOutput() // exits 0 or 2 depending on the flag package
+	help, err := exec.Command(bin, "--help").CombinedOutput()
+	if err != nil {
+		t.Fatalf("quartermaster --help: %v\n%s", err, help)
+	}
 	template, err := os.ReadFile(filepath.Join(testenv.RepoRoot(), chart.Dir, "templates", "deployment.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	flags := 0
-	for line := range strings.Lines(string(help)) {
-		name, ok := strings.CutPrefix(line, "  -")
+	_, flagLines, _ := strings.Cut(string(help), "\nFlags:\n")
+	for line := range strings.Lines(flagLines) {
+		name, ok := strings.CutPrefix(strings.TrimSpace(line), "--")
 		if !ok {
 			continue
 		}

@@ -100,7 +100,8 @@ func TestPipelineRequestsANamespaceWithLeastRights(t *testing.T) {
 	}
 
 	t.Run("quartermaster request", func(t *testing.T) {
-		code, _, stderr := p.run(t, managerBin, "request", "--ttl=1h", "--kubeconfig-out=e2e-pipe.kubeconfig", "e2e-pipe")
+		// Flags after the name (kubectl's convention; the second run has them before it).
+		code, _, stderr := p.run(t, managerBin, "request", "e2e-pipe", "--ttl", "1h", "--kubeconfig-out=e2e-pipe.kubeconfig")
 		if code != 0 || !strings.Contains(stderr, "namespace e2e-pipe is ready") {
 			t.Fatalf("exit %d, stderr:\n%s", code, stderr)
 		}

@@ -1,0 +1,169 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	registryv1alpha1 "github.com/quartermaster-dev/quartermaster/api/registry/v1alpha1"
+	"github.com/quartermaster-dev/quartermaster/internal/manager"
+	"github.com/quartermaster-dev/quartermaster/internal/mirror"
+	"github.com/quartermaster-dev/quartermaster/internal/nsclient"
+	"github.com/quartermaster-dev/quartermaster/internal/testing/chart"
+	"github.com/quartermaster-dev/quartermaster/internal/testing/testenv"
+)
+
+// TestRequestFlagsBeforeOrAfterTheName: kubectl's convention, the issue's own command line first.
+func TestRequestFlagsBeforeOrAfterTheName(t *testing.T) {
+	want := nsclient.Request{Name: "ci-good", RequestsNamespace: "team-requests", TTL: time.Hour, TokenTTL: 30 * time.Minute,
+		Timeout: 2 * time.Minute, KubeconfigPath: "out.kubeconfig"}
+	for _, args := range [][]string{
+		{"ci-good", "--requests-namespace", "team-requests", "--ttl=1h", "--token-ttl", "30m", "--kubeconfig-out=out.kubeconfig"},
+		{"ci-good", "--requests-namespace=team-requests", "--ttl", "1h", "--token-ttl=30m", "--kubeconfig-out", "out.kubeconfig"},
+		{"--requests-namespace", "team-requests", "--ttl=1h", "--token-ttl", "30m", "--kubeconfig-out=out.kubeconfig", "ci-good"},
+		{"--requests-namespace=team-requests", "--ttl", "1h", "ci-good", "--token-ttl=30m", "--kubeconfig-out", "out.kubeconfig"},
+		{"-requests-namespace=team-requests", "-ttl", "1h", "-token-ttl=30m", "-kubeconfig-out", "out.kubeconfig", "ci-good"}, // Go's form
+	} {
+		got, err := requestFlags(args, io.Discard)
+		if err != nil || got != want {
+			t.Errorf("%q:\n got %+v, %v\nwant %+v", args, got, err, want)
+		}
+	}
+	got, err := requestFlags([]string{"ci-good"}, io.Discard)
+	if err != nil || got != (nsclient.Request{Name: "ci-good", RequestsNamespace: "namespace-requests", Timeout: 2 * time.Minute, KubeconfigPath: "kubeconfig"}) {
+		t.Errorf("defaults: %+v, %v", got, err)
+	}
+}
+
+func TestRequestWantsOneName(t *testing.T) {
+	for _, args := range [][]string{{}, {"--ttl=1h"}, {"a", "b"}, {"a", "--ttl", "1h", "b"}} {
+		_, err := requestFlags(args, io.Discard)
+		if err == nil || !strings.Contains(err.Error(), "want exactly one argument") || !strings.Contains(err.Error(), "see 'quartermaster request --help'") {
+			t.Errorf("%q: %v", args, err)
+		}
+	}
+	// The name is read whatever the order, so the command gets as far as looking for its cluster.
+	err := request(context.Background(), []string{"ci-good", "--requests-namespace", "namespace-requests", "--kubeconfig", filepath.Join(t.TempDir(), "none")})
+	if err == nil || !strings.Contains(err.Error(), "no API server to talk to") {
+		t.Errorf("flags after the name: %v", err)
+	}
+}
+
+func TestRequestHelpShowsExamples(t *testing.T) {
+	for _, args := range [][]string{{"--help"}, {"ci-good", "-h"}} {
+		var out strings.Builder
+		_, err := requestFlags(args, &out)
+		if !errors.Is(err, flag.ErrHelp) {
+			t.Errorf("%q: %v, want flag.ErrHelp", args, err)
+		}
+		for _, want := range []string{
+			"quartermaster request [flags] NAME", "Examples:", "quartermaster request ci-pr-42 --ttl=2h",
+			"quartermaster request --requests-namespace team-requests --timeout 30s ci-pr-42",
+			`--requests-namespace string   the namespace whose ConfigMaps are requests (the controller's --requests-namespace) (default "namespace-requests")`,
+			"--kubeconfig string", "--ttl duration", "--timeout duration", "(default 2m0s)",
+		} {
+			if !strings.Contains(out.String(), want) {
+				t.Errorf("%q: the help lacks %q:\n%s", args, want, out.String())
+			}
+		}
+	}
+}
+
+// TestEveryShippedCommandLineStillParses: the command lines the repository runs the binary with
+// (the chart's renders, config/manager, the mirrors controller's cache and agent workloads) are
+// read by every command's parser, with Go's single-dash spelling of the same flags too.
+func TestEveryShippedCommandLineStillParses(t *testing.T) {
+	root := testenv.RepoRoot()
+	var managerArgs [][]string
+	for _, file := range []string{"config/manager/manager.yaml", "test/chart/testdata/default.golden.yaml",
+		"test/chart/testdata/all.golden.yaml", "test/chart/testdata/minimal.golden.yaml"} {
+		manifest, err := os.ReadFile(filepath.Join(root, file))
+		if err != nil {
+			t.Fatal(err)
+		}
+		objs, err := chart.Objects(manifest)
+		if err != nil {
+			t.Fatal(err)
+		}
+		args := containerArgs(t, chart.Find(objs, "Deployment", "quartermaster-manager"))
+		if len(args) < 4 {
+			t.Fatalf("%s: the manager's args %q", file, args)
+		}
+		managerArgs = append(managerArgs, args)
+	}
+	for _, args := range managerArgs {
+		for _, args := range [][]string{args, singleDash(args)} {
+			if _, err := manager.ParseFlags(args, controllers(), io.Discard); err != nil {
+				t.Errorf("manager %q: %v", args, err)
+			}
+		}
+	}
+	o, err := manager.ParseFlags([]string{"-leader-elect", "-zap-log-level", "debug", "--controllers", "namespaces", "-vsphere-insecure=false"}, controllers(), io.Discard)
+	if err != nil || !o.LeaderElect || o.Controllers != "namespaces" || o.Zap.Level == nil {
+		t.Errorf("manager, mixed forms: %+v, %v", o, err)
+	}
+
+	in := mirror.Install{Namespace: "quartermaster-mirrors", Image: "quartermaster:test", AgentServiceAccount: "quartermaster-node-agent"}
+	s, err := mirror.Resolve(&registryv1alpha1.RegistryMirror{ObjectMeta: metav1.ObjectMeta{Name: "hub"},
+		Spec: registryv1alpha1.RegistryMirrorSpec{UpstreamURL: "https://registry-1.docker.io"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sts := mirror.StatefulSet(in, s, "hash").Spec.Template.Spec.Containers[0].Args
+	agent := mirror.AgentDaemonSet(in, s, "http://10.96.0.12:5000").Spec.Template.Spec.Containers[0].Args
+	if sts[0] != "registry-mirror" || agent[0] != "node-agent" {
+		t.Fatalf("rendered commands %q and %q", sts, agent)
+	}
+	for _, args := range [][]string{sts[1:], singleDash(sts[1:])} {
+		o, err := registryMirrorFlags(args, io.Discard)
+		if err != nil || o.ConfigPath != filepath.Join(mirror.ConfigDir, mirror.ConfigFile) || o.CredentialsDir != mirror.ConfigDir {
+			t.Errorf("registry-mirror %q: %+v, %v", args, o, err)
+		}
+	}
+	for _, args := range [][]string{agent[1:], singleDash(agent[1:])} {
+		cfg, _, probe, err := nodeAgentFlags(args, io.Discard)
+		if err != nil || cfg.Mirror != "hub" || cfg.Endpoint != "http://10.96.0.12:5000" || cfg.Root != mirror.HostRoot || probe != ":"+strconv.Itoa(mirror.AgentProbePort) {
+			t.Errorf("node-agent %q: %+v probe %q, %v", args, cfg, probe, err)
+		}
+	}
+	// As test/e2e runs the agent, with the flags after an argument-less command.
+	cfg, zopts, probe, err := nodeAgentFlags([]string{"--mirror=hub", "--resync", "1s", "--probe-address=127.0.0.1:0", "--zap-devel"}, io.Discard)
+	if err != nil || cfg.Resync != time.Second || probe != "127.0.0.1:0" || !zopts.Development {
+		t.Errorf("node-agent as e2e runs it: %+v %q, %v", cfg, probe, err)
+	}
+	if _, err := registryMirrorFlags([]string{"stray"}, io.Discard); err == nil || !strings.Contains(err.Error(), "takes no arguments") {
+		t.Errorf("registry-mirror with an argument: %v", err)
+	}
+}
+
+func containerArgs(t *testing.T, d *unstructured.Unstructured) []string {
+	t.Helper()
+	if d == nil {
+		t.Fatal("no Deployment quartermaster-manager")
+	}
+	containers, _, _ := unstructured.NestedSlice(d.Object, "spec", "template", "spec", "containers")
+	var args []string
+	for _, a := range containers[0].(map[string]any)["args"].([]any) {
+		args = append(args, a.(string))
+	}
+	return args
+}
+
+// singleDash spells --flag as the flag package also accepted it, -flag.
+func singleDash(args []string) []string {
+	out := make([]string, len(args))
+	for i, a := range args {
+		out[i] = strings.Replace(a, "--", "-", 1)
+	}
+	return out
+}
