@@ -63,3 +63,30 @@ func TestCredentialsAllowed(t *testing.T) {
 		t.Error("CredentialsAllowed with no target: true")
 	}
 }
+
+// FuzzCredentialsAllowed: whatever the URLs, credentials never go in clear unless the upstream
+// itself is plain http and the target is that very host, and never to a host outside the
+// upstream's registrable domain.
+func FuzzCredentialsAllowed(f *testing.F) {
+	f.Add("https://registry-1.docker.io", "https://auth.docker.io/token")
+	f.Add("http://127.0.0.1:5000", "http://127.0.0.1:5000/token")
+	f.Add("https://example.co.uk", "https://evil.co.uk/token")
+	f.Add("https://a.github.io", "http://a.github.io:80/token")
+	f.Fuzz(func(t *testing.T, upstream, target string) {
+		u, err := url.Parse(target)
+		if err != nil || !CredentialsAllowed(upstream, u) {
+			return
+		}
+		up, err := url.Parse(upstream)
+		if err != nil {
+			t.Fatalf("allowed with an upstream that is no URL: %q", upstream)
+		}
+		same := hostPort(up) == hostPort(u)
+		if u.Scheme != "https" && !(same && up.Scheme == "http") {
+			t.Errorf("CredentialsAllowed(%q, %q): credentials in clear", upstream, target)
+		}
+		if !same && (registrableDomain(up.Hostname()) == "" || registrableDomain(up.Hostname()) != registrableDomain(u.Hostname())) {
+			t.Errorf("CredentialsAllowed(%q, %q): another owner's host", upstream, target)
+		}
+	})
+}
