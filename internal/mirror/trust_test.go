@@ -82,7 +82,7 @@ func FuzzCredentialsAllowed(f *testing.F) {
 			t.Fatalf("allowed with an upstream that is no URL: %q", upstream)
 		}
 		same := hostPort(up) == hostPort(u)
-		if u.Scheme != "https" && !(same && up.Scheme == "http") {
+		if u.Scheme != "https" && (!same || up.Scheme != "http") {
 			t.Errorf("CredentialsAllowed(%q, %q): credentials in clear", upstream, target)
 		}
 		if !same && (registrableDomain(up.Hostname()) == "" || registrableDomain(up.Hostname()) != registrableDomain(u.Hostname())) {

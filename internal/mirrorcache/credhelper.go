@@ -13,6 +13,7 @@ import (
 	"strings"
 
 	"github.com/docker/docker-credential-helpers/credentials"
+
 	"github.com/quartermaster-dev/quartermaster/internal/mirror"
 )
 

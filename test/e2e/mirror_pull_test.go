@@ -225,7 +225,7 @@ func mustPullImage(t *testing.T, node *containerdNode, ref string, auth *runtime
 // startNodeAgent runs `quartermaster node-agent` for pod, with its DaemonSet's args and env as
 // the kubelet would give them, but the node's root at node.Root and the cache at endpoint (a
 // loopback address where a node reaches the mirror's Service).
-func startNodeAgent(t *testing.T, ds *appsv1.DaemonSet, pod *corev1.Pod, node *containerdNode, endpoint string) *process {
+func startNodeAgent(t *testing.T, ds *appsv1.DaemonSet, pod *corev1.Pod, node *containerdNode, endpoint string) {
 	t.Helper()
 	container := ds.Spec.Template.Spec.Containers[0]
 	var args []string
@@ -241,7 +241,7 @@ func startNodeAgent(t *testing.T, ds *appsv1.DaemonSet, pod *corev1.Pod, node *c
 		args = append(args, a)
 	}
 	env := fieldEnv(t, container.Env, pod)
-	return startAs(t, "node agent "+pod.Spec.NodeName, mirrorsNamespace, ds.Spec.Template.Spec.ServiceAccountName, env, args...)
+	startAs(t, "node agent "+pod.Spec.NodeName, mirrorsNamespace, ds.Spec.Template.Spec.ServiceAccountName, env, args...)
 }
 
 // fieldEnv resolves a container's environment as the kubelet does for the fields a mirror's
