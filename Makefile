@@ -83,6 +83,10 @@ chart: ## Package the Helm chart into bin/chart/ (CHART_VERSION, appVersion TAG)
 k8s-bin: ## Build kube-apiserver, controller-manager, scheduler, kubectl, etcd, kwok(ctl) from source into the cache.
 	@hack/k8s-bin.sh
 
+.PHONY: containerd-bin
+containerd-bin: ## Build containerd v2 from source into the cache (the e2e tests pull through a mirror with it).
+	@hack/containerd-bin.sh
+
 ##@ Test
 .PHONY: test
 test: lint verify-generated test-unit test-e2e ## Everything CI runs: lint, generated-file check, unit + envtest, e2e on the local cluster.
@@ -96,7 +100,7 @@ test-stress: ## The unit + envtest suite twice at once, three rounds in a row (R
 	hack/test-stress.sh
 
 .PHONY: test-e2e
-test-e2e: ## End-to-end tests on a local kwok cluster they create and delete.
+test-e2e: containerd-bin ## End-to-end tests on a local kwok cluster they create and delete, and a containerd daemon of their own (as root).
 	KUBEBUILDER_ASSETS="$(K8S_BIN)" $(GO) test -tags e2e -count=1 -timeout 30m ./test/e2e/...
 
 ##@ Local cluster

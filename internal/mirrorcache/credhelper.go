@@ -7,14 +7,12 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"net"
 	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
 
 	"github.com/docker/docker-credential-helpers/credentials"
-	"golang.org/x/net/publicsuffix"
 
 	"github.com/quartermaster-dev/quartermaster/internal/mirror"
 )
@@ -88,30 +86,12 @@ func readCredentials(dir string) (username, password string, err error) {
 }
 
 // hostAllowed reports whether host (host[:port], as distribution passes it) may receive the
-// upstream's credentials: the upstream itself, or a host of the same registrable domain
-// (auth.docker.io for registry-1.docker.io), never an IP address or localhost other than the
-// upstream's own host:port. distribution applies the same rule to the token realms it follows
-// (proxy.realmAllowed); this repeats it so a realm it let through by mistake still gets nothing.
+// upstream's credentials, by the one rule of mirror.CredentialsAllowed. distribution gives the
+// helper the host alone, so the host is taken as reached over https: the helper checks whom
+// credentials go to, not how.
 func hostAllowed(upstream, host string) bool {
-	u, err := url.Parse(upstream)
-	if err != nil || u.Host == "" || host == "" {
+	if host == "" || strings.ContainsAny(host, "/?#@") {
 		return false
 	}
-	if strings.EqualFold(u.Host, host) {
-		return true
-	}
-	upstreamName, name := strings.ToLower(u.Hostname()), strings.ToLower(host)
-	if h, _, err := net.SplitHostPort(host); err == nil {
-		name = strings.ToLower(h)
-	}
-	if name == "" || literalOrLocal(upstreamName) || literalOrLocal(name) {
-		return false
-	}
-	a, errA := publicsuffix.EffectiveTLDPlusOne(upstreamName)
-	b, errB := publicsuffix.EffectiveTLDPlusOne(name)
-	return errA == nil && errB == nil && a == b
-}
-
-func literalOrLocal(host string) bool {
-	return host == "localhost" || net.ParseIP(strings.Trim(host, "[]")) != nil
+	return mirror.CredentialsAllowed(upstream, &url.URL{Scheme: "https", Host: host})
 }

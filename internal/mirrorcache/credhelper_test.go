@@ -27,6 +27,9 @@ func TestHostAllowed(t *testing.T) {
 		{"https://quay.io", "", false},
 		// A public suffix is no shared domain: two tenants of github.io are strangers.
 		{"https://a.github.io", "b.github.io", false},
+		{"https://example.co.uk", "evil.co.uk", false},
+		{"https://registry.example.co.uk", "auth.example.co.uk", true},
+		{"https://quay.io", "quay.io/evil", false},
 		// Addresses and localhost must match host:port exactly.
 		{"http://127.0.0.1:5000", "127.0.0.1:5000", true},
 		{"http://127.0.0.1:5000", "127.0.0.1:5001", false},

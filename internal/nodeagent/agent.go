@@ -61,6 +61,10 @@ const (
 	ReasonConfigured = "Configured"
 	// ReasonConfigPathUnset: containerd reads no hosts.toml (containerd 1 without config_path).
 	ReasonConfigPathUnset = "ConfigPathUnset"
+	// ReasonConfigPathIgnored: containerd 2 reads config_path as one directory (its CRI pulls go
+	// through the transfer service) and it is a list, containerd 2's default included: pulls
+	// ignore every hosts.toml. The agent writes its file all the same, for when that is fixed.
+	ReasonConfigPathIgnored = "ConfigPathIgnored"
 	// ReasonConfigUnreadable: containerd's configuration could not be read or parsed.
 	ReasonConfigUnreadable = "ContainerdConfigUnreadable"
 	// ReasonConflict: a hosts.toml the agent did not write is in the way; it is left alone.
@@ -158,6 +162,7 @@ func (a *Agent) Sync(ctx context.Context) Status {
 
 // target is where the mirror's file goes on this node.
 type target struct {
+	hc       HostsConfig
 	hostsDir string // containerd's directory, a node path
 	dir      string // the mirror host's directory, as the agent sees it
 	file     string // its hosts.toml, as the agent sees it
@@ -176,6 +181,7 @@ func (a *Agent) locate() (target, *Status) {
 		return target{}, &Status{Reason: ReasonConfigPathUnset, Message: configPathUnsetMessage(hc)}
 	}
 	t := target{
+		hc:       hc,
 		hostsDir: hostsDir,
 		dir:      nodePath(a.cfg.Root, filepath.Join(hostsDir, a.cfg.MirrorHost)),
 	}
@@ -195,11 +201,33 @@ func configPathUnsetMessage(hc HostsConfig) string {
 		`set config_path = "/etc/containerd/certs.d" there and restart containerd`, hc.Version, table)
 }
 
+// check is writeFile's outcome, unless containerd ignores the directory the file is in: then the
+// node is not configured whatever the file says.
 func (a *Agent) check(ctx context.Context) Status {
 	t, st := a.locate()
 	if st != nil {
 		return *st
 	}
+	out := a.writeFile(ctx, t)
+	if out.Configured && t.hc.Ignored() {
+		return Status{HostsDir: t.hostsDir, Reason: ReasonConfigPathIgnored, Message: configPathIgnoredMessage(a.cfg, t)}
+	}
+	return out
+}
+
+func configPathIgnoredMessage(cfg Config, t target) string {
+	what := fmt.Sprintf("config_path is %q", t.hc.ConfigPath)
+	if t.hc.Defaulted {
+		what = fmt.Sprintf("config_path is unset, so it is containerd 2's default %q", t.hc.ConfigPath)
+	}
+	return fmt.Sprintf("containerd 2 pulls images for the kubelet through its transfer service, which reads config_path as one directory; "+
+		"%s, so pulls ignore %s: in %s set config_path = %q under [plugins.\"%s\".registry] "+
+		"(or use_local_image_pull = true under [plugins.\"%s\"]) and restart containerd",
+		what, filepath.Join(t.hostsDir, cfg.MirrorHost, "hosts.toml"), cfg.ContainerdConfig, t.hostsDir, imagesPlugin, imagesPlugin)
+}
+
+// writeFile keeps the mirror's file in t, and says whether it is in place.
+func (a *Agent) writeFile(ctx context.Context, t target) Status {
 	a.removeStale(t)
 	failed := func(reason, format string, args ...any) Status {
 		return Status{HostsDir: t.hostsDir, Reason: reason, Message: fmt.Sprintf(format, args...)}

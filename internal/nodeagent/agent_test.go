@@ -60,7 +60,7 @@ func wantStatus(t *testing.T, st Status, configured bool, reason, hostsDir strin
 }
 
 func TestWritesTheFile(t *testing.T) {
-	root := writeNodeFiles(t, nil) // no config.toml: containerd 2's defaults
+	root := writeNode(t, nil)
 	a := newAgent(t, root, nil)
 	st := a.Sync(context.Background())
 	wantStatus(t, st, true, ReasonConfigured, "/etc/containerd/certs.d")
@@ -82,7 +82,7 @@ func TestWritesTheFile(t *testing.T) {
 
 // A check of a node that is already right writes nothing: same inode, same modification time.
 func TestSteadyStateWritesNothing(t *testing.T) {
-	root := writeNodeFiles(t, nil)
+	root := writeNode(t, nil)
 	a := newAgent(t, root, nil)
 	a.Sync(context.Background())
 	before := statT(t, filepath.Join(root, hubFile))
@@ -105,7 +105,7 @@ func statT(t *testing.T, path string) syscall.Stat_t {
 }
 
 func TestRestoresItsFile(t *testing.T) {
-	root := writeNodeFiles(t, nil)
+	root := writeNode(t, nil)
 	a := newAgent(t, root, nil)
 	a.Sync(context.Background())
 	path := filepath.Join(root, hubFile)
@@ -131,7 +131,7 @@ func TestRestoresItsFile(t *testing.T) {
 
 func TestLeavesAForeignFileAlone(t *testing.T) {
 	foreign := "server = \"https://registry-1.docker.io\"\n[host.\"https://mirror.example\"]\n  capabilities = [\"pull\"]\n"
-	root := writeNodeFiles(t, map[string]string{hubFile: foreign})
+	root := writeNode(t, map[string]string{hubFile: foreign})
 	a := newAgent(t, root, nil)
 	st := a.Sync(context.Background())
 	wantStatus(t, st, false, ReasonConflict, "/etc/containerd/certs.d")
@@ -153,7 +153,7 @@ func TestLeavesAForeignFileAlone(t *testing.T) {
 // Another mirror's file is not ours while the agent cannot tell that mirror is gone.
 func TestLeavesAnotherMirrorsFileAlone(t *testing.T) {
 	other := string(wantContent("other"))
-	root := writeNodeFiles(t, map[string]string{hubFile: other})
+	root := writeNode(t, map[string]string{hubFile: other})
 	st := newAgent(t, root, nil).Sync(context.Background())
 	wantStatus(t, st, false, ReasonConflict, "/etc/containerd/certs.d")
 	if !strings.Contains(st.Message, "RegistryMirror other") {
@@ -172,7 +172,7 @@ func TestRemovesItsFilesOfOtherHosts(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(outside, "hosts.toml"), wantContent("hub"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	root := writeNodeFiles(t, map[string]string{
+	root := writeNode(t, map[string]string{
 		certs + "quay.io/hosts.toml":                string(wantContent("hub")),
 		certs + "registry.internal:5000/hosts.toml": string(wantContent("hub")),
 		certs + "registry.internal:5000/ca.crt":     "x",
@@ -209,7 +209,7 @@ func TestRemovesItsFilesOfOtherHosts(t *testing.T) {
 
 // containerd reads registry.internal_5000_ before registry.internal:5000.
 func TestShadowingDirectoryIsAConflict(t *testing.T) {
-	root := writeNodeFiles(t, map[string]string{"/etc/containerd/certs.d/registry.internal_5000_/ca.crt": "x"})
+	root := writeNode(t, map[string]string{"/etc/containerd/certs.d/registry.internal_5000_/ca.crt": "x"})
 	st := newAgentOf(t, root, nil, "internal", "registry.internal:5000").Sync(context.Background())
 	wantStatus(t, st, false, ReasonConflict, "/etc/containerd/certs.d")
 	if _, err := os.Stat(filepath.Join(root, "/etc/containerd/certs.d/registry.internal:5000")); !os.IsNotExist(err) {
@@ -249,13 +249,63 @@ func TestConfigPathUnsetThenSet(t *testing.T) {
 	readNode(t, root, hubFile)
 }
 
+// containerd 2's CRI pulls through the transfer service, which takes config_path as one
+// directory: with its default list the node is not configured, the file is written all the same
+// (containerd reads it once config_path is fixed), and the message says what to set.
+func TestConfigPathListIsIgnoredByContainerd2(t *testing.T) {
+	for name, tc := range map[string]struct {
+		config string // "" = no file
+		want   []string
+	}{
+		"no config file":               {want: []string{`config_path is unset, so it is containerd 2's default "/etc/containerd/certs.d:/etc/docker/certs.d"`}},
+		"version 3, no registry table": {config: "version = 3\n", want: []string{"containerd 2's default"}},
+		"version 3, a list": {
+			config: "version = 3\n[plugins.'io.containerd.cri.v1.images'.registry]\n  config_path = '/etc/containerd/certs.d:/etc/containerd/more.d'\n",
+			want:   []string{`config_path is "/etc/containerd/certs.d:/etc/containerd/more.d"`},
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			files := map[string]string{}
+			if tc.config != "" {
+				files[configFile] = tc.config
+			}
+			root := writeNodeFiles(t, files)
+			a := newAgent(t, root, nil)
+			st := a.Sync(context.Background())
+			wantStatus(t, st, false, ReasonConfigPathIgnored, "/etc/containerd/certs.d")
+			for _, w := range append(tc.want,
+				"reads config_path as one directory", "pulls ignore /etc/containerd/certs.d/docker.io/hosts.toml",
+				`in /etc/containerd/config.toml set config_path = "/etc/containerd/certs.d" under [plugins."io.containerd.cri.v1.images".registry]`,
+				`use_local_image_pull = true under [plugins."io.containerd.cri.v1.images"]`, "restart containerd") {
+				if !strings.Contains(st.Message, w) {
+					t.Errorf("message %q does not say %q", st.Message, w)
+				}
+			}
+			if got := readNode(t, root, hubFile); got != string(wantContent("hub")) {
+				t.Errorf("hosts.toml:\n%s", got)
+			}
+			if a.Status().Configured {
+				t.Error("the readiness status says configured")
+			}
+		})
+	}
+}
+
+// With use_local_image_pull containerd 2 pulls as containerd 1 did, reading each directory of the
+// list: the first one configures the node.
+func TestLocalPullReadsTheList(t *testing.T) {
+	root := writeNodeFiles(t, map[string]string{configFile: "version = 3\n[plugins.'io.containerd.cri.v1.images']\n  use_local_image_pull = true\n"})
+	wantStatus(t, newAgent(t, root, nil).Sync(context.Background()), true, ReasonConfigured, "/etc/containerd/certs.d")
+	readNode(t, root, hubFile)
+}
+
 func TestUnreadableContainerdConfig(t *testing.T) {
 	root := writeNodeFiles(t, map[string]string{configFile: "version = = 3"})
 	wantStatus(t, newAgent(t, root, nil).Sync(context.Background()), false, ReasonConfigUnreadable, "")
 }
 
 func TestProbes(t *testing.T) {
-	root := writeNodeFiles(t, nil)
+	root := writeNode(t, nil)
 	a := newAgent(t, root, nil)
 	srv := httptest.NewServer(a.Handler())
 	defer srv.Close()

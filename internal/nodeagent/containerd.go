@@ -37,6 +37,23 @@ type HostsConfig struct {
 	Defaulted bool
 	// Version is the main file's config version (0 when it has none, or there is no file).
 	Version int
+	// Containerd2: the configuration is containerd 2's (version 3 or later, or no file).
+	Containerd2 bool
+	// LocalPull: containerd 2's CRI pulls with its own resolver (use_local_image_pull = true),
+	// as containerd 1 always does, instead of through the transfer service.
+	LocalPull bool
+}
+
+// OneDirOnly reports whether containerd reads ConfigPath as a single directory: containerd 2's
+// CRI pulls through the transfer service, which joins the whole config_path with the host name
+// (core/transfer/registry: HostDirFromRoot(config_path)), while its local pull and containerd 1
+// split the list. A list there makes every pull ignore every hosts.toml.
+func (h HostsConfig) OneDirOnly() bool { return h.Containerd2 && !h.LocalPull }
+
+// Ignored reports whether containerd ignores the hosts directories of ConfigPath altogether: a
+// list (containerd 2's default is one) where it reads one directory only.
+func (h HostsConfig) Ignored() bool {
+	return h.OneDirOnly() && strings.ContainsRune(h.ConfigPath, filepath.ListSeparator)
 }
 
 // Dir is the directory the agent writes into: the first of ConfigPath, the one containerd looks
@@ -58,7 +75,8 @@ type containerdFile struct {
 }
 
 type registryPlugin struct {
-	Registry *registry `toml:"registry"`
+	Registry          *registry `toml:"registry"`
+	UseLocalImagePull bool      `toml:"use_local_image_pull"`
 }
 
 type registry struct {
@@ -89,7 +107,7 @@ func ReadHostsConfig(root, configFile string) (HostsConfig, error) {
 		}
 		data, err := os.ReadFile(nodePath(root, path))
 		if errors.Is(err, fs.ErrNotExist) && path == configFile {
-			out.ConfigPath, out.Defaulted = containerd2DefaultConfigPath, true
+			out.ConfigPath, out.Defaulted, out.Containerd2 = containerd2DefaultConfigPath, true, true
 			return out, nil
 		}
 		if err != nil {
@@ -109,7 +127,12 @@ func ReadHostsConfig(root, configFile string) (HostsConfig, error) {
 	}
 	out.Version = files[0].Version
 	if out.Version >= 3 {
-		reg := containerd2Registry(files)
+		out.Containerd2 = true
+		images := containerd2Images(files)
+		var reg *registry
+		if images != nil {
+			reg, out.LocalPull = images.Registry, images.UseLocalImagePull
+		}
 		if reg == nil || (reg.ConfigPath == "" && len(reg.Mirrors) == 0) {
 			out.ConfigPath, out.Defaulted = containerd2DefaultConfigPath, true
 		} else {
@@ -123,9 +146,9 @@ func ReadHostsConfig(root, configFile string) (HostsConfig, error) {
 	return out, nil
 }
 
-// containerd2Registry is the images plugin's registry table after containerd 2's migration of
-// older files and its merge; nil when no file has one.
-func containerd2Registry(files []containerdFile) *registry {
+// containerd2Images is the images plugin's table after containerd 2's migration of older files
+// and its merge; nil when no file has one.
+func containerd2Images(files []containerdFile) *registryPlugin {
 	var images *registryPlugin
 	for _, f := range files {
 		table, ok := f.Plugins[imagesPlugin]
@@ -147,10 +170,7 @@ func containerd2Registry(files []containerdFile) *registry {
 			images = &table
 		}
 	}
-	if images == nil {
-		return nil
-	}
-	return images.Registry
+	return images
 }
 
 // containerd1Registry is the CRI plugin's registry table after containerd 1's merge, where the

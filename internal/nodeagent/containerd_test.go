@@ -1,11 +1,23 @@
 package nodeagent
 
 import (
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 )
+
+// singleDirConfig is containerd 2's configuration as the mirror needs it: config_path one directory.
+const singleDirConfig = "version = 3\n[plugins.'io.containerd.cri.v1.images'.registry]\n  config_path = '/etc/containerd/certs.d'\n"
+
+// writeNode is writeNodeFiles with containerd's configuration singleDirConfig unless files has one.
+func writeNode(t *testing.T, files map[string]string) string {
+	t.Helper()
+	all := map[string]string{configFile: singleDirConfig}
+	maps.Copy(all, files)
+	return writeNodeFiles(t, all)
+}
 
 // writeNodeFiles lays out node files (node path → content) under a new root and returns it.
 func writeNodeFiles(t *testing.T, files map[string]string) string {
@@ -34,16 +46,41 @@ func TestReadHostsConfig(t *testing.T) {
 		files      map[string]string
 		configPath string // "" = containerd reads no hosts.toml
 		defaulted  bool
+		localPull  bool
+		ignored    bool // containerd 2 through its transfer service, and a list
 		err        string
 	}{
 		{
 			name:       "no config file: containerd 2 defaults",
-			configPath: "/etc/containerd/certs.d:/etc/docker/certs.d", defaulted: true,
+			configPath: "/etc/containerd/certs.d:/etc/docker/certs.d", defaulted: true, ignored: true,
 		},
 		{
 			name:       "containerd 2 (version 3) without registry settings",
 			files:      map[string]string{configFile: "version = 3\n[plugins.'io.containerd.cri.v1.runtime']\n  enable_selinux = false\n"},
-			configPath: "/etc/containerd/certs.d:/etc/docker/certs.d", defaulted: true,
+			configPath: "/etc/containerd/certs.d:/etc/docker/certs.d", defaulted: true, ignored: true,
+		},
+		{
+			name:       "containerd 2 with a list of directories",
+			files:      map[string]string{configFile: "version = 3\n[plugins.'io.containerd.cri.v1.images'.registry]\n  config_path = '/etc/containerd/certs.d:/etc/docker/certs.d'\n"},
+			configPath: "/etc/containerd/certs.d:/etc/docker/certs.d", ignored: true,
+		},
+		{
+			name:       "containerd 2 pulling locally reads the list",
+			files:      map[string]string{configFile: "version = 3\n[plugins.'io.containerd.cri.v1.images']\n  use_local_image_pull = true\n"},
+			configPath: "/etc/containerd/certs.d:/etc/docker/certs.d", defaulted: true, localPull: true,
+		},
+		{
+			name: "use_local_image_pull in an import",
+			files: map[string]string{
+				configFile:                         "version = 3\nimports = ['/etc/containerd/conf.d/*.toml']\n",
+				"/etc/containerd/conf.d/pull.toml": "version = 3\n[plugins.'io.containerd.cri.v1.images']\n  use_local_image_pull = true\n",
+			},
+			configPath: "/etc/containerd/certs.d:/etc/docker/certs.d", defaulted: true, localPull: true,
+		},
+		{
+			name:       "containerd 1 reads each directory of a list",
+			files:      map[string]string{configFile: "version = 2\n[plugins.'io.containerd.grpc.v1.cri'.registry]\n  config_path = '/etc/containerd/certs.d:/etc/docker/certs.d'\n"},
+			configPath: "/etc/containerd/certs.d:/etc/docker/certs.d",
 		},
 		{
 			name:       "containerd 2 (version 3) with its own config_path",
@@ -132,6 +169,9 @@ func TestReadHostsConfig(t *testing.T) {
 			}
 			if hc.ConfigPath != tc.configPath || hc.Defaulted != tc.defaulted {
 				t.Errorf("config_path %q (defaulted %v), want %q (defaulted %v)", hc.ConfigPath, hc.Defaulted, tc.configPath, tc.defaulted)
+			}
+			if hc.LocalPull != tc.localPull || hc.Ignored() != tc.ignored {
+				t.Errorf("local pull %v, ignored %v; want %v, %v", hc.LocalPull, hc.Ignored(), tc.localPull, tc.ignored)
 			}
 			if want := strings.Split(tc.configPath, ":")[0]; hc.Dir() != want {
 				t.Errorf("Dir() = %q, want %q", hc.Dir(), want)

@@ -180,7 +180,7 @@ func (f *apiFixture) testReports(t *testing.T) {
 	ctx := context.Background()
 	f.registryMirror(t, "hub", false)
 	kube := f.pod(t, "agent-reports")
-	root := writeNodeFiles(t, nil)
+	root := writeNode(t, nil)
 	a := newAgent(t, root, kube)
 
 	st := a.Sync(ctx)
@@ -213,7 +213,7 @@ func (f *apiFixture) testReports(t *testing.T) {
 
 func (f *apiFixture) testKeepsWhileMirrorExists(t *testing.T) {
 	f.registryMirror(t, "kept", false)
-	root := writeNodeFiles(t, nil)
+	root := writeNode(t, nil)
 	a := newAgentOf(t, root, f.pod(t, "agent-kept"), "kept", "docker.io")
 	a.Sync(context.Background())
 	a.Shutdown(context.Background())
@@ -225,7 +225,7 @@ func (f *apiFixture) testKeepsWhileMirrorExists(t *testing.T) {
 func (f *apiFixture) testRemovesWhenDeleting(t *testing.T) {
 	ctx := context.Background()
 	rm := f.registryMirror(t, "deleting", true)
-	root := writeNodeFiles(t, nil)
+	root := writeNode(t, nil)
 	a := newAgentOf(t, root, f.pod(t, "agent-deleting"), "deleting", "docker.io")
 	a.Sync(ctx)
 	if err := f.c.Delete(ctx, rm); err != nil {
@@ -243,7 +243,7 @@ func (f *apiFixture) testRemovesWhenDeleting(t *testing.T) {
 func (f *apiFixture) testRemovesWhenGone(t *testing.T) {
 	ctx := context.Background()
 	// Never created: NotFound. A certificate someone put next to the file keeps the directory.
-	root := writeNodeFiles(t, map[string]string{"/etc/containerd/certs.d/docker.io/ca.crt": "x"})
+	root := writeNode(t, map[string]string{"/etc/containerd/certs.d/docker.io/ca.crt": "x"})
 	a := newAgentOf(t, root, f.pod(t, "agent-gone"), "gone", "docker.io")
 	wantStatus(t, a.Sync(ctx), true, ReasonConfigured, "/etc/containerd/certs.d")
 	a.Shutdown(ctx)
@@ -258,7 +258,7 @@ func (f *apiFixture) testRemovesWhenGone(t *testing.T) {
 func (f *apiFixture) testTakesOverDeletedMirrorsFile(t *testing.T) {
 	ctx := context.Background()
 	// "old" does not exist: its leftover file is the agent's to replace.
-	root := writeNodeFiles(t, map[string]string{hubFile: string(wantContent("old"))})
+	root := writeNode(t, map[string]string{hubFile: string(wantContent("old"))})
 	a := newAgentOf(t, root, f.pod(t, "agent-takeover"), "new", "docker.io")
 	wantStatus(t, a.Sync(ctx), true, ReasonConfigured, "/etc/containerd/certs.d")
 	if got := readNode(t, root, hubFile); got != string(wantContent("new")) {
@@ -267,7 +267,7 @@ func (f *apiFixture) testTakesOverDeletedMirrorsFile(t *testing.T) {
 
 	// "live" exists: its file stays.
 	f.registryMirror(t, "live", false)
-	root = writeNodeFiles(t, map[string]string{hubFile: string(wantContent("live"))})
+	root = writeNode(t, map[string]string{hubFile: string(wantContent("live"))})
 	a = newAgentOf(t, root, a.cfg.Kube, "new", "docker.io")
 	wantStatus(t, a.Sync(ctx), false, ReasonConflict, "/etc/containerd/certs.d")
 	if got := readNode(t, root, hubFile); got != string(wantContent("live")) {
@@ -280,7 +280,7 @@ func (f *apiFixture) testTakesOverDeletedMirrorsFile(t *testing.T) {
 func (f *apiFixture) testRemovesWhenDuplicate(t *testing.T) {
 	ctx := context.Background()
 	rm := f.registryMirror(t, "refused", false)
-	root := writeNodeFiles(t, nil)
+	root := writeNode(t, nil)
 	a := newAgentOf(t, root, f.pod(t, "agent-refused"), "refused", "docker.io")
 	wantStatus(t, a.Sync(ctx), true, ReasonConfigured, "/etc/containerd/certs.d")
 	f.setStatus(t, rm, "docker.io", registryv1alpha1.ReasonDuplicateMirrorHost)
@@ -295,7 +295,7 @@ func (f *apiFixture) testRemovesWhenDuplicate(t *testing.T) {
 func (f *apiFixture) testRemovesWhenMoved(t *testing.T) {
 	ctx := context.Background()
 	rm := f.registryMirror(t, "moved", false)
-	root := writeNodeFiles(t, nil)
+	root := writeNode(t, nil)
 	a := newAgentOf(t, root, f.pod(t, "agent-moved"), "moved", "docker.io")
 	wantStatus(t, a.Sync(ctx), true, ReasonConfigured, "/etc/containerd/certs.d")
 
@@ -315,7 +315,7 @@ func (f *apiFixture) testRemovesWhenMoved(t *testing.T) {
 func (f *apiFixture) testTakesOverDuplicateMirrorsFile(t *testing.T) {
 	ctx := context.Background()
 	f.setStatus(t, f.registryMirror(t, "younger", false), "docker.io", registryv1alpha1.ReasonDuplicateMirrorHost)
-	root := writeNodeFiles(t, map[string]string{hubFile: string(wantContent("younger"))})
+	root := writeNode(t, map[string]string{hubFile: string(wantContent("younger"))})
 	a := newAgentOf(t, root, f.pod(t, "agent-older"), "older", "docker.io")
 	wantStatus(t, a.Sync(ctx), true, ReasonConfigured, "/etc/containerd/certs.d")
 	if got := readNode(t, root, hubFile); got != string(wantContent("older")) {
@@ -336,7 +336,7 @@ func (f *apiFixture) testKeepsWhenUnsure(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			root := writeNodeFiles(t, nil)
+			root := writeNode(t, nil)
 			a := newAgentOf(t, root, nil, "unsure", "docker.io") // write without reporting
 			a.Sync(ctx)
 			a.cfg.Kube = kube
@@ -362,7 +362,7 @@ func closedAddr(t *testing.T) string {
 
 func (f *apiFixture) testRun(t *testing.T) {
 	f.registryMirror(t, "running", false)
-	root := writeNodeFiles(t, nil)
+	root := writeNode(t, nil)
 	a, err := New(Config{Mirror: "running", MirrorHost: "docker.io", Endpoint: testEndpoint, Upstream: testUpstream,
 		Root: root, Kube: f.pod(t, "agent-running"), Resync: 50 * time.Millisecond, Log: testr.New(t)})
 	if err != nil {

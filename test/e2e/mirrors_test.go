@@ -99,7 +99,9 @@ func TestRegistryMirrorOnTheLocalCluster(t *testing.T) {
 		}
 		root := t.TempDir()
 		must(t, os.MkdirAll(filepath.Join(root, "etc", "containerd"), 0o755))
-		must(t, os.WriteFile(filepath.Join(root, "etc", "containerd", "config.toml"), []byte("version = 3\n"), 0o644))
+		// containerd 2 configured as docs/mirrors.md says: config_path one directory.
+		must(t, os.WriteFile(filepath.Join(root, "etc", "containerd", "config.toml"),
+			[]byte("version = 3\n[plugins.\"io.containerd.cri.v1.images\".registry]\n  config_path = \"/etc/containerd/certs.d\"\n"), 0o644))
 		agent := startAgent(t, root, pods.Items[0].Name, hub)
 		hosts := filepath.Join(root, "etc", "containerd", "certs.d", "docker.io", "hosts.toml")
 		eventually(t, "hosts.toml with the mirror's endpoint", func() bool {

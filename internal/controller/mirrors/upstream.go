@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"maps"
-	"net"
 	"net/http"
 	"net/url"
 	"strings"
@@ -92,8 +91,8 @@ func (u *upstreamChecker) ask(ctx context.Context, upstream string, creds *mirro
 		}
 	case "bearer":
 		realm, err := url.Parse(params["realm"])
-		if err != nil || !realmTrusted(upstream, realm) {
-			return "" // distribution does not send credentials there either
+		if err != nil || !mirror.CredentialsAllowed(upstream, realm) {
+			return "" // the cache does not send credentials there either
 		}
 		q := realm.Query()
 		if params["service"] != "" {
@@ -149,26 +148,4 @@ func parseChallenge(h string) (string, map[string]string) {
 		params[strings.ToLower(strings.TrimSpace(key))] = kv
 	}
 	return strings.ToLower(scheme), params
-}
-
-// realmTrusted: credentials go to a token service on the upstream's host or a sibling of it
-// (registry-1.docker.io → auth.docker.io), never to another domain or, for an IP or a one-label
-// host, to anything but the same host.
-func realmTrusted(upstream string, realm *url.URL) bool {
-	up, err := url.Parse(upstream)
-	if err != nil || realm.Hostname() == "" || (up.Scheme == "https" && realm.Scheme != "https") {
-		return false // never downgrade credentials to plain HTTP
-	}
-	if strings.EqualFold(up.Host, realm.Host) {
-		return true
-	}
-	uh, rh := strings.ToLower(up.Hostname()), strings.ToLower(realm.Hostname())
-	if net.ParseIP(uh) != nil || net.ParseIP(rh) != nil {
-		return false
-	}
-	_, parent, ok := strings.Cut(uh, ".")
-	if !ok || !strings.Contains(parent, ".") {
-		return false
-	}
-	return rh == parent || strings.HasSuffix(rh, "."+parent)
 }
