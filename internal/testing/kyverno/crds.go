@@ -3,6 +3,7 @@ package kyverno
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -32,7 +33,7 @@ func readCRDs(dir string) ([]*apiextensionsv1.CustomResourceDefinition, error) {
 		dec := yaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
 		for {
 			crd := &apiextensionsv1.CustomResourceDefinition{}
-			if err := dec.Decode(crd); err == io.EOF {
+			if err := dec.Decode(crd); errors.Is(err, io.EOF) {
 				break
 			} else if err != nil {
 				return nil, fmt.Errorf("%s: %w", f, err)

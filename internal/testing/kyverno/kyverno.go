@@ -294,22 +294,15 @@ func WaitPolicyReady(t testing.TB, c client.Client, namespace, name string) {
 	if namespace != "" {
 		kind = "Policy"
 	}
-	last := ""
-	err := wait.PollUntilContextTimeout(context.Background(), pollEvery, readyTimeout, true, func(ctx context.Context) (bool, error) {
+	poll(t, fmt.Sprintf("%s %s/%s to be Ready", kind, namespace, name), func(ctx context.Context) (bool, string) {
 		obj := &unstructured.Unstructured{}
 		obj.SetAPIVersion("kyverno.io/v1")
 		obj.SetKind(kind)
 		if err := c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, obj); err != nil {
-			last = err.Error()
-			return false, nil
+			return false, err.Error()
 		}
-		ready, msg := intent.KyvernoPolicyStatus(obj.Object)
-		last = msg
-		return ready, nil
+		return intent.KyvernoPolicyStatus(obj.Object)
 	})
-	if err != nil {
-		t.Fatalf("%s %s/%s is not Ready: %s", kind, namespace, name, last)
-	}
 }
 
 // apply creates obj, or updates it to obj when it exists.
@@ -451,8 +444,14 @@ func (k *Kyverno) waitLeader(t testing.TB, lease, holder string, p *process) {
 	})
 }
 
-// poll checks cond until it holds, and fails the test (with Kyverno's logs) after readyTimeout.
+// poll checks cond until it holds, and fails the test after readyTimeout (Kyverno's logs are
+// printed then).
 func (k *Kyverno) poll(t testing.TB, what string, cond func(context.Context) (bool, string)) {
+	t.Helper()
+	poll(t, what, cond)
+}
+
+func poll(t testing.TB, what string, cond func(context.Context) (bool, string)) {
 	t.Helper()
 	last := ""
 	err := wait.PollUntilContextTimeout(context.Background(), pollEvery, readyTimeout, true, func(ctx context.Context) (bool, error) {
