@@ -8,6 +8,9 @@ GOLANGCI_LINT := $(GO) tool -modfile=hack/tools/go.mod golangci-lint
 CONTROLLER_GEN := $(GO) tool controller-gen
 # The folder hack/k8s-bin.sh builds the Kubernetes binaries into (evaluated per recipe, on demand).
 K8S_BIN = $$(hack/k8s-bin.sh | tail -n1)
+# The folder hack/kyverno-bin.sh builds Kyverno's admission and background controllers and copies its CRDs into
+# (the e2e runs them against the local cluster; QM_KYVERNO_BIN tells it where they are).
+KYVERNO_BIN = $$(hack/kyverno-bin.sh | tail -n1)
 # Every controller of cmd/quartermaster: each gets its own generated ClusterRole quartermaster-NAME.
 CONTROLLERS := namespaces vmgroups iam mirrors intents
 TEST_FLAGS ?= -race -count=1
@@ -87,6 +90,10 @@ k8s-bin: ## Build kube-apiserver, controller-manager, scheduler, kubectl, etcd, 
 containerd-bin: ## Build containerd v2 from source into the cache (the e2e tests pull through a mirror with it).
 	@hack/containerd-bin.sh
 
+.PHONY: kyverno-bin
+kyverno-bin: ## Build Kyverno's admission and background controllers (v1.19.1) from source into the cache, with its CRDs.
+	@hack/kyverno-bin.sh
+
 ##@ Test
 .PHONY: test
 test: lint verify-generated test-unit test-e2e ## Everything CI runs: lint, generated-file check, unit + envtest, e2e on the local cluster.
@@ -100,8 +107,8 @@ test-stress: ## The unit + envtest suite twice at once, three rounds in a row (R
 	hack/test-stress.sh
 
 .PHONY: test-e2e
-test-e2e: containerd-bin ## End-to-end tests on a local kwok cluster they create and delete, and a containerd daemon of their own (as root).
-	KUBEBUILDER_ASSETS="$(K8S_BIN)" $(GO) test -tags e2e -count=1 -timeout 30m ./test/e2e/...
+test-e2e: containerd-bin ## End-to-end tests on a local kwok cluster they create and delete, a containerd daemon of their own (as root) and a real Kyverno (each built once into the cache).
+	KUBEBUILDER_ASSETS="$(K8S_BIN)" QM_KYVERNO_BIN="$(KYVERNO_BIN)" $(GO) test -tags e2e -count=1 -timeout 30m ./test/e2e/...
 
 ##@ Local cluster
 .PHONY: cluster-up
