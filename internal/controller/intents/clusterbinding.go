@@ -3,9 +3,11 @@ package intents
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 
+	"golang.org/x/sync/errgroup"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -109,11 +111,12 @@ func (r *clusterBindingReconciler) bind(ctx context.Context, csib *intentv1alpha
 			conflicts = append(conflicts, "ClusterNimbusPolicy "+csib.Name)
 		}
 	}
-	namespaces, nsConflicts, err := r.ensureNamespacePolicies(ctx, csib, rules, selected)
+	nsp, err := r.ensureNamespacePolicies(ctx, csib, rules, selected)
 	if err != nil {
 		return status.Outcome{}, err
 	}
-	conflicts = append(conflicts, nsConflicts...)
+	namespaces := nsp.have
+	conflicts = append(conflicts, nsp.conflicts...)
 
 	st := &csib.Status
 	if st.Status != intentv1alpha1.StatusCreated || st.ClusterNimbusPolicy != policy || !slices.Equal(st.BoundIntents, bound) ||
@@ -124,6 +127,14 @@ func (r *clusterBindingReconciler) bind(ctx context.Context, csib *intentv1alpha
 	st.NimbusPolicyNamespaces, st.NumberOfNimbusPolicies = namespaces, int32(len(namespaces))
 
 	switch {
+	case len(nsp.failed) > 0:
+		// The others are written; these are retried with backoff, and the message names them.
+		err := nsp.err()
+		msg := err.Error()
+		if len(conflicts) > 0 {
+			msg += "; " + strings.Join(conflicts, ", ") + " exist and were not generated from this binding; they are left alone"
+		}
+		return status.Transient("Error", msg, err), nil
 	case len(conflicts) > 0:
 		return status.WaitsForPerson("Conflict", strings.Join(conflicts, ", ")+" exist and were not generated from this binding; they are left alone", conflictRetry), nil
 	case len(rules) == 0:
@@ -184,48 +195,125 @@ func (r *clusterBindingReconciler) deleteClusterPolicy(ctx context.Context, csib
 	return client.IgnoreNotFound(r.client.Delete(ctx, cnp))
 }
 
+// namespaceWriters bounds the NimbusPolicies one cluster binding's reconcile writes (or deletes)
+// at once: a binding over hundreds of namespaces writes as a bare client with as many writers
+// would, and leaves the API server to the other reconciles.
+const namespaceWriters = 16
+
+// namespacePolicies is what bringing a cluster binding's per-namespace NimbusPolicies about found
+// and did.
+type namespacePolicies struct {
+	have      []string         // the namespaces holding one, sorted
+	conflicts []string         // NimbusPolicies in the way that the binding does not control
+	failed    map[string]error // by namespace: a write or read that failed (retried with backoff)
+}
+
+// err is the failures, naming their namespaces (the first few, sorted), or nil.
+func (p namespacePolicies) err() error {
+	if len(p.failed) == 0 {
+		return nil
+	}
+	names := slices.Sorted(maps.Keys(p.failed))
+	const shown = 3
+	parts := make([]string, 0, min(len(names), shown))
+	for _, ns := range names[:min(len(names), shown)] {
+		parts = append(parts, fmt.Sprintf("namespace %s: %v", ns, p.failed[ns]))
+	}
+	msg := strings.Join(parts, "; ")
+	if len(names) > shown {
+		msg += fmt.Sprintf("; and %d more", len(names)-shown)
+	}
+	return fmt.Errorf("the NimbusPolicy of %d selected namespaces is not written (the others are; retried with backoff): %s", len(names), msg)
+}
+
 // ensureNamespacePolicies makes the binding's NimbusPolicy in each selected namespace and deletes
-// those in namespaces no longer selected (all of them when no rule is left). It returns the
-// namespaces holding one, sorted.
-func (r *clusterBindingReconciler) ensureNamespacePolicies(ctx context.Context, csib *intentv1alpha1.ClusterSecurityIntentBinding, rules []intentv1alpha1.NimbusRules, selected []string) ([]string, []string, error) {
+// those in namespaces no longer selected (all of them when no rule is left), namespaceWriters at a
+// time. A namespace that fails does not hold up the others: its error is kept, by namespace, and
+// the rest are written.
+func (r *clusterBindingReconciler) ensureNamespacePolicies(ctx context.Context, csib *intentv1alpha1.ClusterSecurityIntentBinding, rules []intentv1alpha1.NimbusRules, selected []string) (namespacePolicies, error) {
 	name := intent.ClusterPolicyNamePrefix + csib.Name
 	owned := &intentv1alpha1.NimbusPolicyList{}
 	if err := r.client.List(ctx, owned, client.MatchingFields{indexController: string(csib.UID)}); err != nil {
-		return nil, nil, err
+		return namespacePolicies{}, err
 	}
-	for i := range owned.Items {
-		np := &owned.Items[i]
-		if np.Name == name && slices.Contains(selected, np.Namespace) {
-			continue
-		}
-		if err := r.client.Delete(ctx, np, client.Preconditions{UID: new(np.UID)}); client.IgnoreNotFound(err) != nil {
-			return nil, nil, err
-		}
-	}
-	var have, conflicts []string
+	isSelected := make(map[string]bool, len(selected))
 	for _, ns := range selected {
-		want := &intentv1alpha1.NimbusPolicy{
-			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: csib.Labels},
-			Spec:       intentv1alpha1.NimbusPolicySpec{Selector: csib.Spec.Selector.WorkloadSelector, NimbusRules: rules},
-		}
-		if err := controllerutil.SetControllerReference(csib, want, r.client.Scheme()); err != nil {
-			return nil, nil, err
-		}
-		cur := &intentv1alpha1.NimbusPolicy{}
-		ok, _, err := r.ensurePolicy(ctx, want, cur, csib, slices.Contains(csib.Status.NimbusPolicyNamespaces, ns),
-			func() bool { return equality.Semantic.DeepEqual(cur.Spec, want.Spec) },
-			func() { cur.Spec = want.Spec })
-		if apierrors.IsNotFound(err) || inTerminatingNamespace(err) {
-			continue // the namespace went meanwhile
-		}
-		if err != nil {
-			return nil, nil, err
-		}
-		if !ok {
-			conflicts = append(conflicts, "NimbusPolicy "+ns+"/"+name)
-			continue
-		}
-		have = append(have, ns)
+		isSelected[ns] = true
 	}
-	return have, conflicts, nil
+	listed := make(map[string]bool, len(csib.Status.NimbusPolicyNamespaces))
+	for _, ns := range csib.Status.NimbusPolicyNamespaces {
+		listed[ns] = true
+	}
+	var stale []*intentv1alpha1.NimbusPolicy
+	for i := range owned.Items {
+		if np := &owned.Items[i]; np.Name != name || !isSelected[np.Namespace] {
+			stale = append(stale, np)
+		}
+	}
+
+	// Each namespace's NimbusPolicy is an object of its own: written at once, reported in order.
+	type nsResult struct {
+		ok, conflict, gone bool
+		err                error
+	}
+	results := make([]nsResult, len(selected))
+	deleted := make([]error, len(stale))
+	var g errgroup.Group
+	g.SetLimit(namespaceWriters)
+	for i, np := range stale {
+		g.Go(func() error {
+			deleted[i] = client.IgnoreNotFound(r.client.Delete(ctx, np, client.Preconditions{UID: new(np.UID)}))
+			return nil
+		})
+	}
+	for i, ns := range selected {
+		g.Go(func() error {
+			want := &intentv1alpha1.NimbusPolicy{
+				ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: csib.Labels},
+				Spec:       intentv1alpha1.NimbusPolicySpec{Selector: csib.Spec.Selector.WorkloadSelector, NimbusRules: rules},
+			}
+			if err := controllerutil.SetControllerReference(csib, want, r.client.Scheme()); err != nil {
+				results[i].err = err
+				return nil
+			}
+			cur := &intentv1alpha1.NimbusPolicy{}
+			ok, _, err := r.ensurePolicy(ctx, want, cur, csib, listed[ns],
+				func() bool { return equality.Semantic.DeepEqual(cur.Spec, want.Spec) },
+				func() { cur.Spec = want.Spec })
+			switch {
+			case apierrors.IsNotFound(err) || inTerminatingNamespace(err):
+				results[i].gone = true // the namespace went meanwhile
+			case err != nil:
+				results[i].err = err
+			case !ok:
+				results[i].conflict = true
+			default:
+				results[i].ok = true
+			}
+			return nil
+		})
+	}
+	_ = g.Wait()
+
+	out := namespacePolicies{failed: map[string]error{}}
+	for i, err := range deleted {
+		if err != nil {
+			out.failed[stale[i].Namespace] = fmt.Errorf("deleting NimbusPolicy %s: %w", stale[i].Name, err)
+		}
+	}
+	for i, ns := range selected {
+		res := results[i]
+		switch {
+		case res.err != nil:
+			out.failed[ns] = res.err
+			if listed[ns] {
+				out.have = append(out.have, ns) // it was made before; the failure is a later write's
+			}
+		case res.conflict:
+			out.conflicts = append(out.conflicts, "NimbusPolicy "+ns+"/"+name)
+		case res.ok:
+			out.have = append(out.have, ns)
+		}
+	}
+	return out, nil
 }
