@@ -744,7 +744,7 @@ type clusterProgress struct {
 	cancel context.CancelFunc
 	done   chan error
 
-	mu     sync.Mutex
+	mu        sync.Mutex
 	np        map[string]time.Time // by namespace
 	netpol    map[string]time.Time
 	generated map[string]bool // the NimbusPolicy's status says Generated

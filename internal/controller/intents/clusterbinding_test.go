@@ -87,9 +87,9 @@ func TestClusterBindingFailingNamespace(t *testing.T) {
 			f.get(t, csib)
 			c := meta.FindStatusCondition(csib.Status.Conditions, "Ready")
 			return c != nil && c.Status == metav1.ConditionFalse && c.ObservedGeneration == csib.Generation &&
-				strings.Contains(c.Message, "namespace "+refused+": ") && strings.Contains(c.Message, "exceeded quota") &&
-				strings.Contains(c.Message, "NimbusPolicy "+conflict+"/"+name) &&
-				slices.Equal(csib.Status.NimbusPolicyNamespaces, ok) && csib.Status.NumberOfNimbusPolicies == int32(len(ok)),
+					strings.Contains(c.Message, "namespace "+refused+": ") && strings.Contains(c.Message, "exceeded quota") &&
+					strings.Contains(c.Message, "NimbusPolicy "+conflict+"/"+name) &&
+					slices.Equal(csib.Status.NimbusPolicyNamespaces, ok) && csib.Status.NumberOfNimbusPolicies == int32(len(ok)),
 				fmt.Sprintf("%+v", csib.Status)
 		})
 		if c := meta.FindStatusCondition(csib.Status.Conditions, "Ready"); c.Reason != "Error" {
