@@ -274,14 +274,13 @@ func (r *clusterBindingReconciler) ensureNamespacePolicies(ctx context.Context, 
 				ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: csib.Labels},
 				Spec:       intentv1alpha1.NimbusPolicySpec{Selector: csib.Spec.Selector.WorkloadSelector, NimbusRules: rules},
 			}
-			if err := controllerutil.SetControllerReference(csib, want, r.client.Scheme()); err != nil {
-				results[i].err = err
-				return nil
-			}
 			cur := &intentv1alpha1.NimbusPolicy{}
-			ok, _, err := r.ensurePolicy(ctx, want, cur, csib, listed[ns],
-				func() bool { return equality.Semantic.DeepEqual(cur.Spec, want.Spec) },
-				func() { cur.Spec = want.Spec })
+			ok, err := false, controllerutil.SetControllerReference(csib, want, r.client.Scheme())
+			if err == nil {
+				ok, _, err = r.ensurePolicy(ctx, want, cur, csib, listed[ns],
+					func() bool { return equality.Semantic.DeepEqual(cur.Spec, want.Spec) },
+					func() { cur.Spec = want.Spec })
+			}
 			switch {
 			case apierrors.IsNotFound(err) || inTerminatingNamespace(err):
 				results[i].gone = true // the namespace went meanwhile
