@@ -15,12 +15,18 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrl "sigs.k8s.io/controller-runtime/pkg/manager"
@@ -58,17 +64,8 @@ func intentsBench(ctx context.Context, e *env) ([]result, error) {
 	if err := installIntentCRDs(ctx, e); err != nil {
 		return nil, err
 	}
-	// The API server starts a custom kind's watch cache at the first request for it and refuses
-	// watches (429, retried after a second) until it is ready. In a cluster in use something has
-	// asked already (the engines' own controllers watch their kinds); here nothing has, and the
-	// controller's start would wait a second for the kinds it does not otherwise see created.
-	for _, gvk := range []schema.GroupVersionKind{intent.KubeArmorPolicyKind, intent.KyvernoPolicyKind, intent.KyvernoClusterPolicyKind,
-		intentv1alpha1.GroupVersion.WithKind("ClusterSecurityIntentBinding"), intentv1alpha1.GroupVersion.WithKind("ClusterNimbusPolicy")} {
-		list := &unstructured.UnstructuredList{}
-		list.SetGroupVersionKind(gvk.GroupVersion().WithKind(gvk.Kind + "List"))
-		if err := c.List(ctx, list, client.Limit(1)); err != nil {
-			return nil, err
-		}
+	if err := warmWatchCaches(ctx, c); err != nil {
+		return nil, err
 	}
 	for _, si := range []*intentv1alpha1.SecurityIntent{
 		{ObjectMeta: metav1.ObjectMeta{Name: "bench-dns"}, Spec: intentv1alpha1.SecurityIntentSpec{Intent: intentv1alpha1.Intent{ID: "dnsManipulation", Action: "Block"}}},
@@ -510,4 +507,376 @@ func installIntentCRDs(ctx context.Context, e *env) error {
 // createAll creates objs with 16 writers.
 func createAll(ctx context.Context, c client.Client, objs []client.Object) error {
 	return parallel(16, len(objs), func(i int) error { return c.Create(ctx, objs[i]) })
+}
+
+// warmWatchCaches asks once for each custom kind the intents controller watches. The API server
+// starts a custom kind's watch cache at the first request for it and refuses watches (429, retried
+// after a second) until it is ready. In a cluster in use something has asked already (the engines'
+// own controllers watch their kinds); here nothing has, and the controller's start would wait a
+// second for the kinds it does not otherwise see created.
+func warmWatchCaches(ctx context.Context, c client.Client) error {
+	for _, gvk := range []schema.GroupVersionKind{intent.KubeArmorPolicyKind, intent.KyvernoPolicyKind, intent.KyvernoClusterPolicyKind,
+		intentv1alpha1.GroupVersion.WithKind("ClusterSecurityIntentBinding"), intentv1alpha1.GroupVersion.WithKind("ClusterNimbusPolicy")} {
+		list := &unstructured.UnstructuredList{}
+		list.SetGroupVersionKind(gvk.GroupVersion().WithKind(gvk.Kind + "List"))
+		if err := c.List(ctx, list, client.Limit(1)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+const (
+	// clusterNamespaces is how many namespaces the bench's ClusterSecurityIntentBinding names.
+	clusterNamespaces = 500
+	clusterBinding    = "cb-bench"
+	// clusterNewNamespace is named by the binding but made only once the others have their
+	// policies: how long a namespace that appears later waits for its own.
+	clusterNewNamespace = "cb-bench-new"
+	clusterIdle         = 10 * time.Second
+)
+
+// clusterBindingBench runs the intents controller in-process as the manager's ServiceAccount under
+// its generated RBAC, with its flags' defaults: one ClusterSecurityIntentBinding naming 500 existing
+// namespaces, with one intent (denyExternalNetworkAccess) whose only engine policy is a
+// NetworkPolicy, from the binding's creation until every namespace has its NetworkPolicy; then a
+// namespace the binding names appears, and the time until it has its policies; then an idle
+// period that must write nothing. The floor, in the same run and as the same identity: a bare
+// client making the same 1000 creates (a NimbusPolicy and its NetworkPolicy per namespace) with 16
+// writers.
+func clusterBindingBench(ctx context.Context, e *env) ([]result, error) {
+	scheme := manager.Scheme(intentv1alpha1.AddToScheme)
+	c, err := client.New(e.cluster.Config, client.Options{Scheme: scheme})
+	if err != nil {
+		return nil, err
+	}
+	if err := installIntentCRDs(ctx, e); err != nil {
+		return nil, err
+	}
+	if err := warmWatchCaches(ctx, c); err != nil {
+		return nil, err
+	}
+	asManager, err := managerIdentity(ctx, e, scheme)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.Create(ctx, &intentv1alpha1.SecurityIntent{ObjectMeta: metav1.ObjectMeta{Name: "cb-bench-egress"},
+		Spec: intentv1alpha1.SecurityIntentSpec{Intent: intentv1alpha1.Intent{ID: intent.DenyExternalNetworkAccess, Action: "Block"}}}); err != nil {
+		return nil, err
+	}
+	var objs []client.Object
+	names := make([]string, 0, clusterNamespaces+1)
+	for i := range clusterNamespaces {
+		names = append(names, fmt.Sprintf("cb-bench-%03d", i))
+		objs = append(objs, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: names[i]}},
+			&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("cb-floor-%03d", i)}})
+	}
+	if err := createAll(ctx, c, objs); err != nil {
+		return nil, err
+	}
+	names = append(names, clusterNewNamespace)
+
+	npName := intent.ClusterPolicyNamePrefix + clusterBinding
+	netpolName := intent.PolicyName(npName, intent.DenyExternalNetworkAccess)
+	progress, err := watchClusterBinding(ctx, e, scheme, npName, netpolName)
+	if err != nil {
+		return nil, err
+	}
+	defer progress.stop()
+
+	cfg, counter := testenv.Counting(asManager.cfg)
+	mgr, err := newManager(cfg, ctrl.Options{Scheme: scheme})
+	if err != nil {
+		return nil, err
+	}
+	opts := intents.Options{} // the flags' defaults, as the operator runs
+	opts.AddFlags(flag.NewFlagSet("intents", flag.ContinueOnError))
+	if err := intents.Setup(mgr, opts); err != nil {
+		return nil, err
+	}
+	stopManager, err := startManager(ctx, mgr, "intents")
+	if err != nil {
+		return nil, err
+	}
+	stop := sync.OnceFunc(stopManager)
+	defer stop()
+	queues := gatherQueues()
+	cpu := startCPU(e)
+	counter.Reset()
+	began := time.Now()
+	if err := c.Create(ctx, &intentv1alpha1.ClusterSecurityIntentBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: clusterBinding},
+		Spec: intentv1alpha1.ClusterSecurityIntentBindingSpec{
+			Intents: []intentv1alpha1.MatchIntent{{Name: "cb-bench-egress"}},
+			Selector: intentv1alpha1.ClusterMatchWorkloads{
+				NsSelector:       intentv1alpha1.NamespaceSelector{MatchNames: names},
+				WorkloadSelector: intentv1alpha1.LabelSelector{MatchLabels: map[string]string{"app": "web"}},
+			},
+		},
+	}); err != nil {
+		return nil, err
+	}
+	if err := progress.waitFor(ctx, clusterNamespaces, false); err != nil {
+		return nil, err
+	}
+	first, last := progress.times()
+	used := cpu.since()
+	if err := progress.waitFor(ctx, clusterNamespaces, true); err != nil {
+		return nil, err
+	}
+	work := gatherQueues().since(queues)
+	writes := counter.Writes()
+	requests := requestSummary(counter.Log())
+
+	// A namespace the binding names appears.
+	created := time.Now()
+	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: clusterNewNamespace}}); err != nil {
+		return nil, err
+	}
+	if err := progress.waitFor(ctx, clusterNamespaces+1, false); err != nil {
+		return nil, err
+	}
+	newNP, newNetpol := progress.of(clusterNewNamespace)
+	if err := progress.waitFor(ctx, clusterNamespaces+1, true); err != nil {
+		return nil, err
+	}
+	// The binding's status lists it too, before the quiet period starts.
+	if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		csib := &intentv1alpha1.ClusterSecurityIntentBinding{}
+		err := c.Get(ctx, client.ObjectKey{Name: clusterBinding}, csib)
+		return err == nil && csib.Status.NumberOfNimbusPolicies == clusterNamespaces+1, err
+	}); err != nil {
+		return nil, fmt.Errorf("the binding's status: %w", err)
+	}
+
+	counter.Reset()
+	time.Sleep(clusterIdle)
+	idleWrites := counter.Writes()
+	stop()
+
+	// The floor last, with the manager stopped, as the manager's identity.
+	floorCPU := startCPU(e)
+	floor, err := clusterBindingFloor(ctx, asManager.client)
+	if err != nil {
+		return nil, err
+	}
+	floorUsed := floorCPU.since()
+
+	took, fromFirst := last.Sub(began), last.Sub(first)
+	return []result{
+		{metric: fmt.Sprintf("bare client as the manager's identity, the same %d creates (a NimbusPolicy and its NetworkPolicy per namespace), 16 writers", 2*clusterNamespaces),
+			value: floor.Seconds(), unit: "s", note: "CPU " + floorUsed.per(clusterNamespaces) + " (per namespace)"},
+		{metric: fmt.Sprintf("a ClusterSecurityIntentBinding over %d namespaces (denyExternalNetworkAccess): seconds from its creation until every namespace's NetworkPolicy exists", clusterNamespaces),
+			value: took.Seconds(), unit: "s",
+			note: fmt.Sprintf("%.2fx the bare client; %.0f namespaces/s; CPU %s (per namespace)", floor.Seconds()/took.Seconds(), clusterNamespaces/took.Seconds(), used.per(clusterNamespaces))},
+		{metric: "… from the first NimbusPolicy until the last NetworkPolicy", value: fromFirst.Seconds(), unit: "s",
+			note: fmt.Sprintf("%.2fx the bare client (the issue's measure); the first NimbusPolicy %.0f ms after the binding", floor.Seconds()/fromFirst.Seconds(), ms(first.Sub(began)))},
+		{metric: "a new namespace the binding names: seconds until its NimbusPolicy, its NetworkPolicy", value: newNetpol.Sub(created).Seconds(), unit: "s",
+			note: fmt.Sprintf("NimbusPolicy after %.0f ms, NetworkPolicy after %.0f ms", ms(newNP.Sub(created)), ms(newNetpol.Sub(created)))},
+		{metric: "API writes per namespace", value: float64(writes) / clusterNamespaces, unit: "requests",
+			note: "the NimbusPolicy, its NetworkPolicy, its status; reconciles: " + work.String() + "; all requests: " + requests},
+		{metric: fmt.Sprintf("API writes during %s at steady state", clusterIdle), value: float64(idleWrites), unit: "requests", note: "must be 0"},
+	}, nil
+}
+
+// identity is a client configuration and a client authenticated as the manager's ServiceAccount.
+type identity struct {
+	cfg    *rest.Config
+	client client.Client
+}
+
+// managerIdentity makes the manager's ServiceAccount (quartermaster-system/quartermaster-manager)
+// with its generated ClusterRoles bound (the manager's own and the intents controller's, as
+// config/rbac binds them) and returns a client configuration authenticated as it: the API server's
+// authorization and admission cost what they cost the operator as installed, not admin's.
+func managerIdentity(ctx context.Context, e *env, scheme *runtime.Scheme) (identity, error) {
+	const ns, sa = "quartermaster-system", "quartermaster-manager"
+	objs := []client.Object{
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}},
+		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: sa}},
+	}
+	for _, role := range []string{"quartermaster-manager", "quartermaster-intents"} {
+		objs = append(objs, &rbacv1.ClusterRoleBinding{
+			ObjectMeta: metav1.ObjectMeta{Name: role},
+			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role},
+			Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: ns, Name: sa}},
+		})
+	}
+	for _, obj := range objs {
+		if err := e.client.Create(ctx, obj); client.IgnoreAlreadyExists(err) != nil {
+			return identity{}, err
+		}
+	}
+	if _, err := e.cluster.Kubectl(ctx, "apply", "--server-side", "-f", "config/rbac/generated/manager.yaml", "-f", "config/rbac/generated/intents.yaml"); err != nil {
+		return identity{}, err
+	}
+	kubeconfig, _, err := e.cluster.ServiceAccountKubeconfig(ctx, ns, sa, time.Hour)
+	if err != nil {
+		return identity{}, err
+	}
+	cfg, err := clientcmd.RESTConfigFromKubeConfig(kubeconfig)
+	if err != nil {
+		return identity{}, err
+	}
+	cfg.QPS = -1 // as the manager's client: no client-side rate limit (the server's APF applies)
+	c, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		return identity{}, err
+	}
+	// The API server's RBAC authorizer sees new bindings a moment later.
+	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		err := c.List(ctx, &intentv1alpha1.NimbusPolicyList{}, client.Limit(1))
+		return err == nil, client.IgnoreNotFound(ignoreForbidden(err))
+	})
+	return identity{cfg: cfg, client: c}, err
+}
+
+func ignoreForbidden(err error) error {
+	if apierrors.IsForbidden(err) {
+		return nil
+	}
+	return err
+}
+
+// clusterProgress follows the bench's cluster binding through a watch: when each namespace got its
+// NimbusPolicy and its NetworkPolicy.
+type clusterProgress struct {
+	cancel context.CancelFunc
+	done   chan error
+
+	mu        sync.Mutex
+	np        map[string]time.Time // by namespace
+	netpol    map[string]time.Time
+	generated map[string]bool // the NimbusPolicy's status says Generated
+	grew      chan struct{}   // closed and replaced at each change of the above
+}
+
+func watchClusterBinding(ctx context.Context, e *env, scheme *runtime.Scheme, npName, netpolName string) (*clusterProgress, error) {
+	ca, err := cache.New(e.cluster.Config, cache.Options{Scheme: scheme, DefaultTransform: cache.TransformStripManagedFields()})
+	if err != nil {
+		return nil, err
+	}
+	p := &clusterProgress{np: map[string]time.Time{}, netpol: map[string]time.Time{}, generated: map[string]bool{}, grew: make(chan struct{})}
+	for obj, name := range map[client.Object]string{&intentv1alpha1.NimbusPolicy{}: npName, &networkingv1.NetworkPolicy{}: netpolName} {
+		inf, err := ca.GetInformer(ctx, obj)
+		if err != nil {
+			return nil, err
+		}
+		see := func(o any) {
+			if m, ok := o.(metav1.Object); ok && m.GetName() == name && strings.HasPrefix(m.GetNamespace(), "cb-bench-") {
+				p.see(o, m.GetNamespace())
+			}
+		}
+		if _, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{AddFunc: see, UpdateFunc: func(_, o any) { see(o) }}); err != nil {
+			return nil, err
+		}
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	p.cancel, p.done = cancel, make(chan error, 1)
+	go func() { p.done <- ca.Start(cctx) }()
+	if !ca.WaitForCacheSync(cctx) {
+		p.stop()
+		return nil, errors.New("the bench's NimbusPolicy and NetworkPolicy watches did not sync")
+	}
+	return p, nil
+}
+
+func (p *clusterProgress) see(obj any, ns string) {
+	now := time.Now()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	seen := p.netpol
+	if np, ok := obj.(*intentv1alpha1.NimbusPolicy); ok {
+		seen = p.np
+		if c := meta.FindStatusCondition(np.Status.Conditions, "Ready"); c != nil && c.Reason == "Generated" && !p.generated[ns] {
+			p.generated[ns] = true
+			close(p.grew)
+			p.grew = make(chan struct{})
+		}
+	}
+	if _, ok := seen[ns]; ok {
+		return
+	}
+	seen[ns] = now
+	close(p.grew)
+	p.grew = make(chan struct{})
+}
+
+// waitFor returns once n namespaces have their NetworkPolicy (settled: and their NimbusPolicy's
+// status says Generated).
+func (p *clusterProgress) waitFor(ctx context.Context, n int, settled bool) error {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	defer cancel()
+	for {
+		p.mu.Lock()
+		have, nps, generated, grew := len(p.netpol), len(p.np), len(p.generated), p.grew
+		p.mu.Unlock()
+		if have >= n && (!settled || generated >= n) {
+			return nil
+		}
+		select {
+		case <-grew:
+		case <-ctx.Done():
+			return fmt.Errorf("%d namespaces have their NimbusPolicy, %d their NetworkPolicy, %d Generated, want %d: %w", nps, have, generated, n, ctx.Err())
+		}
+	}
+}
+
+// times are when the first NimbusPolicy and the last NetworkPolicy appeared.
+func (p *clusterProgress) times() (first, last time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, t := range p.np {
+		if first.IsZero() || t.Before(first) {
+			first = t
+		}
+	}
+	for _, t := range p.netpol {
+		if t.After(last) {
+			last = t
+		}
+	}
+	return first, last
+}
+
+// of is when the namespace got its NimbusPolicy and its NetworkPolicy.
+func (p *clusterProgress) of(ns string) (np, netpol time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.np[ns], p.netpol[ns]
+}
+
+func (p *clusterProgress) stop() {
+	p.cancel()
+	if err := <-p.done; err != nil {
+		fmt.Fprintln(os.Stderr, "bench: cluster binding watch:", err)
+	}
+}
+
+// clusterBindingFloor creates, with a bare client and 16 writers, exactly the objects the controller
+// makes for the bench's cluster binding (a NimbusPolicy and its NetworkPolicy in each namespace, as
+// the catalogue builds them), in namespaces of their own, and returns how long that took.
+func clusterBindingFloor(ctx context.Context, c client.Client) (time.Duration, error) {
+	nodes, err := podCIDRs(ctx, c)
+	if err != nil {
+		return 0, err
+	}
+	rules := []intentv1alpha1.NimbusRules{{ID: intent.DenyExternalNetworkAccess, Rule: intentv1alpha1.Rule{RuleAction: "Block"}}}
+	start := time.Now()
+	err = parallel(16, clusterNamespaces, func(i int) error {
+		np := &intentv1alpha1.NimbusPolicy{
+			ObjectMeta: metav1.ObjectMeta{Namespace: fmt.Sprintf("cb-floor-%03d", i), Name: intent.ClusterPolicyNamePrefix + clusterBinding},
+			Spec:       intentv1alpha1.NimbusPolicySpec{Selector: intentv1alpha1.LabelSelector{MatchLabels: map[string]string{"app": "web"}}, NimbusRules: rules},
+		}
+		if err := c.Create(ctx, np); err != nil {
+			return err
+		}
+		for _, p := range intent.ForNimbusPolicy(np, intent.Inputs{PodCIDRs: nodes}) {
+			if err := c.Create(ctx, p.Object); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	return time.Since(start), err
 }

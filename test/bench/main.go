@@ -57,6 +57,7 @@ var cases = []benchCase{
 	{name: "vmgroups/50-replicas", run: vmgroupsBench},
 	{name: "iam/500-serviceaccounts", run: iamBench},
 	{name: "intents/1000-bindings", run: intentsBench},
+	{name: "intents/cluster-binding-500-namespaces", run: clusterBindingBench},
 	{name: "mirrors/50-mirrors", run: mirrorsBench},
 	{name: "manager/every-controller-unrelated-objects", run: cachesBench},
 	{name: "manager/failover-under-kill", run: failoverBench},

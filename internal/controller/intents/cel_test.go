@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	intentv1alpha1 "github.com/quartermaster-dev/quartermaster/api/intent/v1alpha1"
 )
@@ -59,9 +60,10 @@ func testCEL(t *testing.T, f *fixture) {
 
 	t.Run("with matchLabels, both apply", func(t *testing.T) {
 		f.get(t, sib)
+		base := sib.DeepCopy()
 		sib.Spec.Selector.WorkloadSelector.MatchLabels = map[string]string{"env": "prod"}
 		sib.Spec.CEL = []string{`labels.app == "nginx"`, `labels["tier"] in ["web"]`}
-		must(t, f.c.Update(ctx, sib))
+		must(t, f.c.Patch(ctx, sib, client.MergeFrom(base))) // the controller writes its status meanwhile
 		eventually(t, "the NimbusPolicy's new selector", func() (bool, string) {
 			f.get(t, np)
 			return len(np.Spec.Selector.MatchLabels) == 3, fmt.Sprint(np.Spec.Selector.MatchLabels)
@@ -73,8 +75,9 @@ func testCEL(t *testing.T, f *fixture) {
 	t.Run("an expression that is no selector stalls the binding, naming it, and keeps the policies", func(t *testing.T) {
 		rv := np.ResourceVersion
 		f.get(t, sib)
+		base := sib.DeepCopy()
 		sib.Spec.CEL = []string{`labels["app"] == "nginx"`, `labels["tier"] != "db"`}
-		must(t, f.c.Update(ctx, sib))
+		must(t, f.c.Patch(ctx, sib, client.MergeFrom(base))) // the controller writes its status meanwhile
 		eventually(t, "the binding Stalled InvalidCEL", func() (bool, string) {
 			f.get(t, sib)
 			c := meta.FindStatusCondition(sib.Status.Conditions, "Stalled")
@@ -96,8 +99,9 @@ func testCEL(t *testing.T, f *fixture) {
 
 	t.Run("fixed, the binding is Ready again", func(t *testing.T) {
 		f.get(t, sib)
+		base := sib.DeepCopy()
 		sib.Spec.CEL = []string{`labels["app"] == "nginx"`}
-		must(t, f.c.Update(ctx, sib))
+		must(t, f.c.Patch(ctx, sib, client.MergeFrom(base))) // the controller writes its status meanwhile
 		eventually(t, "the binding Ready", func() (bool, string) {
 			f.get(t, sib)
 			c := meta.FindStatusCondition(sib.Status.Conditions, "Ready")

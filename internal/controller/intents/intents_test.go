@@ -298,6 +298,18 @@ func testNoOpWritesNothing(t *testing.T, f *fixture) {
 	f.waitPolicyStatus(t, &intentv1alpha1.NimbusPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: "c-b", Name: generated}}, "Generated",
 		"KubeArmorPolicy/"+generated+"-escapetohost-disallowchroot", "KubeArmorPolicy/"+generated+"-escapetohost-disallowcapabilities",
 		"KubeArmorPolicy/"+generated+"-escapetohost-swdeploymenttools")
+	// Settled: the bindings and the intent report the policies in force (the running manager
+	// writes nothing more).
+	for _, obj := range []client.Object{
+		&intentv1alpha1.ClusterSecurityIntentBinding{ObjectMeta: metav1.ObjectMeta{Name: "all"}},
+		&intentv1alpha1.SecurityIntentBinding{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "late"}},
+		&intentv1alpha1.SecurityIntent{ObjectMeta: metav1.ObjectMeta{Name: "later"}},
+	} {
+		eventually(t, client.ObjectKeyFromObject(obj).String()+" Ready", func() (bool, string) {
+			f.get(t, obj)
+			return readyReason(obj) == "Bound" || readyReason(obj) == "Accepted", readyReason(obj)
+		})
+	}
 	cfg, counter := testenv.Counting(f.env.Config)
 	// Reads from the running manager's cache, writes counted.
 	c, err := client.New(cfg, client.Options{Scheme: f.scheme, Cache: &client.CacheOptions{Reader: f.mgr.GetCache()}})
@@ -450,8 +462,9 @@ func testEdgeCases(t *testing.T, f *fixture) {
 		// Settled: a reconcile now (woken by a label change) rewrites nothing.
 		sib := &intentv1alpha1.SecurityIntentBinding{ObjectMeta: metav1.ObjectMeta{Namespace: "edge", Name: "twice"}}
 		f.get(t, sib)
+		base := sib.DeepCopy()
 		sib.Labels["touched"] = "yes"
-		must(t, f.c.Update(ctx, sib))
+		must(t, f.c.Patch(ctx, sib, client.MergeFrom(base))) // the controller writes its status meanwhile
 		eventually(t, "the label on the NimbusPolicy", func() (bool, string) {
 			f.get(t, np)
 			return np.Labels["touched"] == "yes", fmt.Sprint(np.Labels)

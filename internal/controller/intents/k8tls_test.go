@@ -78,8 +78,11 @@ func testAssessTLS(t *testing.T, f *fixture) {
 
 	t.Run("addresses add their ConfigMap and the scan reads it", func(t *testing.T) {
 		f.get(t, si)
+		base := si.DeepCopy()
 		si.Spec.Intent.Params["external_addresses"] = []string{"example.com:443"}
-		must(t, f.c.Update(ctx, si))
+		// A patch of the spec, as kubectl edit makes it: the controller writes the intent's status
+		// meanwhile.
+		must(t, f.c.Patch(ctx, si, client.MergeFrom(base)))
 		eventually(t, "the addresses' ConfigMap and the CronJob reading it", func() (bool, string) {
 			cm := &corev1.ConfigMap{}
 			if err := f.c.Get(ctx, client.ObjectKey{Namespace: intent.K8TLSNamespace, Name: addresses}, cm); err != nil {
@@ -110,8 +113,9 @@ func testAssessTLS(t *testing.T, f *fixture) {
 
 	t.Run("addresses removed: their ConfigMap is deleted", func(t *testing.T) {
 		f.get(t, si)
+		base := si.DeepCopy()
 		delete(si.Spec.Intent.Params, "external_addresses")
-		must(t, f.c.Update(ctx, si))
+		must(t, f.c.Patch(ctx, si, client.MergeFrom(base))) // the controller writes its status meanwhile
 		eventually(t, "the addresses' ConfigMap deleted", func() (bool, string) {
 			err := f.c.Get(ctx, client.ObjectKey{Namespace: intent.K8TLSNamespace, Name: addresses}, &corev1.ConfigMap{})
 			return apierrors.IsNotFound(err), fmt.Sprint(err)

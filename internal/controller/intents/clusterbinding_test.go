@@ -1,0 +1,126 @@
+package intents
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	intentv1alpha1 "github.com/quartermaster-dev/quartermaster/api/intent/v1alpha1"
+	"github.com/quartermaster-dev/quartermaster/internal/intent"
+)
+
+// TestClusterBindingFailingNamespace: one namespace whose NimbusPolicy the API server refuses (its
+// quota of NimbusPolicies is used up) and one where a hand-made NimbusPolicy is in the way do not
+// stop a cluster binding from writing the others'; its status names both, and the refused one is
+// written once the quota allows it, by the binding's retries alone (nothing it watches changes).
+//
+// The failing namespaces sort first: the binding used to write the namespaces one after another, in
+// name order, and stop at the first error.
+func TestClusterBindingFailingNamespace(t *testing.T) {
+	f := start(t)
+	ctx := context.Background()
+	const (
+		refused  = "cb-a-refused"
+		conflict = "cb-b-conflict"
+		binding  = "spread"
+		name     = intent.ClusterPolicyNamePrefix + binding
+	)
+	ok := []string{"cb-c-ok", "cb-d-ok", "cb-e-ok"}
+	for _, ns := range append([]string{refused, conflict}, ok...) {
+		f.namespace(t, ns)
+	}
+	f.intent(t, "no-egress", intent.DenyExternalNetworkAccess, nil)
+
+	// The quota: no NimbusPolicy in refused (its status as the quota controller, absent here, would
+	// write it). Admission sees a new quota a moment later: wait for a refusal.
+	quota := &corev1.ResourceQuota{
+		ObjectMeta: metav1.ObjectMeta{Namespace: refused, Name: "no-nimbuspolicies"},
+		Spec:       corev1.ResourceQuotaSpec{Hard: corev1.ResourceList{"count/nimbuspolicies.intent.security.nimbus.com": resource.MustParse("0")}},
+	}
+	must(t, f.c.Create(ctx, quota))
+	quota.Status = corev1.ResourceQuotaStatus{Hard: quota.Spec.Hard, Used: corev1.ResourceList{"count/nimbuspolicies.intent.security.nimbus.com": resource.MustParse("0")}}
+	must(t, f.c.Status().Update(ctx, quota))
+	eventually(t, "the quota refuses NimbusPolicies", func() (bool, string) {
+		probe := &intentv1alpha1.NimbusPolicy{
+			ObjectMeta: metav1.ObjectMeta{Namespace: refused, Name: "probe"},
+			Spec: intentv1alpha1.NimbusPolicySpec{Selector: intentv1alpha1.LabelSelector{MatchLabels: map[string]string{"a": "b"}},
+				NimbusRules: []intentv1alpha1.NimbusRules{{ID: intent.DenyExternalNetworkAccess, Rule: intentv1alpha1.Rule{RuleAction: "Block"}}}},
+		}
+		err := f.c.Create(ctx, probe)
+		if err == nil {
+			must(t, f.c.Delete(ctx, probe))
+			return false, "admitted"
+		}
+		return apierrors.IsForbidden(err) && strings.Contains(err.Error(), "exceeded quota"), err.Error()
+	})
+	// In conflict, a NimbusPolicy of the generated name that someone else made.
+	mine := &intentv1alpha1.NimbusPolicy{
+		ObjectMeta: metav1.ObjectMeta{Namespace: conflict, Name: name},
+		Spec: intentv1alpha1.NimbusPolicySpec{Selector: intentv1alpha1.LabelSelector{MatchLabels: map[string]string{"app": "mine"}},
+			NimbusRules: []intentv1alpha1.NimbusRules{{ID: intent.DenyExternalNetworkAccess, Rule: intentv1alpha1.Rule{RuleAction: "Audit"}}}},
+	}
+	must(t, f.c.Create(ctx, mine))
+
+	csib := &intentv1alpha1.ClusterSecurityIntentBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: binding},
+		Spec: intentv1alpha1.ClusterSecurityIntentBindingSpec{
+			Intents: []intentv1alpha1.MatchIntent{{Name: "no-egress"}},
+			Selector: intentv1alpha1.ClusterMatchWorkloads{
+				NsSelector:       intentv1alpha1.NamespaceSelector{MatchNames: append([]string{refused, conflict}, ok...)},
+				WorkloadSelector: intentv1alpha1.LabelSelector{MatchLabels: map[string]string{"app": "web"}},
+			},
+		},
+	}
+	must(t, f.c.Create(ctx, csib))
+
+	t.Run("the others get theirs, and the status names the two", func(t *testing.T) {
+		eventually(t, "the binding's status", func() (bool, string) {
+			f.get(t, csib)
+			c := meta.FindStatusCondition(csib.Status.Conditions, "Ready")
+			return c != nil && c.Status == metav1.ConditionFalse && c.ObservedGeneration == csib.Generation &&
+					strings.Contains(c.Message, "namespace "+refused+": ") && strings.Contains(c.Message, "exceeded quota") &&
+					strings.Contains(c.Message, "NimbusPolicy "+conflict+"/"+name) &&
+					slices.Equal(csib.Status.NimbusPolicyNamespaces, ok) && csib.Status.NumberOfNimbusPolicies == int32(len(ok)),
+				fmt.Sprintf("%+v", csib.Status)
+		})
+		if c := meta.FindStatusCondition(csib.Status.Conditions, "Ready"); c.Reason != "Error" {
+			t.Errorf("Ready = %+v, want reason Error", c)
+		}
+		for _, ns := range ok {
+			np := &intentv1alpha1.NimbusPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}
+			f.waitPolicyStatus(t, np, "Generated", "NetworkPolicy/"+name+"-denyexternalnetworkaccess")
+			if !metav1.IsControlledBy(np, csib) {
+				t.Errorf("NimbusPolicy %s/%s is not the binding's: %+v", ns, name, np.OwnerReferences)
+			}
+		}
+		err := f.c.Get(ctx, client.ObjectKey{Namespace: refused, Name: name}, &intentv1alpha1.NimbusPolicy{})
+		if !apierrors.IsNotFound(err) {
+			t.Errorf("NimbusPolicy in %s: %v, want none (refused)", refused, err)
+		}
+		f.get(t, mine)
+		if metav1.GetControllerOf(mine) != nil || mine.Spec.Selector.MatchLabels["app"] != "mine" {
+			t.Errorf("the hand-made NimbusPolicy was changed: %+v", mine)
+		}
+	})
+
+	t.Run("the refused namespace gets its own once the quota allows it", func(t *testing.T) {
+		must(t, f.c.Delete(ctx, quota))
+		eventually(t, "the binding's status", func() (bool, string) {
+			f.get(t, csib)
+			c := meta.FindStatusCondition(csib.Status.Conditions, "Ready")
+			return c != nil && c.Reason == "Conflict" && !strings.Contains(c.Message, refused) &&
+				slices.Equal(csib.Status.NimbusPolicyNamespaces, append([]string{refused}, ok...)), fmt.Sprintf("%+v", csib.Status)
+		})
+		f.waitPolicyStatus(t, &intentv1alpha1.NimbusPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: refused, Name: name}},
+			"Generated", "NetworkPolicy/"+name+"-denyexternalnetworkaccess")
+	})
+}
