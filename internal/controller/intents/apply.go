@@ -27,8 +27,7 @@ type applied struct {
 	changes   []string // what was created, updated, deleted: one Event says it
 	shadowed  []string // policies an earlier rule of the same id already makes
 	rejected  []string // policies the API server (or an engine's webhook) refuses as they are
-	refused   []string // policies their engine reports it cannot enforce, with the engine's reason
-	pending   []string // policies their engine has not accepted yet
+	pending   []string // policies their engine has not taken in yet, with what it says
 	disabled  []intent.Engine
 }
 
@@ -100,11 +99,8 @@ func (b *base) applyPolicies(ctx context.Context, parent types.UID, desired []in
 			a.conflicts = append(a.conflicts, r.conflict)
 		case present[i].Entry != "":
 			a.entries = append(a.entries, present[i].Entry)
-			switch r.verdict {
-			case intent.Pending:
-				a.pending = append(a.pending, present[i].Entry)
-			case intent.Refused:
-				a.refused = append(a.refused, present[i].Entry+": "+r.reason)
+			if !r.inForce {
+				a.pending = append(a.pending, present[i].Entry+" ("+r.reason+")")
 			}
 		}
 		if r.change != "" {
@@ -149,18 +145,17 @@ type policyResult struct {
 	controlled bool   // the object is the parent's (false: conflict names what is in the way)
 	conflict   string // the object in the way
 	change     string // created or reverted, for the Event
-	verdict    intent.Verdict
-	reason     string // the engine's, when it refused the policy
+	inForce    bool   // its engine has taken it in
+	reason     string // the engine's words when it has not
 	err        error
 }
 
 // applyPolicy brings one generated policy about; made says the parent's status lists it.
 func (b *base) applyPolicy(ctx context.Context, p intent.Policy, made bool) policyResult {
 	did, stored, err := b.policies().Ensure(ctx, p.Object.DeepCopy(), owned.Options{Made: made})
-	var verdict intent.Verdict
-	var reason string
+	inForce, reason := false, ""
 	if u, ok := stored.(*unstructured.Unstructured); ok {
-		verdict, reason = intent.EngineVerdict(u)
+		inForce, reason = intent.InForce(u)
 	}
 	switch {
 	case err != nil:
@@ -170,11 +165,11 @@ func (b *base) applyPolicy(ctx context.Context, p intent.Policy, made bool) poli
 	case did == owned.Taken:
 		return policyResult{conflict: p.Object.GetKind() + " " + client.ObjectKeyFromObject(p.Object).String()}
 	case did == owned.Updated:
-		return policyResult{controlled: true, verdict: verdict, reason: reason, change: "reverted " + p.Object.GetKind() + " " + p.Object.GetName()}
+		return policyResult{controlled: true, inForce: inForce, reason: reason, change: "reverted " + p.Object.GetKind() + " " + p.Object.GetName()}
 	case did == owned.Created:
-		return policyResult{controlled: true, verdict: verdict, reason: reason, change: "created " + p.Object.GetKind() + " " + p.Object.GetName()}
+		return policyResult{controlled: true, inForce: inForce, reason: reason, change: "created " + p.Object.GetKind() + " " + p.Object.GetName()}
 	}
-	return policyResult{controlled: true, verdict: verdict, reason: reason}
+	return policyResult{controlled: true, inForce: inForce, reason: reason}
 }
 
 func engineOf(gvk schema.GroupVersionKind) intent.Engine {

@@ -264,9 +264,6 @@ func (b *base) report(obj client.Object, st *intentv1alpha1.NimbusPolicyStatus, 
 			strings.Join(a.conflicts, ", ")), conflictRetry)
 	case len(a.rejected) > 0:
 		o = status.WaitsForPerson("Rejected", "refused by the API server: "+strings.Join(a.rejected, "; "), conflictRetry)
-	case len(a.refused) > 0:
-		// The engine took the object but cannot enforce it: what it says is what to fix.
-		o = status.WaitsForPerson("RefusedByEngine", "the engine cannot enforce "+strings.Join(a.refused, "; "), conflictRetry)
 	case len(a.missing) > 0:
 		o = status.WaitsForPerson("EngineNotInstalled", a.summary(unenforced), engineRecheck)
 	case len(a.pending) > 0:
