@@ -190,7 +190,9 @@ func TestInstallsOnlyTheEnabledControllersRBAC(t *testing.T) {
 
 // unboundRoles are the roles installed for others to bind (metrics scrapers, the namespaces whose
 // VmGroups use user data) and the node agents' (node_agent.yaml binds it to the agents).
-var unboundRoles = []string{"quartermaster-metrics-reader", "quartermaster-vmgroups-user-data", "quartermaster-node-agent"}
+var unboundRoles = []string{"quartermaster-metrics-reader", "quartermaster-vmgroups-user-data", "quartermaster-node-agent",
+	// Aggregated into Kyverno's background controller's ClusterRole, not bound.
+	"quartermaster-intents-kyverno-deployments", "quartermaster-intents-kyverno-kubearmor"}
 
 func managerArgs(t *testing.T, objs []*unstructured.Unstructured) []string {
 	t.Helper()
