@@ -21,6 +21,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	intentv1alpha1 "github.com/quartermaster-dev/quartermaster/api/intent/v1alpha1"
+	"github.com/quartermaster-dev/quartermaster/internal/intent"
 	"github.com/quartermaster-dev/quartermaster/internal/testing/testenv"
 )
 
@@ -43,6 +44,7 @@ func TestIntents(t *testing.T) {
 		{"one Event per new binding", testEvents},
 		{"a policy's cache behind its writes repeats nothing", testEngineCacheBehind},
 		{"a reconcile on a stale cache repeats nothing", testStaleCache},
+		{"engines chosen by the platform team", testEnginesChosen},
 	} {
 		if !t.Run(s.name, func(t *testing.T) { s.run(t, f) }) {
 			return
@@ -500,4 +502,48 @@ func testEdgeCases(t *testing.T, f *fixture) {
 			t.Errorf("a policy was generated for a hand-made NimbusPolicy: %v", err)
 		}
 	})
+}
+
+// testEnginesChosen: with --intents-engines leaving NetworkPolicy out, a policy gets its other
+// engines' policies and says NetworkPolicy is disabled (not missing, not waited for), and the
+// NetworkPolicies made before are left alone; with none, only NimbusPolicies are made, their status
+// as Nimbus's core alone reports it.
+func testEnginesChosen(t *testing.T, f *fixture) {
+	ctx := context.Background()
+	netpol := &unstructured.Unstructured{}
+	netpol.SetGroupVersionKind(intent.NetworkPolicyKind)
+	must(t, f.c.Get(ctx, client.ObjectKey{Namespace: "shop", Name: "web-dnsmanipulation"}, netpol))
+	defer func() {
+		f.stop(t)
+		f.engines = ""
+		f.run(t)
+	}()
+
+	f.stop(t)
+	f.engines = "kubearmor,kyverno"
+	f.run(t)
+	f.intent(t, "engines-dns", "dnsManipulation", nil)
+	f.namespace(t, "engines-some")
+	f.binding(t, "engines-some", "dns", map[string]string{"app": "dns"}, "engines-dns")
+	np := &intentv1alpha1.NimbusPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: "engines-some", Name: "dns"}}
+	f.waitPolicyStatus(t, np, "Generated", "KubeArmorPolicy/dns-dnsmanipulation")
+	if c := meta.FindStatusCondition(np.Status.Conditions, "Ready"); !strings.Contains(c.Message, "disabled by --intents-engines: NetworkPolicy") {
+		t.Errorf("Ready message %q does not say NetworkPolicy is disabled", c.Message)
+	}
+	kept := netpol.DeepCopy()
+	must(t, f.c.Get(ctx, client.ObjectKeyFromObject(netpol), kept))
+	if kept.GetUID() != netpol.GetUID() {
+		t.Error("a NetworkPolicy made before NetworkPolicy was left out was not left alone")
+	}
+
+	f.stop(t)
+	f.engines = "none"
+	f.run(t)
+	f.namespace(t, "engines-none")
+	f.binding(t, "engines-none", "dns", map[string]string{"app": "dns"}, "engines-dns")
+	np = &intentv1alpha1.NimbusPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: "engines-none", Name: "dns"}}
+	f.waitPolicyStatus(t, np, "Generated")
+	if np.Status.Status != intentv1alpha1.StatusCreated || np.Status.NumberOfAdapterPolicies != 0 || len(np.Status.Policies) != 0 {
+		t.Errorf("status %+v, want Created with no adapter policies, as Nimbus's core alone", np.Status)
+	}
 }

@@ -46,6 +46,7 @@ type fixture struct {
 
 	running *testenv.Running // the running manager; nil when none runs
 	root    *testing.T       // the test the fixture lives as long as
+	engines string           // --intents-engines of the managers it starts ("": all)
 }
 
 func start(t *testing.T) *fixture {
@@ -77,7 +78,7 @@ func (f *fixture) newManager(t *testing.T) (ctrl.Manager, *base) {
 		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
 	})
 	must(t, err)
-	b, err := setup(mgr, Options{Concurrency: 4}, 200*time.Millisecond)
+	b, err := setup(mgr, Options{Concurrency: 4, Engines: f.engines}, 200*time.Millisecond)
 	must(t, err)
 	return mgr, b
 }
