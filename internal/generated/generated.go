@@ -119,7 +119,7 @@ func Edits(entries []metav1.ManagedFieldsEntry, others ...Path) []string {
 			continue
 		}
 		fields := map[string]any{}
-		if err := json.Unmarshal(e.FieldsV1.Raw, &fields); err != nil {
+		if err := json.Unmarshal(e.FieldsV1.GetRawBytes(), &fields); err != nil {
 			out = append(out, e.Manager) // unreadable: it cannot be shown to be harmless
 			continue
 		}
@@ -145,14 +145,14 @@ func Summary(entries []metav1.ManagedFieldsEntry) []metav1.ManagedFieldsEntry {
 			continue
 		}
 		fields := map[string]any{}
-		if err := json.Unmarshal(e.FieldsV1.Raw, &fields); err == nil {
+		if err := json.Unmarshal(e.FieldsV1.GetRawBytes(), &fields); err == nil {
 			for k := range fields {
 				if metaField(k) {
 					delete(fields, k)
 				}
 			}
 			if raw, err := json.Marshal(fields); err == nil {
-				e.FieldsV1 = &metav1.FieldsV1{Raw: raw}
+				e.FieldsV1 = metav1.NewFieldsV1(string(raw))
 			}
 		}
 		e.Time = nil

@@ -20,7 +20,7 @@ func policy(spec map[string]any) *unstructured.Unstructured {
 
 func entry(manager, subresource, fields string) metav1.ManagedFieldsEntry {
 	return metav1.ManagedFieldsEntry{Manager: manager, Operation: metav1.ManagedFieldsOperationUpdate, Subresource: subresource,
-		FieldsType: "FieldsV1", FieldsV1: &metav1.FieldsV1{Raw: []byte(fields)}}
+		FieldsType: "FieldsV1", FieldsV1: metav1.NewFieldsV1(fields)}
 }
 
 // stored is the object as the API server keeps it after our write: stamped, defaults filled in
@@ -123,10 +123,10 @@ func TestSummaryKeepsOnlyEdits(t *testing.T) {
 		entry("kubectl-edit", "", `{"f:metadata":{"f:labels":{}},"f:spec":{"f:x":{}}}`),
 	}
 	got := Summary(entries)
-	if len(got) != 1 || got[0].Manager != "kubectl-edit" || string(got[0].FieldsV1.Raw) != `{"f:spec":{"f:x":{}}}` {
+	if len(got) != 1 || got[0].Manager != "kubectl-edit" || got[0].FieldsV1.GetRawString() != `{"f:spec":{"f:x":{}}}` {
 		t.Errorf("Summary = %+v", got)
 	}
-	if again := Summary(got); len(again) != 1 || string(again[0].FieldsV1.Raw) != string(got[0].FieldsV1.Raw) {
+	if again := Summary(got); len(again) != 1 || again[0].FieldsV1.GetRawString() != got[0].FieldsV1.GetRawString() {
 		t.Errorf("Summary of a summary = %+v", again)
 	}
 	if got := Edits([]metav1.ManagedFieldsEntry{entry("x", "", `{`)}); !slices.Equal(got, []string{"x"}) {

@@ -78,7 +78,7 @@ func testStaleCache(t *testing.T, f *fixture) {
 	generated := func(reqs ...reconcile.Request) func() {
 		return func() {
 			for _, req := range reqs {
-				r := reconcileFunc(policies.Reconcile)
+				r := policies.Reconcile
 				if req.Namespace == "" {
 					r = clusterPolicies.Reconcile
 				}
