@@ -242,22 +242,30 @@ func (f *fill) tail(ctx context.Context, w http.ResponseWriter, from, to int64) 
 	rc := http.NewResponseController(w)
 	buf := make([]byte, 256<<10)
 	pos := from
+	// limit is how far the response may go now (f.mu held). The content's last byte waits for
+	// the digest check: a fill that fails on it leaves every response short, hence aborted.
+	limit := func() int64 {
+		if f.done && f.err == nil {
+			if to >= 0 {
+				return min(to, f.size)
+			}
+			return f.size
+		}
+		if to >= 0 && to < f.written {
+			return to
+		}
+		return f.written - 1
+	}
 	for {
 		f.mu.Lock()
-		f.waitLocked(ctx, func() bool { return f.written > pos || f.done || (to >= 0 && pos >= to) })
-		avail, done, ferr := f.written, f.done, f.err
-		if done && ferr == nil {
-			avail = f.size
-		}
+		f.waitLocked(ctx, func() bool { return limit() > pos || f.done })
+		avail, done, ferr := limit(), f.done, f.err
 		f.mu.Unlock()
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
 		if ferr != nil {
 			return ferr
-		}
-		if to >= 0 {
-			avail = min(avail, to)
 		}
 		for pos < avail {
 			m, rerr := file.ReadAt(buf[:min(int64(len(buf)), avail-pos)], pos)
@@ -267,12 +275,12 @@ func (f *fill) tail(ctx context.Context, w http.ResponseWriter, from, to int64) 
 				}
 				pos += int64(m)
 			}
-			if rerr != nil && !(errors.Is(rerr, io.EOF) && m > 0) {
+			if rerr != nil && (!errors.Is(rerr, io.EOF) || m == 0) {
 				return rerr
 			}
 		}
 		_ = rc.Flush()
-		if (to >= 0 && pos >= to) || (done && pos >= avail) {
+		if (to >= 0 && pos >= to) || done {
 			return nil
 		}
 	}
