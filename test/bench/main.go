@@ -58,6 +58,7 @@ var cases = []benchCase{
 	{name: "iam/500-serviceaccounts", run: iamBench},
 	{name: "intents/1000-bindings", run: intentsBench},
 	{name: "mirrors/50-mirrors", run: mirrorsBench},
+	{name: "mirrors/cache-data-path", run: cacheDataPathBench},
 	{name: "manager/every-controller-unrelated-objects", run: cachesBench},
 	{name: "manager/failover-under-kill", run: failoverBench},
 }
