@@ -240,7 +240,9 @@ func (f *fill) tail(ctx context.Context, w http.ResponseWriter, from, to int64) 
 	}
 	defer file.Close()
 	rc := http.NewResponseController(w)
-	buf := make([]byte, 256<<10)
+	bp := tailBuffers.Get().(*[]byte)
+	defer tailBuffers.Put(bp)
+	buf := *bp
 	pos := from
 	// limit is how far the response may go now (f.mu held). The content's last byte waits for
 	// the digest check: a fill that fails on it leaves every response short, hence aborted.
@@ -285,6 +287,13 @@ func (f *fill) tail(ctx context.Context, w http.ResponseWriter, from, to int64) 
 		}
 	}
 }
+
+// tailBuffers are the responses' copy buffers: 50 pullers of 3 layers each would otherwise
+// hold 150 buffers at once.
+var tailBuffers = sync.Pool{New: func() any {
+	b := make([]byte, 64<<10)
+	return &b
+}}
 
 // manifestMeta reads a manifest's media type and the digests it references (an index's
 // manifests, an image's config and layers, an artifact's blobs and subject).

@@ -349,7 +349,7 @@ func setContentHeaders(w http.ResponseWriter, d digest.Digest, manifest bool, me
 func (f *front) serveFill(w http.ResponseWriter, r *http.Request, repo string, fl *fill) {
 	fl.mu.Lock()
 	fl.waitLocked(r.Context(), func() bool { return fl.ready })
-	ready, noSpace, ferr, status, size, mediaType, started := fl.ready, fl.noSpace, fl.err, fl.status, fl.size, fl.mediaType, fl.path != ""
+	ready, noSpace, ferr, status, size, mediaType := fl.ready, fl.noSpace, fl.err, fl.status, fl.size, fl.mediaType
 	fl.mu.Unlock()
 	switch {
 	case !ready:
@@ -357,7 +357,8 @@ func (f *front) serveFill(w http.ResponseWriter, r *http.Request, repo string, f
 	case noSpace:
 		f.passThrough(w, r, repo, fl.d, fl.manifest)
 		return
-	case ferr != nil && !started:
+	case ferr != nil:
+		// Failed before this request wrote anything: say so, rather than start a 200 to cut.
 		upstreamFailed(w, status, ferr)
 		return
 	}
