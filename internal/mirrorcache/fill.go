@@ -32,6 +32,7 @@ type fill struct {
 	size      int64
 	mediaType string
 	written   int64
+	verified  bool // the digest and length checked: the whole content may be served
 	done      bool
 	err       error
 	status    int  // the upstream's status when it refused the fill (404 …)
@@ -169,6 +170,12 @@ func (f *fill) run(ctx context.Context, r *remote, s *store, repo string, freeSp
 			return
 		}
 	}
+	// The bytes are right: responses may finish now, while the file is made durable and
+	// committed (a store failure from here on only means it is not cached).
+	f.mu.Lock()
+	f.verified, f.size = true, n
+	f.cond.Broadcast()
+	f.mu.Unlock()
 	if err := errors.Join(tmp.Sync(), tmp.Close()); err != nil {
 		f.storeFailed(err)
 		return
@@ -253,7 +260,7 @@ func (f *fill) tail(ctx context.Context, w http.ResponseWriter, from, to int64) 
 	// limit is how far the response may go now (f.mu held). The content's last byte waits for
 	// the digest check: a fill that fails on it leaves every response short, hence aborted.
 	limit := func() int64 {
-		if f.done && f.err == nil {
+		if f.verified {
 			if to >= 0 {
 				return min(to, f.size)
 			}
@@ -266,13 +273,13 @@ func (f *fill) tail(ctx context.Context, w http.ResponseWriter, from, to int64) 
 	}
 	for {
 		f.mu.Lock()
-		f.waitLocked(ctx, func() bool { return limit() > pos || f.done })
-		avail, done, ferr := limit(), f.done, f.err
+		f.waitLocked(ctx, func() bool { return limit() > pos || f.done || f.verified })
+		avail, ferr, verified := limit(), f.err, f.verified
 		f.mu.Unlock()
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		if ferr != nil {
+		if ferr != nil && !verified {
 			return ferr
 		}
 		if pos < avail {
@@ -288,7 +295,7 @@ func (f *fill) tail(ctx context.Context, w http.ResponseWriter, from, to int64) 
 			}
 		}
 		_ = rc.Flush()
-		if (to >= 0 && pos >= to) || done {
+		if (to >= 0 && pos >= to) || (verified && pos >= avail) {
 			return nil
 		}
 	}
