@@ -22,6 +22,7 @@ import (
 // failure the file is removed and every request still reading is aborted.
 type fill struct {
 	d        digest.Digest
+	repo     string // the repository it is fetched for
 	manifest bool
 	path     string // the temporary file while it runs
 
@@ -54,8 +55,8 @@ const reserveBytes = 64 << 20
 // maxManifestBytes bounds a manifest the cache parses (distribution's own limit is 4 MiB).
 const maxManifestBytes = 4 << 20
 
-func newFill(d digest.Digest, manifest bool) *fill {
-	f := &fill{d: d, manifest: manifest, size: -1}
+func newFill(d digest.Digest, repo string, manifest bool) *fill {
+	f := &fill{d: d, repo: repo, manifest: manifest, size: -1}
 	f.cond = sync.NewCond(&f.mu)
 	return f
 }

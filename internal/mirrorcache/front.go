@@ -222,8 +222,11 @@ func (f *front) serve(w http.ResponseWriter, r *http.Request, repo string, d dig
 	}
 	stored := f.store.content(d) != nil
 	f.mu.Lock()
-	_, filling := f.fills[d]
+	fl, filling := f.fills[d]
 	f.mu.Unlock()
+	if filling && fl.repo == repo {
+		known = true // the fill fetches it for this repository
+	}
 	if !known && (stored || filling) {
 		// Content held (or being fetched) for another repository: the upstream must say this
 		// repository has it (a HEAD, no body).
@@ -298,7 +301,7 @@ func (f *front) join(repo string, d digest.Digest, manifest bool) (fl *fill, lea
 		file.Close()
 		return nil, false
 	}
-	fl = newFill(d, manifest)
+	fl = newFill(d, repo, manifest)
 	f.fills[d] = fl
 	f.wg.Add(1)
 	go func() {
