@@ -297,7 +297,7 @@ func (f *front) join(repo string, d digest.Digest, manifest bool) (fl *fill, lea
 	}
 	// A fill is removed from the map only after its commit, so content missing here is not
 	// being fetched: unless it was committed just now.
-	if file, _ := f.store.open(d); file != nil {
+	if file := f.store.open(d); file != nil {
 		file.Close()
 		return nil, false
 	}
@@ -316,7 +316,7 @@ func (f *front) join(repo string, d digest.Digest, manifest bool) (fl *fill, lea
 
 // serveStored serves committed content; false when there is none (expired or never fetched).
 func (f *front) serveStored(w http.ResponseWriter, r *http.Request, repo string, d digest.Digest, manifest bool) bool {
-	file, _ := f.store.open(d)
+	file := f.store.open(d)
 	if file == nil {
 		return false
 	}

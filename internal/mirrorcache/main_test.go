@@ -25,8 +25,9 @@ func TestMain(m *testing.M) {
 	}
 	if config := os.Getenv(envChildCache); config != "" {
 		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
-		defer stop()
-		if err := Run(ctx, Options{ConfigPath: config, CredentialsDir: os.TempDir()}); err != nil {
+		err := Run(ctx, Options{ConfigPath: config, CredentialsDir: os.TempDir()})
+		stop()
+		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
 		}

@@ -119,17 +119,12 @@ func (s *store) repo(name string) *repoMeta {
 }
 
 // open returns committed content, or nil when there is none.
-func (s *store) open(d digest.Digest) (*os.File, os.FileInfo) {
+func (s *store) open(d digest.Digest) *os.File {
 	f, err := os.Open(s.path(d))
 	if err != nil {
-		return nil, nil
+		return nil
 	}
-	fi, err := f.Stat()
-	if err != nil {
-		f.Close()
-		return nil, nil
-	}
-	return f, fi
+	return f
 }
 
 // committed records content just renamed into blobs/ (meta is nil for a blob).

@@ -520,7 +520,10 @@ func waitHTTP(url string) error {
 			}
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("%s did not answer 200 within 30s (%v)", url, err)
+			if err != nil {
+				return fmt.Errorf("%s did not answer 200 within 30s: %w", url, err)
+			}
+			return fmt.Errorf("%s did not answer 200 within 30s", url)
 		}
 		time.Sleep(20 * time.Millisecond) // polling interval
 	}
