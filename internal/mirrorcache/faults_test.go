@@ -3,6 +3,7 @@ package mirrorcache
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -11,6 +12,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/opencontainers/go-digest"
 
 	"github.com/quartermaster-dev/quartermaster/internal/mirror"
 	"github.com/quartermaster-dev/quartermaster/internal/testing/testenv"
@@ -26,27 +29,8 @@ func TestCacheKilledMidFill(t *testing.T) {
 	g := newGate(layer, 1<<20, serveWhole)
 	up.setFault(g.fault)
 
-	addr := freeAddr(t)
-	child := exec.Command(os.Args[0], "-test.run=^$")
-	logs := &testenv.LogBuffer{}
-	child.Stdout, child.Stderr = logs, logs
-	child.Env = append(os.Environ(), envChildCache+"="+files.config,
-		"REGISTRY_HTTP_ADDR="+addr, "REGISTRY_HTTP_DEBUG_ADDR="+freeAddr(t),
-		"REGISTRY_STORAGE_FILESYSTEM_ROOTDIRECTORY="+files.storage)
-	if err := child.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan struct{}) // closed when the child is gone
-	go func() {
-		_ = child.Wait()
-		close(exited)
-	}()
-	t.Cleanup(func() {
-		_ = child.Process.Kill()
-		<-exited
-	})
-	waitReady(t, "http://"+addr, exited, logs)
-
+	child := startChild(t, files)
+	addr := child.addr
 	blobURL := "http://" + addr + "/v2/team/app/blobs/" + g.d.String()
 	resp := getFrom(context.Background(), t, blobURL, "", http.StatusOK)
 	if resp == nil {
@@ -55,10 +39,10 @@ func TestCacheKilledMidFill(t *testing.T) {
 	if _, err := io.ReadFull(resp.Body, make([]byte, 1<<19)); err != nil {
 		t.Fatalf("the fill did not start: %v", err)
 	}
-	if err := child.Process.Kill(); err != nil {
+	if err := child.cmd.Process.Kill(); err != nil {
 		t.Fatal(err)
 	}
-	<-exited
+	<-child.exited
 	resp.Body.Close()
 	close(g.release)
 	tmp, _ := os.ReadDir(filepath.Join(files.storage, contentDir, "tmp"))
@@ -83,6 +67,87 @@ func TestCacheKilledMidFill(t *testing.T) {
 	if n := count(up.requests(), "GET /v2/team/app/blobs/"+g.d.String()); n != 2 {
 		t.Errorf("the upstream served the blob %d times, want 2 (the killed fill and the new one)", n)
 	}
+}
+
+// childCache is a cache run as its own process (the test binary; see TestMain).
+type childCache struct {
+	cmd               *exec.Cmd
+	addr, metricsAddr string
+	exited            chan struct{} // closed when it is gone
+	logs              *testenv.LogBuffer
+}
+
+func startChild(t *testing.T, files cacheFiles, env ...string) *childCache {
+	t.Helper()
+	c := &childCache{addr: freeAddr(t), metricsAddr: freeAddr(t), exited: make(chan struct{}), logs: &testenv.LogBuffer{}}
+	c.cmd = exec.Command(os.Args[0], "-test.run=^$")
+	c.cmd.Stdout, c.cmd.Stderr = c.logs, c.logs
+	c.cmd.Env = append(append(os.Environ(), envChildCache+"="+files.config,
+		"REGISTRY_HTTP_ADDR="+c.addr, "REGISTRY_HTTP_DEBUG_ADDR="+c.metricsAddr,
+		"REGISTRY_STORAGE_FILESYSTEM_ROOTDIRECTORY="+files.storage), env...)
+	if err := c.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		_ = c.cmd.Wait()
+		close(c.exited)
+	}()
+	t.Cleanup(func() {
+		_ = c.cmd.Process.Kill()
+		<-c.exited
+	})
+	waitReady(t, "http://"+c.addr, c.exited, c.logs)
+	return c
+}
+
+// metrics scrapes the child's metrics like runningCache.metrics.
+func (c *childCache) metrics(t *testing.T) map[string]float64 {
+	t.Helper()
+	return (&runningCache{MetricsURL: "http://" + c.metricsAddr + mirror.MetricsPath}).metrics(t)
+}
+
+// A volume that refuses a write mid-fill (the kernel's EFBIG past a file size limit, as ENOSPC
+// from a full disk): that fill's clients get an error, nothing is kept, store_full says so, and
+// the next pulls are streamed from the upstream, whole and right.
+func TestVolumeRefusesWrites(t *testing.T) {
+	up := startUpstream(t, authNone, "", false)
+	layer := randomBytes(3 << 20)
+	up.pushImage(t, "team/app", []byte(`{}`), layer)
+	files := newCacheFiles(t, up.URL, "", "")
+	child := startChild(t, files, envChildFileLimit+"="+fmt.Sprint(1<<20))
+	blobURL := "http://" + child.addr + "/v2/team/app/blobs/" + digest.FromBytes(layer).String()
+
+	// The fill's client gets a 503, or a 200 cut short when the write failed after its headers.
+	resp, err := testClient.Get(blobURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode == http.StatusOK && err == nil {
+		t.Errorf("a complete answer of %d bytes from a fill the volume refused", len(b))
+	} else if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusServiceUnavailable {
+		t.Errorf("the fill's client got %s, want 503 or a cut 200", resp.Status)
+	}
+	m := child.metrics(t)
+	if m[storeFullSeries] != 1 || m[`quartermaster_mirror_store_errors_total`] < 1 {
+		t.Errorf("store_full %v, store_errors %v: want 1 and at least 1", m[storeFullSeries], m[`quartermaster_mirror_store_errors_total`])
+	}
+	for range 2 {
+		resp = getFrom(context.Background(), t, blobURL, "", http.StatusOK)
+		if resp == nil {
+			t.FailNow()
+		}
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil || !bytes.Equal(b, layer) {
+			t.Fatalf("after the refused write: %d bytes (%v), not the blob", len(b), err)
+		}
+	}
+	if d := child.metrics(t)[blobPassThrough]; d != 2 {
+		t.Errorf("%s = %v, want 2", blobPassThrough, d)
+	}
+	assertNotStored(t, files, digest.FromBytes(layer))
 }
 
 func freeAddr(t *testing.T) string {

@@ -68,8 +68,9 @@ func kindOf(manifest bool) string {
 	return typeBlob
 }
 
-// run fetches the content for repo and commits it to s; it returns when the fill ends.
-func (f *fill) run(ctx context.Context, r *remote, s *store, repo string, freeSpace func() (uint64, error)) {
+// run fetches the content for repo and commits it to s; it returns when the fill ends, and
+// whether the volume refused a write.
+func (f *fill) run(ctx context.Context, r *remote, s *store, repo string, freeSpace func() (uint64, error)) (refused bool) {
 	kind := kindOf(f.manifest)
 	fillsInFlight.Inc()
 	defer fillsInFlight.Dec()
@@ -106,7 +107,7 @@ func (f *fill) run(ctx context.Context, r *remote, s *store, repo string, freeSp
 	tmp, err := os.CreateTemp(s.tmpDir(), f.d.Encoded()+"-*")
 	if err != nil {
 		f.storeFailed(err)
-		return
+		return true
 	}
 	f.mu.Lock()
 	f.path, f.ready, f.size, f.mediaType = tmp.Name(), true, size, resp.Header.Get("Content-Type")
@@ -124,7 +125,7 @@ func (f *fill) run(ctx context.Context, r *remote, s *store, repo string, freeSp
 			if _, werr := tmp.Write(buf[:m]); werr != nil {
 				tmp.Close()
 				f.storeFailed(werr)
-				return
+				return true
 			}
 			_, _ = verifier.Write(buf[:m])
 			n += int64(m)
@@ -179,7 +180,7 @@ func (f *fill) run(ctx context.Context, r *remote, s *store, repo string, freeSp
 	f.mu.Unlock()
 	if err := errors.Join(tmp.Sync(), tmp.Close()); err != nil {
 		f.storeFailed(err)
-		return
+		return true
 	}
 	f.mu.Lock()
 	err = os.Rename(f.path, s.path(f.d))
@@ -191,17 +192,18 @@ func (f *fill) run(ctx context.Context, r *remote, s *store, repo string, freeSp
 	f.mu.Unlock()
 	if err != nil {
 		f.storeFailed(err)
-		return
+		return true
 	}
 	storeFull.Set(0)
 	fills.WithLabelValues(resultFillOK).Inc()
+	return false
 }
 
 // storeFailed ends a fill the volume refused (full, read-only, …).
 func (f *fill) storeFailed(err error) {
 	storeErrors.Inc()
 	storeFull.Set(1)
-	f.fail(resultFillStore, 0, fmt.Errorf("storing %s: %w", f.d, err))
+	f.fail(resultFillStore, http.StatusInsufficientStorage, fmt.Errorf("storing %s: %w", f.d, err))
 }
 
 func (f *fill) fail(result string, status int, err error) {

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -36,6 +37,20 @@ type front struct {
 	tags  map[string]*tagLookup
 
 	freeSpace func() (uint64, error)
+	// A write the volume refused: fills pass through until then (unix nanoseconds), as when
+	// the volume reports itself full.
+	refusedUntil atomic.Int64
+}
+
+// refusedRetry is how long after a refused write the cache stops trying to store.
+const refusedRetry = time.Minute
+
+// room is the volume's free space for a fill: none for a while after a refused write.
+func (f *front) room() (uint64, error) {
+	if time.Now().UnixNano() < f.refusedUntil.Load() {
+		return 0, nil
+	}
+	return f.freeSpace()
 }
 
 // tagLookup is one upstream HEAD of a tag that concurrent pulls of the tag share.
@@ -306,7 +321,9 @@ func (f *front) join(repo string, d digest.Digest, manifest bool) (fl *fill, lea
 	f.wg.Add(1)
 	go func() {
 		defer f.wg.Done()
-		fl.run(f.ctx, f.remote, f.store, repo, f.freeSpace)
+		if fl.run(f.ctx, f.remote, f.store, repo, f.room) {
+			f.refusedUntil.Store(time.Now().Add(refusedRetry).UnixNano())
+		}
 		f.mu.Lock()
 		delete(f.fills, d)
 		f.mu.Unlock()
@@ -416,11 +433,46 @@ func (f *front) passThrough(w http.ResponseWriter, r *http.Request, repo string,
 		w.Header().Set("Content-Length", strconv.FormatInt(resp.ContentLength, 10))
 	}
 	w.WriteHeader(http.StatusOK)
+	if r.Method == http.MethodHead {
+		return
+	}
+	// As from a fill, the last byte goes only once the digest is checked.
 	verifier := d.Verifier()
-	n, err := io.Copy(io.MultiWriter(w, verifier), countingReader{resp.Body, kind})
-	if err != nil || (resp.ContentLength >= 0 && n != resp.ContentLength) || (r.Method == http.MethodGet && !verifier.Verified()) {
+	held := &holdLast{w: w}
+	n, err := io.Copy(io.MultiWriter(held, verifier), countingReader{resp.Body, kind})
+	if err != nil || (resp.ContentLength >= 0 && n != resp.ContentLength) || !verifier.Verified() {
 		panic(http.ErrAbortHandler)
 	}
+	if err := held.release(); err != nil {
+		panic(http.ErrAbortHandler)
+	}
+}
+
+// holdLast writes all but the last byte it was given; release writes that one.
+type holdLast struct {
+	w    io.Writer
+	last []byte
+}
+
+func (h *holdLast) Write(p []byte) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
+	if len(h.last) > 0 {
+		if _, err := h.w.Write(h.last); err != nil {
+			return 0, err
+		}
+	}
+	if _, err := h.w.Write(p[:len(p)-1]); err != nil {
+		return 0, err
+	}
+	h.last = append(h.last[:0], p[len(p)-1])
+	return len(p), nil
+}
+
+func (h *holdLast) release() error {
+	_, err := h.w.Write(h.last)
+	return err
 }
 
 type countingReader struct {
@@ -471,6 +523,8 @@ func parseRange(h string, size int64) ([2]int64, bool) {
 // "unknown", a refusal or no answer as 502 (distribution answers the same way).
 func upstreamFailed(w http.ResponseWriter, status int, err error) {
 	switch status {
+	case http.StatusInsufficientStorage: // the cache's volume, not the upstream
+		registryError(w, http.StatusServiceUnavailable, "UNAVAILABLE", "the cache could not store the content: retry")
 	case http.StatusNotFound:
 		registryError(w, http.StatusNotFound, "BLOB_UNKNOWN", "unknown to the upstream")
 	case http.StatusUnauthorized, http.StatusForbidden:
