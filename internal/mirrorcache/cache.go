@@ -43,6 +43,10 @@ type Options struct {
 	Listener, MetricsListener net.Listener
 	// LogOutput receives distribution's logs and the cache's; default os.Stderr.
 	LogOutput io.Writer
+
+	// Tests only: the clock ttls count on, and a look at the data path once it serves.
+	now     func() time.Time
+	started func(*front)
 }
 
 // Run serves the cache until ctx ends, then lets running requests finish for the configuration's
@@ -67,6 +71,22 @@ func Run(ctx context.Context, opts Options) error {
 		return err
 	}
 	setUpProcess()
+	root, ttl, err := takeOverContent(cfg)
+	if err != nil {
+		return err
+	}
+	now := opts.now
+	if now == nil {
+		now = time.Now
+	}
+	st, err := openStore(filepath.Join(root, contentDir), now)
+	if err != nil {
+		return fmt.Errorf("opening the cache's store: %w", err)
+	}
+	rem, err := newRemote(cfg.Proxy.RemoteURL, credsDir)
+	if err != nil {
+		return err
+	}
 
 	// The cache serves the metrics itself (see countServed).
 	serveMetrics := cfg.HTTP.Debug.Prometheus.Enabled
@@ -89,7 +109,17 @@ func Run(ctx context.Context, opts Options) error {
 	if err != nil {
 		return err
 	}
-	servers := []server{{newServer(countServed(alive(app))), ln}}
+	data := newFront(app, rem, st, ttl)
+	go data.run()
+	defer func() {
+		if err := data.close(); err != nil {
+			logrus.WithError(err).Error("writing the cache index")
+		}
+	}()
+	if opts.started != nil {
+		opts.started(data)
+	}
+	servers := []server{{newServer(countServed(alive(data))), ln}}
 	if serveMetrics && (opts.MetricsListener != nil || cfg.HTTP.Debug.Addr != "") {
 		mln, err := listen(opts.MetricsListener, "tcp", cfg.HTTP.Debug.Addr)
 		if err != nil {
@@ -113,6 +143,25 @@ func Run(ctx context.Context, opts Options) error {
 		drain = mirror.DrainTimeout
 	}
 	return serve(ctx, servers, drain)
+}
+
+// contentDir is the data path's directory in the storage root, beside distribution's "docker".
+const contentDir = "quartermaster"
+
+// takeOverContent returns the storage root and the ttl, and turns distribution's own expiry off:
+// the front serves and expires content (front.go); distribution stores none of it.
+func takeOverContent(cfg *configuration.Configuration) (root string, ttl time.Duration, err error) {
+	root, _ = cfg.Storage.Parameters()["rootdirectory"].(string)
+	if cfg.Storage.Type() != "filesystem" || root == "" {
+		return "", 0, errors.New("storage: the cache needs filesystem storage with a rootdirectory")
+	}
+	ttl = 7 * 24 * time.Hour // distribution's default for a missing ttl
+	if cfg.Proxy.TTL != nil {
+		ttl = *cfg.Proxy.TTL
+	}
+	off := time.Duration(0)
+	cfg.Proxy.TTL = &off
+	return root, ttl, nil
 }
 
 // useCredentialHelper makes distribution ask this executable for the upstream's credentials

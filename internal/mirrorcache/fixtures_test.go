@@ -63,6 +63,15 @@ type upstream struct {
 	stopOnce sync.Once
 	mu       sync.Mutex
 	seen     []string
+	// fault, when set, may answer a request itself (true) before the registry does.
+	fault func(w http.ResponseWriter, r *http.Request) bool
+}
+
+// setFault puts a fault in front of the upstream registry (nil removes it).
+func (u *upstream) setFault(f func(w http.ResponseWriter, r *http.Request) bool) {
+	u.mu.Lock()
+	u.fault = f
+	u.mu.Unlock()
 }
 
 // upstreamUser is the user the upstream knows.
@@ -103,7 +112,11 @@ func (u *upstream) record(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		u.mu.Lock()
 		u.seen = append(u.seen, r.Method+" "+r.URL.Path)
+		fault := u.fault
 		u.mu.Unlock()
+		if fault != nil && fault(w, r) {
+			return
+		}
 		next.ServeHTTP(w, r)
 	})
 }
@@ -194,7 +207,6 @@ const testTag = "v1"
 // testTag.
 func (u *upstream) push(t *testing.T, repo string) testImage {
 	t.Helper()
-	tag := testTag
 	var layerTar bytes.Buffer
 	tw := tar.NewWriter(&layerTar)
 	content := []byte(randomHex(512))
@@ -222,23 +234,33 @@ func (u *upstream) push(t *testing.T, repo string) testImage {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return u.pushImage(t, repo, imageConfig, layer.Bytes())
+}
+
+// pushImage pushes an image of the given config and layers (opaque bytes: nothing unpacks them),
+// tagged testTag; blobs lists the config, then the layers.
+func (u *upstream) pushImage(t *testing.T, repo string, imageConfig []byte, layers ...[]byte) testImage {
+	t.Helper()
 	configDesc := u.pushBlob(t, repo, ocispec.MediaTypeImageConfig, imageConfig)
-	layerDesc := u.pushBlob(t, repo, ocispec.MediaTypeImageLayerGzip, layer.Bytes())
+	blobs := []ocispec.Descriptor{configDesc}
+	for _, l := range layers {
+		blobs = append(blobs, u.pushBlob(t, repo, ocispec.MediaTypeImageLayerGzip, l))
+	}
 	manifest, err := json.Marshal(ocispec.Manifest{
 		Versioned: specs.Versioned{SchemaVersion: 2},
 		MediaType: ocispec.MediaTypeImageManifest,
 		Config:    configDesc,
-		Layers:    []ocispec.Descriptor{layerDesc},
+		Layers:    blobs[1:],
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	u.do(t, http.MethodPut, u.URL+"/v2/"+repo+"/manifests/"+tag, ocispec.MediaTypeImageManifest, manifest, http.StatusCreated)
+	u.do(t, http.MethodPut, u.URL+"/v2/"+repo+"/manifests/"+testTag, ocispec.MediaTypeImageManifest, manifest, http.StatusCreated)
 	u.requests() // the pushes are not what a test counts
 	return testImage{
-		repo: repo, tag: tag,
+		repo: repo, tag: testTag,
 		manifest: ocispec.Descriptor{MediaType: ocispec.MediaTypeImageManifest, Digest: digest.FromBytes(manifest), Size: int64(len(manifest))},
-		blobs:    []ocispec.Descriptor{configDesc, layerDesc},
+		blobs:    blobs,
 	}
 }
 
@@ -281,9 +303,14 @@ type cacheFiles struct {
 // credentials (none when username is empty).
 func newCacheFiles(t *testing.T, upstreamURL, username, password string) cacheFiles {
 	t.Helper()
+	return newCacheFilesTTL(t, upstreamURL, username, password, mirror.DefaultTTL)
+}
+
+func newCacheFilesTTL(t *testing.T, upstreamURL, username, password string, ttl time.Duration) cacheFiles {
+	t.Helper()
 	dir := t.TempDir()
 	f := cacheFiles{config: filepath.Join(dir, mirror.ConfigFile), credentials: filepath.Join(dir, "credentials"), storage: filepath.Join(dir, "storage")}
-	conf, err := mirror.CacheConfig(mirror.CacheParams{UpstreamURL: upstreamURL, TTL: mirror.DefaultTTL})
+	conf, err := mirror.CacheConfig(mirror.CacheParams{UpstreamURL: upstreamURL, TTL: ttl})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -306,6 +333,12 @@ func newCacheFiles(t *testing.T, upstreamURL, username, password string) cacheFi
 // startCache runs the cache on loopback ports and waits until its readiness path answers.
 func startCache(t *testing.T, f cacheFiles) *runningCache {
 	t.Helper()
+	return startCacheWith(t, f, Options{})
+}
+
+// startCacheWith is startCache with the tests' options (clock, data path hook) set.
+func startCacheWith(t *testing.T, f cacheFiles, extra Options) *runningCache {
+	t.Helper()
 	// distribution's documented override of a configuration value: the file stays as rendered,
 	// the storage is the test's.
 	t.Setenv("REGISTRY_STORAGE_FILESYSTEM_ROOTDIRECTORY", f.storage)
@@ -319,7 +352,8 @@ func startCache(t *testing.T, f cacheFiles) *runningCache {
 		done:       make(chan error, 1),
 	}
 	go func() {
-		c.done <- Run(ctx, Options{ConfigPath: f.config, CredentialsDir: f.credentials, Listener: ln, MetricsListener: mln, LogOutput: c.log})
+		c.done <- Run(ctx, Options{ConfigPath: f.config, CredentialsDir: f.credentials, Listener: ln, MetricsListener: mln, LogOutput: c.log,
+			now: extra.now, started: extra.started})
 	}()
 	t.Cleanup(func() { c.stop(t) })
 	deadline := time.Now().Add(20 * time.Second)

@@ -30,6 +30,62 @@ var (
 	}, []string{"result"})
 )
 
+// The data path's metrics (front.go, fill.go).
+var (
+	upstreamBytes = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "quartermaster_mirror_upstream_bytes_total",
+		Help: "Content bytes the cache read from the upstream, by type (blob, manifest): ideally each cached byte once.",
+	}, []string{"type"})
+	cacheRequests = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "quartermaster_mirror_cache_requests_total",
+		Help: "Content requests by type and result: hit (served from the volume), miss (started a fill), " +
+			"coalesced (joined a fill in flight), pass_through (the volume had no room: streamed from the upstream, not stored).",
+	}, []string{"type", "result"})
+	coalesced = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "quartermaster_mirror_coalesced_requests_total",
+		Help: "Requests that shared an upstream fetch already in flight (a fill, or a tag lookup) instead of making their own, by type.",
+	}, []string{"type"})
+	fillsInFlight = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "quartermaster_mirror_fills_in_flight",
+		Help: "Upstream fetches into the cache running now.",
+	})
+	fills = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "quartermaster_mirror_fills_total",
+		Help: "Ended fills by result: ok (committed), upstream_error (refused, failed or cut mid-body), " +
+			"digest_mismatch (the upstream's bytes have another digest: refused), store_error (the volume refused the write), " +
+			"no_space (not stored: the volume is full).",
+	}, []string{"result"})
+	storeFull = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "quartermaster_mirror_store_full",
+		Help: "1 while the cache volume refuses content (full or failing): pulls are streamed from the upstream, not cached.",
+	})
+	storeErrors = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "quartermaster_mirror_store_errors_total",
+		Help: "Writes to the cache volume that failed.",
+	})
+	expired = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "quartermaster_mirror_expired_total",
+		Help: "Blobs and manifests deleted from the volume: not pulled within the ttl and referenced by no kept manifest.",
+	})
+)
+
+// Label values of the data path's metrics.
+const (
+	typeBlob     = "blob"
+	typeManifest = "manifest"
+
+	resultHit         = "hit"
+	resultMiss        = "miss"
+	resultCoalesced   = "coalesced"
+	resultPassThrough = "pass_through"
+
+	resultFillOK       = "ok"
+	resultFillUpstream = "upstream_error"
+	resultFillMismatch = "digest_mismatch"
+	resultFillStore    = "store_error"
+	resultFillNoSpace  = "no_space"
+)
+
 // Upstream results, the values of upstreamRequests' label.
 const (
 	resultOK           = "ok"
@@ -53,7 +109,17 @@ var processSetup sync.Once
 // the upstream refuses falls back to the cache's copy or ends in a plain 404, with no log line.
 func setUpProcess() {
 	processSetup.Do(func() {
-		prometheus.MustRegister(servedRequests, upstreamRequests)
+		prometheus.MustRegister(servedRequests, upstreamRequests, upstreamBytes, cacheRequests, coalesced, fillsInFlight, fills, storeFull, storeErrors, expired)
+		for _, t := range []string{typeBlob, typeManifest} {
+			upstreamBytes.WithLabelValues(t)
+			coalesced.WithLabelValues(t)
+			for _, r := range []string{resultHit, resultMiss, resultCoalesced, resultPassThrough} {
+				cacheRequests.WithLabelValues(t, r)
+			}
+		}
+		for _, r := range []string{resultFillOK, resultFillUpstream, resultFillMismatch, resultFillStore, resultFillNoSpace} {
+			fills.WithLabelValues(r)
+		}
 		for _, r := range []string{resultOK, resultChallenge, resultUnauthorized, resultDenied, resultNotFound, resultError, resultUnreachable, resultCanceled} {
 			upstreamRequests.WithLabelValues(r)
 		}
@@ -103,7 +169,7 @@ func classify(req *http.Request, resp *http.Response, err error) string {
 		return resultUnreachable
 	case resp.StatusCode < 400:
 		return resultOK
-	case resp.StatusCode == http.StatusUnauthorized && req.URL.Path == "/v2/" && req.Header.Get("Authorization") == "":
+	case resp.StatusCode == http.StatusUnauthorized && req.Header.Get("Authorization") == "" && resp.Header.Get("WWW-Authenticate") != "":
 		return resultChallenge
 	case resp.StatusCode == http.StatusUnauthorized:
 		return resultUnauthorized

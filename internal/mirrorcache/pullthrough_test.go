@@ -9,12 +9,21 @@ import (
 	"time"
 )
 
-// Series of distribution's proxy metrics and the cache's own.
+// Series of the cache's metrics.
 const (
-	blobHits            = `registry_proxy_hits_total{type="blob"}`
-	blobMisses          = `registry_proxy_misses_total{type="blob"}`
-	manifestHits        = `registry_proxy_hits_total{type="manifest"}`
-	manifestMisses      = `registry_proxy_misses_total{type="manifest"}`
+	blobHits            = `quartermaster_mirror_cache_requests_total{result="hit",type="blob"}`
+	blobMisses          = `quartermaster_mirror_cache_requests_total{result="miss",type="blob"}`
+	blobCoalesced       = `quartermaster_mirror_cache_requests_total{result="coalesced",type="blob"}`
+	blobPassThrough     = `quartermaster_mirror_cache_requests_total{result="pass_through",type="blob"}`
+	manifestHits        = `quartermaster_mirror_cache_requests_total{result="hit",type="manifest"}`
+	manifestMisses      = `quartermaster_mirror_cache_requests_total{result="miss",type="manifest"}`
+	upstreamBlobBytes   = `quartermaster_mirror_upstream_bytes_total{type="blob"}`
+	fillsInFlightSeries = `quartermaster_mirror_fills_in_flight`
+	fillsOK             = `quartermaster_mirror_fills_total{result="ok"}`
+	fillsUpstreamError  = `quartermaster_mirror_fills_total{result="upstream_error"}`
+	fillsMismatch       = `quartermaster_mirror_fills_total{result="digest_mismatch"}`
+	fillsNoSpace        = `quartermaster_mirror_fills_total{result="no_space"}`
+	storeFullSeries     = `quartermaster_mirror_store_full`
 	upstreamUnreachable = `quartermaster_mirror_upstream_requests_total{result="unreachable"}`
 	upstreamUnauthz     = `quartermaster_mirror_upstream_requests_total{result="unauthorized"}`
 	servedOK            = `quartermaster_mirror_http_requests_total{code="200",method="get"}`

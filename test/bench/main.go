@@ -59,6 +59,7 @@ var cases = []benchCase{
 	{name: "intents/1000-bindings", run: intentsBench},
 	{name: "intents/cluster-binding-500-namespaces", run: clusterBindingBench},
 	{name: "mirrors/50-mirrors", run: mirrorsBench},
+	{name: "mirrors/cache-data-path", run: cacheDataPathBench},
 	{name: "manager/every-controller-unrelated-objects", run: cachesBench},
 	{name: "manager/failover-under-kill", run: failoverBench},
 }

@@ -1,0 +1,345 @@
+package mirrorcache
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/opencontainers/go-digest"
+	"github.com/sirupsen/logrus"
+)
+
+// A fill fetches one digest from the upstream into a temporary file of the store, once, however
+// many requests want it: the first request starts it, every request (the first included) tails
+// the file as it grows, and the fill runs on the cache's own context, so no client leaving stops
+// it. It commits (rename into blobs/) only after the digest and length were checked; on any
+// failure the file is removed and every request still reading is aborted.
+type fill struct {
+	d        digest.Digest
+	repo     string // the repository it is fetched for
+	manifest bool
+	path     string // the temporary file while it runs
+
+	mu   sync.Mutex
+	cond *sync.Cond
+	// Set once the upstream answered: the length (-1 unknown) and media type.
+	ready     bool
+	size      int64
+	mediaType string
+	written   int64
+	verified  bool // the digest and length checked: the whole content may be served
+	done      bool
+	err       error
+	status    int  // the upstream's status when it refused the fill (404 …)
+	noSpace   bool // the volume has no room: each request goes to the upstream itself
+	committed string
+}
+
+// fillIdleTimeout aborts a fill whose upstream sends nothing for this long (a stalled
+// connection would otherwise hold the fill, and its waiting clients, forever).
+const fillIdleTimeout = time.Minute
+
+// wakeBytes is how much a fill reads between two wake-ups of the responses tailing it (5 ms of
+// a 25 MB/s upstream).
+const wakeBytes = 128 << 10
+
+// reserveBytes is kept free on the volume: a fill needs its length plus this.
+const reserveBytes = 64 << 20
+
+// maxManifestBytes bounds a manifest the cache parses (distribution's own limit is 4 MiB).
+const maxManifestBytes = 4 << 20
+
+func newFill(d digest.Digest, repo string, manifest bool) *fill {
+	f := &fill{d: d, repo: repo, manifest: manifest, size: -1}
+	f.cond = sync.NewCond(&f.mu)
+	return f
+}
+
+func kindOf(manifest bool) string {
+	if manifest {
+		return typeManifest
+	}
+	return typeBlob
+}
+
+// run fetches the content for repo and commits it to s; it returns when the fill ends, and
+// whether the volume refused a write.
+func (f *fill) run(ctx context.Context, r *remote, s *store, repo string, freeSpace func() (uint64, error)) (refused bool) {
+	kind := kindOf(f.manifest)
+	fillsInFlight.Inc()
+	defer fillsInFlight.Dec()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	idle := time.AfterFunc(fillIdleTimeout, cancel)
+	defer idle.Stop()
+
+	path := "blobs"
+	if f.manifest {
+		path = "manifests"
+	}
+	resp, err := r.do(ctx, http.MethodGet, repo, path, f.d.String())
+	if err != nil {
+		f.fail(resultFillUpstream, 0, fmt.Errorf("fetching %s from the upstream: %w", f.d, err))
+		return
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		drain(resp)
+		f.fail(resultFillUpstream, resp.StatusCode, fmt.Errorf("fetching %s from the upstream: %s", f.d, resp.Status))
+		return
+	}
+	size := resp.ContentLength
+	if free, err := freeSpace(); err == nil && free < reserveBytes+uint64(max(size, 0)) {
+		storeFull.Set(1)
+		fills.WithLabelValues(resultFillNoSpace).Inc()
+		f.mu.Lock()
+		f.ready, f.done, f.noSpace = true, true, true
+		f.cond.Broadcast()
+		f.mu.Unlock()
+		return
+	}
+	tmp, err := os.CreateTemp(s.tmpDir(), f.d.Encoded()+"-*")
+	if err != nil {
+		f.storeFailed(err)
+		return true
+	}
+	f.mu.Lock()
+	f.path, f.ready, f.size, f.mediaType = tmp.Name(), true, size, resp.Header.Get("Content-Type")
+	f.cond.Broadcast()
+	f.mu.Unlock()
+
+	verifier := f.d.Verifier()
+	buf := make([]byte, 256<<10)
+	var n, woken int64
+	for {
+		m, rerr := resp.Body.Read(buf)
+		if m > 0 {
+			idle.Reset(fillIdleTimeout)
+			upstreamBytes.WithLabelValues(kind).Add(float64(m))
+			if _, werr := tmp.Write(buf[:m]); werr != nil {
+				tmp.Close()
+				f.storeFailed(werr)
+				return true
+			}
+			_, _ = verifier.Write(buf[:m])
+			n += int64(m)
+			// Waiters wake per wakeBytes, not per read: 150 responses woken for every 32 KiB
+			// read would cost more CPU than the copying.
+			f.mu.Lock()
+			f.written = n
+			if n-woken >= wakeBytes {
+				woken = n
+				f.cond.Broadcast()
+			}
+			f.mu.Unlock()
+		}
+		if errors.Is(rerr, io.EOF) {
+			break
+		}
+		if rerr != nil {
+			tmp.Close()
+			f.fail(resultFillUpstream, 0, fmt.Errorf("reading %s from the upstream after %d bytes: %w", f.d, n, rerr))
+			return
+		}
+		if f.manifest && n > maxManifestBytes {
+			tmp.Close()
+			f.fail(resultFillUpstream, 0, fmt.Errorf("manifest %s is larger than %d bytes", f.d, maxManifestBytes))
+			return
+		}
+	}
+	switch {
+	case size >= 0 && n != size:
+		tmp.Close()
+		f.fail(resultFillUpstream, 0, fmt.Errorf("the upstream sent %d bytes of %s, announced %d", n, f.d, size))
+		return
+	case !verifier.Verified():
+		tmp.Close()
+		f.fail(resultFillMismatch, 0, fmt.Errorf("the upstream's content for %s has another digest: refused, not cached", f.d))
+		return
+	}
+	var meta *contentMeta
+	if f.manifest {
+		meta, err = manifestMeta(tmp, f.mediaType)
+		if err != nil {
+			tmp.Close()
+			f.fail(resultFillUpstream, 0, fmt.Errorf("manifest %s: %w", f.d, err))
+			return
+		}
+	}
+	// The bytes are right: responses may finish now, while the file is made durable and
+	// committed (a store failure from here on only means it is not cached).
+	f.mu.Lock()
+	f.verified, f.size = true, n
+	f.cond.Broadcast()
+	f.mu.Unlock()
+	if err := errors.Join(tmp.Sync(), tmp.Close()); err != nil {
+		f.storeFailed(err)
+		return true
+	}
+	f.mu.Lock()
+	err = os.Rename(f.path, s.path(f.d))
+	if err == nil {
+		s.committed(f.d, meta)
+		f.committed, f.size, f.done = s.path(f.d), n, true
+		f.cond.Broadcast()
+	}
+	f.mu.Unlock()
+	if err != nil {
+		f.storeFailed(err)
+		return true
+	}
+	storeFull.Set(0)
+	fills.WithLabelValues(resultFillOK).Inc()
+	return false
+}
+
+// storeFailed ends a fill the volume refused (full, read-only, …).
+func (f *fill) storeFailed(err error) {
+	storeErrors.Inc()
+	storeFull.Set(1)
+	f.fail(resultFillStore, http.StatusInsufficientStorage, fmt.Errorf("storing %s: %w", f.d, err))
+}
+
+func (f *fill) fail(result string, status int, err error) {
+	fills.WithLabelValues(result).Inc()
+	logrus.WithError(err).WithField("digest", f.d.String()).Warn("cache fill failed")
+	f.mu.Lock()
+	f.done, f.err, f.status = true, err, status
+	if !f.ready {
+		f.ready = true
+	} else if f.path != "" {
+		_ = os.Remove(f.path)
+	}
+	f.cond.Broadcast()
+	f.mu.Unlock()
+}
+
+// wait blocks until the fill's state changes past what the caller saw, or ctx ends.
+func (f *fill) waitLocked(ctx context.Context, until func() bool) {
+	if until() {
+		return
+	}
+	stop := context.AfterFunc(ctx, func() {
+		f.mu.Lock()
+		f.cond.Broadcast()
+		f.mu.Unlock()
+	})
+	defer stop()
+	for !until() && ctx.Err() == nil {
+		f.cond.Wait()
+	}
+}
+
+// tail writes bytes [from, to) of the content to w as the fill produces them (to < 0: to the
+// end). It returns an error when the fill failed or the client left: the caller aborts the
+// response, which must not end as if complete.
+func (f *fill) tail(ctx context.Context, w http.ResponseWriter, from, to int64) error {
+	f.mu.Lock()
+	path := f.path
+	if f.committed != "" {
+		path = f.committed
+	}
+	file, err := os.Open(path)
+	if err != nil {
+		// Renamed between reading the path and opening it: the committed file is complete.
+		path = f.committed
+		if path != "" {
+			file, err = os.Open(path)
+		}
+	}
+	f.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	defer file.Close()
+	rc := http.NewResponseController(w)
+	pos := from
+	// limit is how far the response may go now (f.mu held). The content's last byte waits for
+	// the digest check: a fill that fails on it leaves every response short, hence aborted.
+	limit := func() int64 {
+		if f.verified {
+			if to >= 0 {
+				return min(to, f.size)
+			}
+			return f.size
+		}
+		if to >= 0 && to < f.written {
+			return to
+		}
+		return f.written - 1
+	}
+	for {
+		f.mu.Lock()
+		f.waitLocked(ctx, func() bool { return limit() > pos || f.done || f.verified })
+		avail, ferr, verified := limit(), f.err, f.verified
+		f.mu.Unlock()
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if ferr != nil && !verified {
+			return ferr
+		}
+		if pos < avail {
+			// From the file's pages to the socket (sendfile): the bytes below written are in
+			// the page cache, committed or not.
+			if _, err := file.Seek(pos, io.SeekStart); err != nil {
+				return err
+			}
+			n, err := io.CopyN(w, file, avail-pos)
+			pos += n
+			if err != nil {
+				return err
+			}
+		}
+		_ = rc.Flush()
+		if (to >= 0 && pos >= to) || (verified && pos >= avail) {
+			return nil
+		}
+	}
+}
+
+// manifestMeta reads a manifest's media type and the digests it references (an index's
+// manifests, an image's config and layers, an artifact's blobs and subject).
+func manifestMeta(f *os.File, contentType string) (*contentMeta, error) {
+	var m struct {
+		MediaType string                    `json:"mediaType"`
+		Config    *struct{ Digest string }  `json:"config"`
+		Layers    []struct{ Digest string } `json:"layers"`
+		Manifests []struct{ Digest string } `json:"manifests"`
+		Blobs     []struct{ Digest string } `json:"blobs"`
+		Subject   *struct{ Digest string }  `json:"subject"`
+	}
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		return nil, err
+	}
+	if err := json.NewDecoder(io.LimitReader(f, maxManifestBytes)).Decode(&m); err != nil {
+		return nil, err
+	}
+	meta := &contentMeta{MediaType: contentType}
+	if meta.MediaType == "" || meta.MediaType == "application/json" || meta.MediaType == "text/plain" {
+		meta.MediaType = m.MediaType
+	}
+	add := func(s string) {
+		if d, err := digest.Parse(s); err == nil {
+			meta.Refs = append(meta.Refs, d)
+		}
+	}
+	if m.Config != nil {
+		add(m.Config.Digest)
+	}
+	if m.Subject != nil {
+		add(m.Subject.Digest)
+	}
+	for _, l := range [][]struct{ Digest string }{m.Layers, m.Manifests, m.Blobs} {
+		for _, x := range l {
+			add(x.Digest)
+		}
+	}
+	return meta, nil
+}

@@ -1,0 +1,545 @@
+package mirrorcache
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/opencontainers/go-digest"
+	"github.com/sirupsen/logrus"
+)
+
+// front is the cache's data path: it answers GET and HEAD of manifests and blobs itself, from
+// its store or a coalesced fill, and hands every other request (the /v2/ base, tag lists) to
+// distribution. distribution's proxy is not used for content: it sends a request for a blob
+// being fetched straight to the upstream, ties the fill to the first client, and expires shared
+// blobs while other repositories still link them (docs/mirrors.md, The cache).
+type front struct {
+	next   http.Handler
+	remote *remote
+	store  *store
+	ttl    time.Duration
+
+	ctx    context.Context // the fills' context: the cache's, never a client's
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu    sync.Mutex
+	fills map[digest.Digest]*fill
+	tags  map[string]*tagLookup
+
+	freeSpace func() (uint64, error)
+	// A write the volume refused: fills pass through until then (unix nanoseconds), as when
+	// the volume reports itself full.
+	refusedUntil atomic.Int64
+}
+
+// refusedRetry is how long after a refused write the cache stops trying to store.
+const refusedRetry = time.Minute
+
+// room is the volume's free space for a fill: none for a while after a refused write.
+func (f *front) room() (uint64, error) {
+	if time.Now().UnixNano() < f.refusedUntil.Load() {
+		return 0, nil
+	}
+	return f.freeSpace()
+}
+
+// tagLookup is one upstream HEAD of a tag that concurrent pulls of the tag share.
+type tagLookup struct {
+	done   chan struct{}
+	d      digest.Digest
+	status int // the upstream's status, 0 when it did not answer
+	err    error
+}
+
+func newFront(next http.Handler, r *remote, s *store, ttl time.Duration) *front {
+	ctx, cancel := context.WithCancel(context.Background())
+	root := s.root
+	return &front{
+		next: next, remote: r, store: s, ttl: ttl, ctx: ctx, cancel: cancel,
+		fills: map[digest.Digest]*fill{}, tags: map[string]*tagLookup{},
+		freeSpace: func() (uint64, error) {
+			var st syscall.Statfs_t
+			if err := syscall.Statfs(root, &st); err != nil {
+				return 0, err
+			}
+			return st.Bavail * uint64(st.Bsize), nil //nolint:gosec // block size is positive
+		},
+	}
+}
+
+// run sweeps expired content and writes the index until close.
+func (f *front) run() {
+	interval := min(max(f.ttl/10, time.Second), 5*time.Minute)
+	sweep := time.NewTicker(interval)
+	flush := time.NewTicker(2 * time.Second)
+	defer sweep.Stop()
+	defer flush.Stop()
+	for {
+		select {
+		case <-f.ctx.Done():
+			return
+		case <-sweep.C:
+			f.sweep()
+		case <-flush.C:
+			if err := f.store.flush(); err != nil {
+				logrus.WithError(err).Warn("writing the cache index")
+			}
+		}
+	}
+}
+
+func (f *front) sweep() {
+	if n := f.store.sweep(f.ttl); n > 0 {
+		expired.Add(float64(n))
+		logrus.WithField("deleted", n).Info("cache content expired")
+	}
+}
+
+// close stops the fills (their partial files are removed) and writes the index.
+func (f *front) close() error {
+	f.cancel()
+	f.wg.Wait()
+	return f.store.flush()
+}
+
+// repoName is distribution's repository name grammar.
+var repoName = regexp.MustCompile(`^[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*$`)
+
+func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		f.next.ServeHTTP(w, r)
+		return
+	}
+	rest, ok := strings.CutPrefix(r.URL.Path, "/v2/")
+	if !ok {
+		f.next.ServeHTTP(w, r)
+		return
+	}
+	for _, kind := range []string{"/blobs/", "/manifests/"} {
+		i := strings.LastIndex(rest, kind)
+		if i <= 0 {
+			continue
+		}
+		repo, ref := rest[:i], rest[i+len(kind):]
+		if !repoName.MatchString(repo) || ref == "" || strings.Contains(ref, "/") {
+			break
+		}
+		w.Header().Set("Docker-Distribution-API-Version", "registry/2.0")
+		if kind == "/blobs/" {
+			d, err := digest.Parse(ref)
+			if err != nil {
+				registryError(w, http.StatusBadRequest, "DIGEST_INVALID", "invalid digest")
+				return
+			}
+			f.serve(w, r, repo, d, false, false)
+		} else {
+			f.serveManifest(w, r, repo, ref)
+		}
+		return
+	}
+	f.next.ServeHTTP(w, r)
+}
+
+func (f *front) serveManifest(w http.ResponseWriter, r *http.Request, repo, ref string) {
+	if d, err := digest.Parse(ref); err == nil {
+		f.serve(w, r, repo, d, true, false)
+		return
+	}
+	if !tagName.MatchString(ref) {
+		registryError(w, http.StatusBadRequest, "TAG_INVALID", "invalid tag")
+		return
+	}
+	// A tag moves: the upstream says where it points now (a HEAD, shared by concurrent pulls);
+	// when it cannot, the cache's last answer serves.
+	l := f.lookupTag(repo, ref)
+	d := l.d
+	confirmed := l.err == nil && l.status == http.StatusOK
+	switch {
+	case confirmed:
+		f.store.setTag(repo, ref, d)
+	case l.status == http.StatusNotFound:
+		registryError(w, http.StatusNotFound, "MANIFEST_UNKNOWN", "manifest unknown to the upstream")
+		return
+	default:
+		cached, ok := f.store.tag(repo, ref)
+		if !ok {
+			upstreamFailed(w, l.status, l.err)
+			return
+		}
+		d = cached
+	}
+	f.serve(w, r, repo, d, true, confirmed)
+}
+
+var tagName = regexp.MustCompile(`^[\w][\w.-]{0,127}$`)
+
+func (f *front) lookupTag(repo, tag string) *tagLookup {
+	key := repo + ":" + tag
+	f.mu.Lock()
+	l := f.tags[key]
+	if l == nil {
+		l = &tagLookup{done: make(chan struct{})}
+		f.tags[key] = l
+		go func() {
+			defer func() {
+				f.mu.Lock()
+				delete(f.tags, key)
+				f.mu.Unlock()
+				close(l.done)
+			}()
+			ctx, cancel := context.WithTimeout(f.ctx, 30*time.Second)
+			defer cancel()
+			resp, err := f.remote.do(ctx, http.MethodHead, repo, "manifests", tag)
+			if err != nil {
+				l.err = err
+				return
+			}
+			drain(resp)
+			l.status = resp.StatusCode
+			if resp.StatusCode == http.StatusOK {
+				l.d, l.err = digest.Parse(resp.Header.Get("Docker-Content-Digest"))
+			}
+		}()
+	} else {
+		coalesced.WithLabelValues(typeManifest).Inc()
+	}
+	f.mu.Unlock()
+	<-l.done
+	return l
+}
+
+// serve answers a request for content d of repo: from the store when repo may have it, else
+// after the upstream confirms repo has it, else from a fill. confirmed: the upstream has just
+// said repo has d.
+func (f *front) serve(w http.ResponseWriter, r *http.Request, repo string, d digest.Digest, manifest, confirmed bool) {
+	kind := kindOf(manifest)
+	known := confirmed || f.store.has(repo, d)
+	if known {
+		if f.serveStored(w, r, repo, d, manifest) {
+			cacheRequests.WithLabelValues(kind, resultHit).Inc()
+			return
+		}
+	}
+	if r.Method == http.MethodHead && !manifest {
+		// A blob HEAD that the store cannot answer: the upstream's, no body fetched.
+		f.confirm(w, r, repo, d, manifest)
+		return
+	}
+	stored := f.store.content(d) != nil
+	f.mu.Lock()
+	fl, filling := f.fills[d]
+	f.mu.Unlock()
+	if filling && fl.repo == repo {
+		known = true // the fill fetches it for this repository
+	}
+	if !known && (stored || filling) {
+		// Content held (or being fetched) for another repository: the upstream must say this
+		// repository has it (a HEAD, no body).
+		if !f.confirm(w, r, repo, d, manifest) {
+			return
+		}
+		if stored && f.serveStored(w, r, repo, d, manifest) {
+			cacheRequests.WithLabelValues(kind, resultHit).Inc()
+			return
+		}
+	}
+	fl, leader := f.join(repo, d, manifest)
+	if fl == nil {
+		// Committed between the checks.
+		if f.serveStored(w, r, repo, d, manifest) {
+			cacheRequests.WithLabelValues(kind, resultHit).Inc()
+			return
+		}
+		registryError(w, http.StatusServiceUnavailable, "UNAVAILABLE", "content vanished; retry")
+		return
+	}
+	if leader {
+		cacheRequests.WithLabelValues(kind, resultMiss).Inc()
+	} else {
+		cacheRequests.WithLabelValues(kind, resultCoalesced).Inc()
+		coalesced.WithLabelValues(kind).Inc()
+	}
+	f.serveFill(w, r, repo, fl)
+}
+
+// confirm asks the upstream (HEAD, no body) whether repo has d. For a HEAD request it also
+// writes the answer. It reports whether the request goes on.
+func (f *front) confirm(w http.ResponseWriter, r *http.Request, repo string, d digest.Digest, manifest bool) bool {
+	path := "blobs"
+	if manifest {
+		path = "manifests"
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), 30*time.Second)
+	defer cancel()
+	resp, err := f.remote.do(ctx, http.MethodHead, repo, path, d.String())
+	if err != nil {
+		upstreamFailed(w, 0, err)
+		return false
+	}
+	drain(resp)
+	if resp.StatusCode != http.StatusOK {
+		upstreamFailed(w, resp.StatusCode, nil)
+		return false
+	}
+	if r.Method == http.MethodHead && !manifest {
+		w.Header().Set("Content-Type", "application/octet-stream")
+		w.Header().Set("Docker-Content-Digest", d.String())
+		if resp.ContentLength >= 0 {
+			w.Header().Set("Content-Length", strconv.FormatInt(resp.ContentLength, 10))
+		}
+		w.WriteHeader(http.StatusOK)
+		return false
+	}
+	return true
+}
+
+// join returns d's fill, starting it when none runs (leader); nil when d was committed meanwhile.
+func (f *front) join(repo string, d digest.Digest, manifest bool) (fl *fill, leader bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if fl := f.fills[d]; fl != nil {
+		return fl, false
+	}
+	// A fill is removed from the map only after its commit, so content missing here is not
+	// being fetched: unless it was committed just now.
+	if file := f.store.open(d); file != nil {
+		file.Close()
+		return nil, false
+	}
+	fl = newFill(d, repo, manifest)
+	f.fills[d] = fl
+	f.wg.Add(1)
+	go func() {
+		defer f.wg.Done()
+		if fl.run(f.ctx, f.remote, f.store, repo, f.room) {
+			f.refusedUntil.Store(time.Now().Add(refusedRetry).UnixNano())
+		}
+		f.mu.Lock()
+		delete(f.fills, d)
+		f.mu.Unlock()
+	}()
+	return fl, true
+}
+
+// serveStored serves committed content; false when there is none (expired or never fetched).
+func (f *front) serveStored(w http.ResponseWriter, r *http.Request, repo string, d digest.Digest, manifest bool) bool {
+	file := f.store.open(d)
+	if file == nil {
+		return false
+	}
+	defer file.Close()
+	meta := f.store.content(d)
+	if meta == nil {
+		meta = &contentMeta{}
+	}
+	f.store.pulled(repo, d, manifest)
+	setContentHeaders(w, d, manifest, meta.MediaType)
+	// Range, HEAD and conditional requests; sendfile from the file.
+	http.ServeContent(w, r, "", time.Time{}, file)
+	return true
+}
+
+func setContentHeaders(w http.ResponseWriter, d digest.Digest, manifest bool, mediaType string) {
+	h := w.Header()
+	if !manifest || mediaType == "" {
+		mediaType = "application/octet-stream"
+	}
+	h.Set("Content-Type", mediaType)
+	h.Set("Docker-Content-Digest", d.String())
+	h.Set("Etag", `"`+d.String()+`"`)
+	h.Set("Accept-Ranges", "bytes")
+	if !manifest {
+		h.Set("Cache-Control", "max-age=31536000")
+	}
+}
+
+// serveFill answers from a fill: headers once the upstream answered, then the bytes as they
+// arrive. A fill that fails after the headers aborts the connection: a client never gets a short
+// body that looks complete.
+func (f *front) serveFill(w http.ResponseWriter, r *http.Request, repo string, fl *fill) {
+	fl.mu.Lock()
+	fl.waitLocked(r.Context(), func() bool { return fl.ready })
+	ready, noSpace, ferr, status, size, mediaType := fl.ready, fl.noSpace, fl.err, fl.status, fl.size, fl.mediaType
+	fl.mu.Unlock()
+	switch {
+	case !ready:
+		return // the client left
+	case noSpace:
+		f.passThrough(w, r, repo, fl.d, fl.manifest)
+		return
+	case ferr != nil:
+		// Failed before this request wrote anything: say so, rather than start a 200 to cut.
+		upstreamFailed(w, status, ferr)
+		return
+	}
+	f.store.pulled(repo, fl.d, fl.manifest)
+	setContentHeaders(w, fl.d, fl.manifest, mediaType)
+	from, to, partial := int64(0), size, false
+	if size >= 0 {
+		if rg, ok := parseRange(r.Header.Get("Range"), size); ok {
+			from, to, partial = rg[0], rg[1], true
+		}
+	}
+	if to >= 0 {
+		w.Header().Set("Content-Length", strconv.FormatInt(to-from, 10))
+	}
+	if partial {
+		w.Header().Set("Content-Range", fmt.Sprintf("bytes %d-%d/%d", from, to-1, size))
+		w.WriteHeader(http.StatusPartialContent)
+	} else {
+		w.WriteHeader(http.StatusOK)
+	}
+	if r.Method == http.MethodHead {
+		return
+	}
+	if err := fl.tail(r.Context(), w, from, to); err != nil {
+		if r.Context().Err() == nil {
+			logrus.WithError(err).WithField("digest", fl.d.String()).Warn("aborting a response: its fill failed")
+		}
+		panic(http.ErrAbortHandler)
+	}
+}
+
+// passThrough streams d from the upstream without storing it: the volume has no room.
+func (f *front) passThrough(w http.ResponseWriter, r *http.Request, repo string, d digest.Digest, manifest bool) {
+	kind := kindOf(manifest)
+	cacheRequests.WithLabelValues(kind, resultPassThrough).Inc()
+	path := "blobs"
+	if manifest {
+		path = "manifests"
+	}
+	resp, err := f.remote.do(r.Context(), r.Method, repo, path, d.String())
+	if err != nil {
+		upstreamFailed(w, 0, err)
+		return
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		upstreamFailed(w, resp.StatusCode, nil)
+		return
+	}
+	setContentHeaders(w, d, manifest, resp.Header.Get("Content-Type"))
+	if resp.ContentLength >= 0 {
+		w.Header().Set("Content-Length", strconv.FormatInt(resp.ContentLength, 10))
+	}
+	w.WriteHeader(http.StatusOK)
+	if r.Method == http.MethodHead {
+		return
+	}
+	// As from a fill, the last byte goes only once the digest is checked.
+	verifier := d.Verifier()
+	held := &holdLast{w: w}
+	n, err := io.Copy(io.MultiWriter(held, verifier), countingReader{resp.Body, kind})
+	if err != nil || (resp.ContentLength >= 0 && n != resp.ContentLength) || !verifier.Verified() {
+		panic(http.ErrAbortHandler)
+	}
+	if err := held.release(); err != nil {
+		panic(http.ErrAbortHandler)
+	}
+}
+
+// holdLast writes all but the last byte it was given; release writes that one.
+type holdLast struct {
+	w    io.Writer
+	last []byte
+}
+
+func (h *holdLast) Write(p []byte) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
+	if len(h.last) > 0 {
+		if _, err := h.w.Write(h.last); err != nil {
+			return 0, err
+		}
+	}
+	if _, err := h.w.Write(p[:len(p)-1]); err != nil {
+		return 0, err
+	}
+	h.last = append(h.last[:0], p[len(p)-1])
+	return len(p), nil
+}
+
+func (h *holdLast) release() error {
+	_, err := h.w.Write(h.last)
+	return err
+}
+
+type countingReader struct {
+	r    io.Reader
+	kind string
+}
+
+func (c countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	upstreamBytes.WithLabelValues(c.kind).Add(float64(n))
+	return n, err
+}
+
+// parseRange reads one "bytes=a-b", "bytes=a-" or "bytes=-n" range as [from, to); anything
+// else is served whole, which HTTP allows.
+func parseRange(h string, size int64) ([2]int64, bool) {
+	spec, ok := strings.CutPrefix(h, "bytes=")
+	if !ok || strings.Contains(spec, ",") {
+		return [2]int64{}, false
+	}
+	a, b, ok := strings.Cut(strings.TrimSpace(spec), "-")
+	if !ok {
+		return [2]int64{}, false
+	}
+	if a == "" {
+		n, err := strconv.ParseInt(b, 10, 64)
+		if err != nil || n <= 0 {
+			return [2]int64{}, false
+		}
+		return [2]int64{max(size-n, 0), size}, true
+	}
+	from, err := strconv.ParseInt(a, 10, 64)
+	if err != nil || from < 0 || from >= size {
+		return [2]int64{}, false
+	}
+	to := size
+	if b != "" {
+		last, err := strconv.ParseInt(b, 10, 64)
+		if err != nil || last < from {
+			return [2]int64{}, false
+		}
+		to = min(last+1, size)
+	}
+	return [2]int64{from, to}, true
+}
+
+// upstreamFailed answers a request the upstream could not serve: its 404 as the registry's
+// "unknown", a refusal or no answer as 502 (distribution answers the same way).
+func upstreamFailed(w http.ResponseWriter, status int, err error) {
+	switch status {
+	case http.StatusInsufficientStorage: // the cache's volume, not the upstream
+		registryError(w, http.StatusServiceUnavailable, "UNAVAILABLE", "the cache could not store the content: retry")
+	case http.StatusNotFound:
+		registryError(w, http.StatusNotFound, "BLOB_UNKNOWN", "unknown to the upstream")
+	case http.StatusUnauthorized, http.StatusForbidden:
+		registryError(w, http.StatusBadGateway, "UNAVAILABLE", "the upstream refused the cache")
+	default:
+		msg := "the upstream is unavailable"
+		if err != nil {
+			msg += ": " + err.Error()
+		}
+		registryError(w, http.StatusBadGateway, "UNAVAILABLE", msg)
+	}
+}
+
+func registryError(w http.ResponseWriter, status int, code, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	fmt.Fprintf(w, `{"errors":[{"code":%q,"message":%q}]}`+"\n", code, msg)
+}
