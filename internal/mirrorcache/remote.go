@@ -11,12 +11,14 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/quartermaster-dev/quartermaster/internal/mirror"
 )
 
 // remote is the cache's client of the upstream registry: the data path's fills and checks go
 // through it, not through distribution's proxy (whose auth client is internal to its module). It
 // answers the upstream's challenge itself: Basic with the credentials, or a Bearer token from the
-// realm the challenge names, the credentials given only to a realm hostAllowed trusts.
+// realm the challenge names, the credentials given only to a realm mirror.CredentialsAllowed trusts.
 type remote struct {
 	base     *url.URL
 	credsDir string
@@ -145,8 +147,9 @@ func (r *remote) fetchToken(ctx context.Context, params map[string]string, scope
 	if err != nil {
 		return token{}, err
 	}
-	// Over plain http only to the upstream's own host (a plain-http upstream's own realm).
-	if hostAllowed(r.base.String(), realm.Host) && (realm.Scheme == "https" || strings.EqualFold(realm.Host, r.base.Host)) {
+	// The one rule for where the upstream's credentials may go, on the realm's whole URL (scheme
+	// included: distribution's helper sees only a host).
+	if mirror.CredentialsAllowed(r.base.String(), realm) {
 		user, pass, err := readCredentials(r.credsDir)
 		if err != nil {
 			return token{}, err
