@@ -206,6 +206,9 @@ func TestVolumeFull(t *testing.T) {
 
 	free.Store(1 << 40)
 	mustPull(t, hosts, img.byTag(up))
+	// A response ends once the digest is checked, before the fill's commit (its fsync): the
+	// fills end after the pull.
+	waitMetric(t, cache, fillsInFlightSeries, func(v float64) bool { return v == 0 })
 	if m := cache.metrics(t); m[storeFullSeries] != 0 {
 		t.Errorf("store_full is %v after content was stored again", m[storeFullSeries])
 	}

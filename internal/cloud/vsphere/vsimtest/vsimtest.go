@@ -52,7 +52,10 @@ type Sim struct {
 	// Guests plays the VMs' VMware Tools (Start runs it; New leaves it to the caller).
 	Guests *Guests
 
-	taskMu    sync.Mutex
+	taskMu sync.Mutex
+	// folderMu: a CreateFolder runs alone, no property read beside it (vcsim v0.56.0 writes the
+	// parent's childEntity while a RetrievePropertiesEx may copy it: a race the detector reports).
+	folderMu  sync.RWMutex
 	doneTasks map[types.ManagedObjectReference]bool
 }
 
@@ -115,7 +118,18 @@ type serialRT struct {
 }
 
 func (r serialRT) RoundTrip(ctx context.Context, req, res soap.HasFault) error {
-	if !strings.HasSuffix(reflect.TypeOf(req).Elem().Name(), "_TaskBody") {
+	name := reflect.TypeOf(req).Elem().Name()
+	switch name {
+	case "CreateFolderBody":
+		r.s.folderMu.Lock()
+		defer r.s.folderMu.Unlock()
+	case "WaitForUpdatesExBody", "WaitForUpdatesBody":
+		// Long polls: a folder made meanwhile must not wait for them.
+	default:
+		r.s.folderMu.RLock()
+		defer r.s.folderMu.RUnlock()
+	}
+	if !strings.HasSuffix(name, "_TaskBody") {
 		return r.next.RoundTrip(ctx, req, res)
 	}
 	r.s.taskMu.Lock()
