@@ -5,7 +5,8 @@
 //	demo-helper kyverno KUBECONFIG DIR READYFILE  run Kyverno (internal/testing/kyverno, as e2e does) until SIGTERM;
 //	                                              READYFILE is written once it admits requests, and on SIGTERM both
 //	                                              processes are stopped and Kyverno's webhook configurations deleted
-//	demo-helper cri-pull SOCKET IMAGE             pull IMAGE as a kubelet does (CRI PullImage) from containerd at SOCKET
+//	demo-helper cri-pull SOCKET IMAGE             remove IMAGE from containerd at SOCKET, then pull it as a kubelet does
+//	                                              (CRI PullImage, no credentials)
 //	demo-helper registry-pull CACHE IMAGE         pull IMAGE's manifest, config and layers from the registry at CACHE
 //	                                              (host:port, plain HTTP) instead of IMAGE's host, as containerd's
 //	                                              hosts.toml makes it do (for machines where containerd cannot run)
@@ -179,6 +180,21 @@ func criPull(socket, image string) error {
 	images := runtimeapi.NewImageServiceClient(conn)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
+	// containerd was just started: wait until its CRI answers.
+	for {
+		if _, err = images.ListImages(ctx, &runtimeapi.ListImagesRequest{}); err == nil {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("containerd's CRI at %s does not answer: %w", socket, err)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	// A pull fetches what the node lacks: start from none of it, as a fresh node would.
+	if _, err := images.RemoveImage(ctx, &runtimeapi.RemoveImageRequest{Image: &runtimeapi.ImageSpec{Image: image}}); err != nil {
+		return fmt.Errorf("removing %s from containerd before the pull: %w", image, err)
+	}
 	// No credentials: a kubelet with no imagePullSecret. The cache holds the upstream's.
 	resp, err := images.PullImage(ctx, &runtimeapi.PullImageRequest{Image: &runtimeapi.ImageSpec{Image: image}})
 	if err != nil {
