@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # make demo / make demo-down: from nothing to a running Quartermaster on the local cluster.
 #
-#   up:    build what is missing, start the local cluster, install CRDs and RBAC (config/local),
+#   up:    remove a previous demo of the cluster, build what is missing, start the local cluster,
+#          install CRDs and RBAC (config/local),
 #          run the manager as a local process authenticated as its own ServiceAccount (bound to
 #          the generated ClusterRole, not admin), apply config/samples, wait for them, and print
 #          every Quartermaster kind with its status. AWS IAM is the project's IAM emulator
@@ -33,7 +34,7 @@ intents_ns=demo-intents
 # Every process up starts, in the order down stops them.
 processes=(kyverno node-agent mirror-cache containerd manager upstream-registry vcenter-sim iam-emulator)
 
-log() { echo "demo: $*" >&2; }
+log() { echo "demo: [${SECONDS}s] $*" >&2; }
 # say: the one line telling the user what the next output shows; show: output for the user.
 # Neither runs in check mode.
 say() { [[ "${mode}" == check ]] || { echo; echo "--- $*"; }; }
@@ -55,24 +56,29 @@ until_ok() {
 	done
 }
 
-stop_pid() { # stop_pid NAME: SIGTERM, then SIGKILL after 20 s
-	if [[ -f "${state}/$1.pid" ]]; then
-		pid="$(cat "${state}/$1.pid")"
-		if kill -0 "${pid}" 2>/dev/null; then
-			log "stopping the $1 (pid ${pid})"
-			kill "${pid}" 2>/dev/null || true
-			for _ in $(seq 100); do kill -0 "${pid}" 2>/dev/null || break; sleep 0.2; done
-			kill -9 "${pid}" 2>/dev/null || true
-		fi
-		rm -f "${state}/$1.pid"
-	fi
+# stop NAME...: SIGTERM to each process named, then wait for all of them (SIGKILL after 20 s).
+stop() {
+	local name pid pids=()
+	for name in "$@"; do
+		[[ -f "${state}/${name}.pid" ]] || continue
+		pid="$(cat "${state}/${name}.pid")"
+		rm -f "${state}/${name}.pid"
+		kill -0 "${pid}" 2>/dev/null || continue
+		log "stopping the ${name} (pid ${pid})"
+		kill "${pid}" 2>/dev/null || true
+		pids+=("${pid}")
+	done
+	for pid in "${pids[@]}"; do
+		for _ in $(seq 100); do kill -0 "${pid}" 2>/dev/null || break; sleep 0.2; done
+		kill -9 "${pid}" 2>/dev/null || true
+	done
 }
 
 # start NAME CMD...: run CMD in the background, its output in NAME.log, its pid in NAME.pid.
 start() {
 	local name=$1
 	shift
-	stop_pid "${name}"
+	stop "${name}"
 	nohup "$@" >"${state}/${name}.log" 2>&1 &
 	echo $! >"${state}/${name}.pid"
 }
@@ -109,25 +115,36 @@ alive() {
 	return 1
 }
 
-case "${mode}" in
-down)
-	bin_dir="$("${here}/k8s-bin.sh" | tail -n1)"
+# down: stop every process up started, delete Kyverno's webhooks and the cluster, remove the folder.
+down() {
+	local kubeconfig
 	kubeconfig="$("${here}/cluster.sh" kubeconfig "${cluster}")"
-	for p in "${processes[@]}"; do stop_pid "${p}"; done
+	stop "${processes[@]}"
 	# Kyverno's webhooks (failurePolicy Fail) go with it; should it have been killed instead of
 	# stopped, they are deleted here, or the cluster would refuse what they match.
 	if [[ -f "${kubeconfig}" ]]; then
-		"${bin_dir}/kubectl" --kubeconfig "${kubeconfig}" delete validatingwebhookconfigurations,mutatingwebhookconfigurations \
+		"$("${here}/k8s-bin.sh" | tail -n1)/kubectl" --kubeconfig "${kubeconfig}" delete validatingwebhookconfigurations,mutatingwebhookconfigurations \
 			-l webhook.kyverno.io/managed-by --ignore-not-found --request-timeout=10s >/dev/null 2>&1 || true
 	fi
 	"${here}/cluster.sh" down "${cluster}"
 	rm -rf "${state}"
+}
+
+case "${mode}" in
+down)
+	down
 	exit 0
 	;;
 up | check) ;;
 *) echo "usage: $0 up|check|down" >&2; exit 2 ;;
 esac
 
+# Always from nothing: what a previous demo left (a mirror of an upstream that is gone, say) would
+# not be what this one starts.
+if [[ -d "${state}" ]]; then
+	log "removing the previous demo on cluster ${cluster}"
+	down
+fi
 bin_dir="$("${here}/k8s-bin.sh" | tail -n1)"
 kubeconfig="$("${here}/cluster.sh" up "${cluster}" 3 | tail -n1)"
 kubectl() { "${bin_dir}/kubectl" --kubeconfig "${kubeconfig}" "$@"; }
@@ -152,9 +169,7 @@ mkdir -p "${state}/kubearmor-crds"
 bin/demo-helper kubearmor-crds "${state}/kubearmor-crds"
 kubectl apply --server-side --force-conflicts -f "${state}/kubearmor-crds" -f "${kyverno_bin}/crds" >/dev/null
 # Polled: a CRD just created may have no conditions yet, which kubectl wait reports as an error.
-for crd in $(kubectl get crd -o name); do
-	until_ok 60 "${crd} to be Established" kubectl wait --for=condition=Established "${crd}" --timeout=1s || die "${crd} is not served"
-done
+until_ok 60 "the CRDs to be Established" kubectl wait --for=condition=Established crd --all --timeout=5s || die "not every CRD is served"
 
 # The services the controllers talk to, started at once; each is waited for where it is used.
 # A development vCenter (govmomi's simulator with a template) for the vmgroups controller.
@@ -406,6 +421,7 @@ if ${as_root}; then
 else # no containerd here, so nothing reads the file: the agent reports that, and wrote it anyway
 	until_ok 30 "the node agent to write ${hosts_toml}" test -s "${hosts_toml}" || fail "the node agent wrote no hosts.toml"
 fi
+log "the mirror's node agent runs"
 say "the node's hosts.toml the node agent wrote (quartermaster node-agent as the DaemonSet runs it, --root=${node_root}); its Pod ${pod_name} reports:"
 show kubectl -n "${mirrors_ns}" get pod "${pod_name}" -o jsonpath='  node-configured={.metadata.annotations.registry\.quartermaster\.dev/node-configured} ({.metadata.annotations.registry\.quartermaster\.dev/node-configured-reason}){"\n"}'
 show sed 's/^/  /' "${hosts_toml}"
@@ -423,6 +439,7 @@ else
 		show echo "  ${out}"
 	done
 fi
+log "pulled through the mirror"
 metrics="$(curl -fsS "http://${cache_debug_addr}/metrics")"
 served="$(awk '$1 == "quartermaster_mirror_http_requests_total{code=\"200\",method=\"get\"}" {print $2}' <<<"${metrics}")"
 hits="$(awk '$1 == "registry_proxy_hits_total{type=\"blob\"}" {print $2}' <<<"${metrics}")"
@@ -434,6 +451,7 @@ header "Security intents (intents controller; docs/intents.md)"
 say "the engines' CRDs installed: KubeArmor's (from its Go module) and Kyverno's (hack/kyverno-bin.sh, ${kyverno_bin})"
 show kubectl get crd kubearmorpolicies.security.kubearmor.com policies.kyverno.io clusterpolicies.kyverno.io
 until_ok 180 "Kyverno to be ready" test -s "${state}/kyverno.ready" || { alive kyverno; die "Kyverno did not become ready (log: ${state}/kyverno.log)"; }
+log "Kyverno is ready"
 say "Kyverno ${kyverno_bin##*-} running (its admission and background controllers as processes, webhooks at https://$(cat "${state}/kyverno.ready")):"
 show kubectl get validatingwebhookconfigurations -l webhook.kyverno.io/managed-by
 for kind in si sib np; do
@@ -442,11 +460,12 @@ done
 say "a SecurityIntent per threat and a binding choosing the pods (app=nginx in ${intents_ns}); its NimbusPolicy, Ready once every engine enforces it:"
 show kubectl get -n "${intents_ns}" si,sib,np
 say "what the intents controller generated for the engines: KubeArmor policies, a NetworkPolicy and a Kyverno Policy (Ready in Kyverno):"
-generated="$(kubectl get -n "${intents_ns}" kubearmorpolicies,networkpolicies,policies.kyverno.io -o name)"
+# (kubectl warns that kyverno.io/v1 is deprecated: it is what the intents controller writes, as Nimbus does.)
+generated="$(kubectl get -n "${intents_ns}" kubearmorpolicies,networkpolicies,policies.kyverno.io -o name 2>/dev/null)"
 for want in kubearmorpolicy networkpolicy policy.kyverno.io; do
 	grep -q "^${want}" <<<"${generated}" || fail "no ${want} was generated in ${intents_ns}"
 done
-show kubectl get -n "${intents_ns}" kubearmorpolicies,networkpolicies,policies.kyverno.io
+show kubectl get -n "${intents_ns}" kubearmorpolicies,networkpolicies,policies.kyverno.io 2>/dev/null
 # A privileged Pod labelled app=nginx: Kyverno refuses it (the API server applies a webhook a moment
 # after Kyverno registers it, and the policy a moment after it is Ready: polled, as dry runs).
 privileged_pod() {
