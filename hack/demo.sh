@@ -359,7 +359,7 @@ fi
 header "A registry mirror at work (mirrors controller; docs/mirrors.md)"
 say "the upstream: a private registry (cmd/upstream-registry, distribution with htpasswd) holding ${IMAGE}; anonymous pulls are refused:"
 show curl -sS -o /dev/null -w '  GET %{url} without credentials: HTTP %{http_code}\n' "${UPSTREAM_URL}/v2/"
-kubectl wait "rm/${mirror}" --for=condition=Ready --timeout=120s >/dev/null || fail "RegistryMirror ${mirror} is not Ready"
+kubectl wait "rm/${mirror}" --for=condition=Ready --timeout=120s >/dev/null || die "RegistryMirror ${mirror} is not Ready"
 say "RegistryMirror ${mirror}: Ready once its credentials (Secret ${mirrors_ns}/${mirror}-pull) work upstream, its cache pod and its node agents (one per node) run:"
 show kubectl get rm "${mirror}" -o wide
 show kubectl -n "${mirrors_ns}" get sts,ds,svc,secret,pvc -l "registry.quartermaster.dev/mirror=${mirror}"
@@ -423,6 +423,7 @@ else # no containerd here, so nothing reads the file: the agent reports that, an
 fi
 log "the mirror's node agent runs"
 say "the node's hosts.toml the node agent wrote (quartermaster node-agent as the DaemonSet runs it, --root=${node_root}); its Pod ${pod_name} reports:"
+${as_root} || show echo "  (no containerd runs here, so the agent rightly reports the node not configured)"
 show kubectl -n "${mirrors_ns}" get pod "${pod_name}" -o jsonpath='  node-configured={.metadata.annotations.registry\.quartermaster\.dev/node-configured} ({.metadata.annotations.registry\.quartermaster\.dev/node-configured-reason}){"\n"}'
 show sed 's/^/  /' "${hosts_toml}"
 
