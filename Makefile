@@ -120,11 +120,11 @@ cluster-down: ## Delete the local cluster "quartermaster".
 	hack/cluster.sh down quartermaster
 
 .PHONY: demo
-demo: ## From nothing to a running system: cluster, CRDs, RBAC, manager (as its ServiceAccount), samples, status.
+demo: ## From nothing to a running system: cluster, CRDs, RBAC, manager (as its ServiceAccount), samples, a registry mirror pulled through, Kyverno enforcing an intent (QM_DEMO_CLUSTER names the cluster).
 	hack/demo.sh up
 
 .PHONY: demo-down
-demo-down: ## Stop the demo manager and delete the demo cluster.
+demo-down: ## Stop everything the demo started (processes, Kyverno's webhooks, folders) and delete its cluster.
 	hack/demo.sh down
 
 .PHONY: bench

@@ -36,6 +36,18 @@ quiet() {
 bin_dir="$("${here}/k8s-bin.sh" | tail -n1)"
 kwokctl="${bin_dir}/kwokctl"
 
+# all_running: every component kwokctl started for the cluster still runs.
+all_running() {
+	local f
+	for f in "${KWOK_WORKDIR}/clusters/${name}/pids/"*.pid; do
+		[[ -f "${f}" ]] || return 1
+		if ! kill -0 "$(cat "${f}")" 2>/dev/null; then
+			log "$(basename "${f}" .pid) of cluster ${name} exited: $(tail -n 1 "${KWOK_WORKDIR}/clusters/${name}/logs/$(basename "${f}" .pid).log" 2>/dev/null | cut -c1-200)"
+			return 1
+		fi
+	done
+}
+
 exists() { "${kwokctl}" get clusters 2>/dev/null | grep -qx "${name}"; }
 
 case "${cmd}" in
@@ -45,18 +57,28 @@ up)
 		log "cluster ${name} exists; starting it"
 		quiet "${kwokctl}" start cluster --name "${name}"
 	else
-		log "creating cluster ${name}"
-		# Versions must be given so kwokctl renders flags for the binaries we built, not its defaults.
-		KWOK_KUBE_VERSION="$("${bin_dir}/kube-apiserver" --version | awk '{print $2}')" \
-			quiet "${kwokctl}" create cluster --name "${name}" --runtime binary \
-			--config "${bin_dir}/kwok-stages.yaml" \
-			--etcd-binary "${bin_dir}/etcd" \
-			--kube-apiserver-binary "${bin_dir}/kube-apiserver" \
-			--kube-controller-manager-binary "${bin_dir}/kube-controller-manager" \
-			--kube-scheduler-binary "${bin_dir}/kube-scheduler" \
-			--kwok-controller-binary "${bin_dir}/kwok" \
-			--kubeconfig "${kubeconfig}" \
-			--wait 3m
+		# kwokctl picks each component's port when it creates the cluster; a cluster created at the
+		# same moment by someone else may take one first, and that component exits at once
+		# ("address already in use"). Such a cluster is deleted and created again.
+		for attempt in 1 2 3; do
+			log "creating cluster ${name}"
+			# Versions must be given so kwokctl renders flags for the binaries we built, not its defaults.
+			if KWOK_KUBE_VERSION="$("${bin_dir}/kube-apiserver" --version | awk '{print $2}')" \
+				quiet "${kwokctl}" create cluster --name "${name}" --runtime binary \
+				--config "${bin_dir}/kwok-stages.yaml" \
+				--etcd-binary "${bin_dir}/etcd" \
+				--kube-apiserver-binary "${bin_dir}/kube-apiserver" \
+				--kube-controller-manager-binary "${bin_dir}/kube-controller-manager" \
+				--kube-scheduler-binary "${bin_dir}/kube-scheduler" \
+				--kwok-controller-binary "${bin_dir}/kwok" \
+				--kubeconfig "${kubeconfig}" \
+				--wait 3m && all_running; then
+				break
+			fi
+			((attempt < 3)) || { log "cluster ${name} did not start"; exit 1; }
+			log "cluster ${name} did not start (attempt ${attempt}); deleting it and trying again"
+			quiet "${kwokctl}" delete cluster --name "${name}" || true
+		done
 	fi
 	have="$("${bin_dir}/kubectl" --kubeconfig "${kubeconfig}" get nodes --no-headers 2>/dev/null | wc -l)"
 	if (( have < nodes )); then

@@ -24,7 +24,6 @@ import (
 	"strings"
 	"sync"
 	"syscall"
-	"testing"
 	"time"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
@@ -105,13 +104,27 @@ func BinDir() (string, error) {
 	return binDir, binErr
 }
 
+// TB is what the harness needs of a test; testing.TB has it, and so can a command that runs
+// Kyverno outside a test (hack/demo-helper, for make demo): Fatal and Fatalf must not return,
+// and Cleanup's functions must run when the caller is done with Kyverno.
+type TB interface {
+	Helper()
+	Fatal(args ...any)
+	Fatalf(format string, args ...any)
+	Errorf(format string, args ...any)
+	Logf(format string, args ...any)
+	TempDir() string
+	Cleanup(func())
+	Failed() bool
+}
+
 // Kyverno is a running Kyverno.
 type Kyverno struct {
 	// WebhookAddr is where the admission controller serves its webhooks (127.0.0.1:PORT), the
 	// same across restarts.
 	WebhookAddr string
 
-	t          testing.TB
+	t          TB
 	admin      *rest.Config
 	c          client.Client
 	cs         *kubernetes.Clientset
@@ -126,7 +139,7 @@ type Kyverno struct {
 // configuration, starts the admission controller and the background controller, and returns once
 // Kyverno is ready: its webhooks registered and the API server getting Kyverno's answers through
 // them, the background controller leading. Stop is registered as a cleanup.
-func Start(t testing.TB, admin *rest.Config) *Kyverno {
+func Start(t TB, admin *rest.Config) *Kyverno {
 	t.Helper()
 	bin, err := BinDir()
 	if err != nil {
@@ -205,21 +218,21 @@ func Start(t testing.TB, admin *rest.Config) *Kyverno {
 // Restart kills the admission controller (SIGKILL, as a crash) and starts it again, and waits
 // until it is ready. Its webhooks stay registered meanwhile, so requests they match are refused
 // while it is down, as in a cluster.
-func (k *Kyverno) Restart(t testing.TB) {
+func (k *Kyverno) Restart(t TB) {
 	t.Helper()
 	k.KillAdmission(t)
 	k.StartAdmission(t)
 }
 
 // KillAdmission kills the admission controller (SIGKILL) and waits until it has exited.
-func (k *Kyverno) KillAdmission(t testing.TB) {
+func (k *Kyverno) KillAdmission(t TB) {
 	t.Helper()
 	k.admission.kill()
 }
 
 // StartAdmission starts the admission controller again after KillAdmission and waits until it is
 // ready.
-func (k *Kyverno) StartAdmission(t testing.TB) {
+func (k *Kyverno) StartAdmission(t TB) {
 	t.Helper()
 	k.admission.start(t)
 	k.waitReady(t)
@@ -282,13 +295,13 @@ func (k *Kyverno) printLogs() {
 // WaitPolicyReady waits until the kyverno.io Policy namespace/name (a ClusterPolicy when namespace
 // is "") reports Ready in its status, and fails the test with Kyverno's message when it does not
 // within a few minutes.
-func (k *Kyverno) WaitPolicyReady(t testing.TB, namespace, name string) {
+func (k *Kyverno) WaitPolicyReady(t TB, namespace, name string) {
 	t.Helper()
 	WaitPolicyReady(t, k.c, namespace, name)
 }
 
 // WaitPolicyReady is Kyverno.WaitPolicyReady with any client that may read the policy.
-func WaitPolicyReady(t testing.TB, c client.Client, namespace, name string) {
+func WaitPolicyReady(t TB, c client.Client, namespace, name string) {
 	t.Helper()
 	kind := "ClusterPolicy"
 	if namespace != "" {
@@ -323,7 +336,7 @@ func (k *Kyverno) apply(ctx context.Context, obj client.Object) error {
 }
 
 // waitAllowed waits until the API server's authorizer allows the ServiceAccount attrs.
-func (k *Kyverno) waitAllowed(t testing.TB, serviceAccount string, attrs authorizationv1.ResourceAttributes) {
+func (k *Kyverno) waitAllowed(t TB, serviceAccount string, attrs authorizationv1.ResourceAttributes) {
 	t.Helper()
 	user := "system:serviceaccount:" + Namespace + ":" + serviceAccount
 	k.poll(t, fmt.Sprintf("%s to be allowed to %s %s", user, attrs.Verb, attrs.Resource), func(ctx context.Context) (bool, string) {
@@ -341,7 +354,7 @@ func (k *Kyverno) waitAllowed(t testing.TB, serviceAccount string, attrs authori
 // waitReady waits until the admission controller leads, its webhook configurations point at it,
 // and the API server gets its answer through the policy validation webhook: a dry-run
 // ClusterPolicy that only Kyverno's own validation refuses (two operations in one rule).
-func (k *Kyverno) waitReady(t testing.TB) {
+func (k *Kyverno) waitReady(t TB) {
 	t.Helper()
 	k.waitLeader(t, "kyverno", admissionPod, k.admission)
 	url := "https://" + k.WebhookAddr + "/"
@@ -425,7 +438,7 @@ func probePolicy() *unstructured.Unstructured {
 
 // waitLeader waits until the process holds its leader-election Lease and has renewed it since it
 // started (a restarted process has the identity of the one before it).
-func (k *Kyverno) waitLeader(t testing.TB, lease, holder string, p *process) {
+func (k *Kyverno) waitLeader(t TB, lease, holder string, p *process) {
 	t.Helper()
 	started := p.startedAt()
 	k.poll(t, p.name+" to hold the Lease "+Namespace+"/"+lease, func(ctx context.Context) (bool, string) {
@@ -446,12 +459,12 @@ func (k *Kyverno) waitLeader(t testing.TB, lease, holder string, p *process) {
 
 // poll checks cond until it holds, and fails the test after readyTimeout (Kyverno's logs are
 // printed then).
-func (k *Kyverno) poll(t testing.TB, what string, cond func(context.Context) (bool, string)) {
+func (k *Kyverno) poll(t TB, what string, cond func(context.Context) (bool, string)) {
 	t.Helper()
 	poll(t, what, cond)
 }
 
-func poll(t testing.TB, what string, cond func(context.Context) (bool, string)) {
+func poll(t TB, what string, cond func(context.Context) (bool, string)) {
 	t.Helper()
 	last := ""
 	err := wait.PollUntilContextTimeout(context.Background(), pollEvery, readyTimeout, true, func(ctx context.Context) (bool, error) {
@@ -485,7 +498,7 @@ func (p *process) startedAt() time.Time {
 	return p.started
 }
 
-func (k *Kyverno) newProcess(t testing.TB, name, serviceAccount, pod, deployment string, args ...string) *process {
+func (k *Kyverno) newProcess(t TB, name, serviceAccount, pod, deployment string, args ...string) *process {
 	t.Helper()
 	kc := k.serviceAccountKubeconfig(t, serviceAccount)
 	path := filepath.Join(k.dir, name+".kubeconfig")
@@ -510,7 +523,7 @@ func (k *Kyverno) newProcess(t testing.TB, name, serviceAccount, pod, deployment
 
 // serviceAccountKubeconfig is a kubeconfig authenticated with a token of the ServiceAccount (two
 // hours: longer than any e2e run).
-func (k *Kyverno) serviceAccountKubeconfig(t testing.TB, name string) []byte {
+func (k *Kyverno) serviceAccountKubeconfig(t TB, name string) []byte {
 	t.Helper()
 	secs := int64((2 * time.Hour).Seconds())
 	tr, err := k.cs.CoreV1().ServiceAccounts(Namespace).CreateToken(context.Background(), name, &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: &secs}}, metav1.CreateOptions{})
@@ -530,7 +543,7 @@ func (k *Kyverno) serviceAccountKubeconfig(t testing.TB, name string) []byte {
 	return data
 }
 
-func (p *process) start(t testing.TB) {
+func (p *process) start(t TB) {
 	t.Helper()
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -584,7 +597,7 @@ func (p *process) kill() {
 	<-done
 }
 
-func freeAddr(t testing.TB) string {
+func freeAddr(t TB) string {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
