@@ -306,6 +306,30 @@ spec:
 				t.Errorf("Policy %s is not Ready: %s", p.GetName(), msg)
 			}
 		}
+		// Kyverno's status writes (and its restart) brought no rewrite from the manager: the
+		// policies whose want never changed are at their first generation, and no Event says the
+		// manager reverted one.
+		for _, name := range []string{"web-block-escapetohost", "web-audit-escapetohost", "coco-mutateoncreate"} {
+			p := object("kyverno.io/v1", "Policy", ns, name)
+			must(t, admin.Get(ctx, client.ObjectKeyFromObject(p), p))
+			if p.GetGeneration() != 1 {
+				t.Errorf("Policy %s is at generation %d, want 1: its spec was rewritten", name, p.GetGeneration())
+			}
+		}
+		// coco-mutateexisting was rewritten once, for its want: coco-new joined its targets. (The
+		// controller's Event calls that "reverted" too.)
+		p := object("kyverno.io/v1", "Policy", ns, "coco-mutateexisting")
+		must(t, admin.Get(ctx, client.ObjectKeyFromObject(p), p))
+		if p.GetGeneration() != 2 {
+			t.Errorf("Policy coco-mutateexisting is at generation %d, want 2 (made, then coco-new added to its targets)", p.GetGeneration())
+		}
+		events := &corev1.EventList{}
+		must(t, admin.List(ctx, events, client.InNamespace(ns)))
+		for _, e := range events.Items {
+			if strings.Contains(e.Message, "reverted") && e.Message != "reverted Policy coco-mutateexisting" {
+				t.Errorf("Event %s %s on %s/%s: %s", e.Reason, e.ReportingController, e.InvolvedObject.Kind, e.InvolvedObject.Name, e.Message)
+			}
+		}
 		for _, obj := range []string{"np/web-block", "np/web-audit", "np/coco", "sib/web-block", "sib/web-audit", "sib/coco"} {
 			waitConditionReady(t, ns, obj, mgr)
 		}
