@@ -192,7 +192,7 @@ func TestInstallsOnlyTheEnabledControllersRBAC(t *testing.T) {
 // VmGroups use user data) and the node agents' (node_agent.yaml binds it to the agents).
 var unboundRoles = []string{"quartermaster-metrics-reader", "quartermaster-vmgroups-user-data", "quartermaster-node-agent",
 	// Aggregated into Kyverno's background controller's ClusterRole, not bound.
-	"quartermaster-intents-kyverno-deployments", "quartermaster-intents-kyverno-kubearmor"}
+	"quartermaster-intents-kyverno-mutate-existing", "quartermaster-intents-kyverno-generate-kubearmor"}
 
 func managerArgs(t *testing.T, objs []*unstructured.Unstructured) []string {
 	t.Helper()

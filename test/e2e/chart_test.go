@@ -265,7 +265,24 @@ func TestHelmChartAsInstalled(t *testing.T) {
 			must(t, admin.Create(ctx, o))
 			t.Cleanup(func() { _ = admin.Delete(context.Background(), o) })
 		}
+		// dnsManipulation is a NetworkPolicy and a KubeArmorPolicy. Without KubeArmor the
+		// binding says so (not Ready) and its NetworkPolicy is written all the same.
+		eventually(t, "the binding to say KubeArmor is not installed", func() bool {
+			return readyCondition(ns, "sib/dns-manipulation-binding") == "False EngineNotInstalled"
+		})
+		if msg := kubectlOK(t, "get", "-n", ns, "sib/dns-manipulation-binding", "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].message}`); !strings.Contains(msg, "KubeArmor") {
+			t.Errorf("the binding's Ready message %q does not name KubeArmor", msg)
+		}
+		eventually(t, "the binding's NetworkPolicy", func() bool {
+			out, err := cluster.Kubectl(ctx, "get", "-n", ns, "networkpolicies", "-o", "name")
+			return err == nil && strings.Contains(out, "dns-manipulation-binding")
+		})
+		// Once KubeArmor's CRD is installed the chart's manager writes its policy (its RBAC
+		// allows it) and the binding is Ready: KubeArmor reports nothing, so a policy that exists
+		// is in force.
+		installKubeArmorCRD(t)
 		waitConditionReady(t, ns, "sib/dns-manipulation-binding", mgr)
+		waitConditionReady(t, "", "si/dns-manipulation", mgr)
 	})
 
 	t.Run("a tenant with edit in one namespace", func(t *testing.T) { testTenantRoles(t, ns) })

@@ -145,16 +145,7 @@ func Start(t TB, admin *rest.Config) *Kyverno {
 	if err != nil {
 		t.Fatal(err)
 	}
-	scheme := runtime.NewScheme()
-	if err := errors.Join(clientgoscheme.AddToScheme(scheme), apiextensionsv1.AddToScheme(scheme)); err != nil {
-		t.Fatal(err)
-	}
-	quiet := rest.CopyConfig(admin)
-	quiet.WarningHandler = rest.NoWarnings{} // Kyverno warns about the readiness probe's policy
-	c, err := client.New(quiet, client.Options{Scheme: scheme})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := newClient(t, admin)
 	cs, err := kubernetes.NewForConfig(admin)
 	if err != nil {
 		t.Fatal(err)
@@ -168,23 +159,11 @@ func Start(t TB, admin *rest.Config) *Kyverno {
 	})
 	ctx := context.Background()
 
-	crds, err := readCRDs(filepath.Join(bin, "crds"))
-	if err != nil {
-		t.Fatalf("Kyverno's CRDs: %v", err)
-	}
-	var objs []client.Object
-	for _, crd := range crds {
-		objs = append(objs, crd)
-	}
-	for _, obj := range append(objs, installObjects()...) {
-		if err := k.apply(ctx, obj); err != nil {
+	installCRDs(t, c, bin)
+	for _, obj := range installObjects() {
+		if err := apply(ctx, c, obj); err != nil {
 			t.Fatalf("installing %T %s: %v", obj, obj.GetName(), err)
 		}
-	}
-	for _, crd := range crds {
-		k.poll(t, "the CRD "+crd.Name+" to be Established", func(ctx context.Context) (bool, string) {
-			return crdEstablished(ctx, k.c, crd.Name)
-		})
 	}
 	// RBAC is in force once the aggregation controller has filled the aggregated ClusterRoles and
 	// the authorizer sees them: asked as each ServiceAccount, a rule of each role is allowed.
@@ -213,6 +192,53 @@ func Start(t TB, admin *rest.Config) *Kyverno {
 	k.waitReady(t)
 	k.waitLeader(t, "kyverno-background-controller", backgroundPod, k.background)
 	return k
+}
+
+// InstallCRDs installs Kyverno's CRDs alone and waits until the API server serves them: a cluster
+// where Kyverno's policies can be written but no Kyverno runs yet (its chart's CRDs applied before
+// its controllers start). Start installs them too.
+func InstallCRDs(t TB, admin *rest.Config) {
+	t.Helper()
+	bin, err := BinDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	installCRDs(t, newClient(t, admin), bin)
+}
+
+func installCRDs(t TB, c client.Client, bin string) {
+	t.Helper()
+	crds, err := readCRDs(filepath.Join(bin, "crds"))
+	if err != nil {
+		t.Fatalf("Kyverno's CRDs: %v", err)
+	}
+	for _, crd := range crds {
+		if err := apply(context.Background(), c, crd); err != nil {
+			t.Fatalf("installing the CRD %s: %v", crd.Name, err)
+		}
+	}
+	for _, crd := range crds {
+		poll(t, "the CRD "+crd.Name+" to be Established", func(ctx context.Context) (bool, string) {
+			return crdEstablished(ctx, c, crd.Name)
+		})
+	}
+}
+
+// newClient is an admin client that knows the built-in kinds and CRDs and drops the API server's
+// warnings (Kyverno warns about its readiness probe's policy and its deprecated kinds).
+func newClient(t TB, admin *rest.Config) client.Client {
+	t.Helper()
+	scheme := runtime.NewScheme()
+	if err := errors.Join(clientgoscheme.AddToScheme(scheme), apiextensionsv1.AddToScheme(scheme)); err != nil {
+		t.Fatal(err)
+	}
+	quiet := rest.CopyConfig(admin)
+	quiet.WarningHandler = rest.NoWarnings{}
+	c, err := client.New(quiet, client.Options{Scheme: scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
 }
 
 // Restart kills the admission controller (SIGKILL, as a crash) and starts it again, and waits
@@ -319,20 +345,20 @@ func WaitPolicyReady(t TB, c client.Client, namespace, name string) {
 }
 
 // apply creates obj, or updates it to obj when it exists.
-func (k *Kyverno) apply(ctx context.Context, obj client.Object) error {
-	err := k.c.Create(ctx, obj)
+func apply(ctx context.Context, c client.Client, obj client.Object) error {
+	err := c.Create(ctx, obj)
 	if !apierrors.IsAlreadyExists(err) {
 		return err
 	}
 	existing := obj.DeepCopyObject().(client.Object)
-	if err := k.c.Get(ctx, client.ObjectKeyFromObject(obj), existing); err != nil {
+	if err := c.Get(ctx, client.ObjectKeyFromObject(obj), existing); err != nil {
 		return err
 	}
 	obj.SetResourceVersion(existing.GetResourceVersion())
 	if cr, ok := obj.(*rbacv1.ClusterRole); ok && cr.AggregationRule != nil {
 		cr.Rules = existing.(*rbacv1.ClusterRole).Rules // the aggregation controller's
 	}
-	return k.c.Update(ctx, obj)
+	return c.Update(ctx, obj)
 }
 
 // waitAllowed waits until the API server's authorizer allows the ServiceAccount attrs.
