@@ -6,6 +6,7 @@
 //	k := kyverno.Start(t, cluster.Config)   // CRDs, namespace, RBAC, ConfigMaps, both processes; waits until ready
 //	k.WaitPolicyReady(t, "", "my-clusterpolicy")
 //	k.Restart(t)                            // the admission controller killed and started again
+//	kyverno.InstallCRDs(t, cluster.Config)  // only the CRDs: Kyverno's policies can be written, none acts
 //
 // Stop (run at the end of the test) kills the processes and deletes Kyverno's webhook
 // configurations, whose failurePolicy Fail would otherwise refuse every matching request. The
