@@ -164,10 +164,8 @@ func (b *base) applyPolicy(ctx context.Context, p intent.Policy, made bool) poli
 		return policyResult{skipped: true}
 	case did == owned.Taken:
 		return policyResult{conflict: p.Object.GetKind() + " " + client.ObjectKeyFromObject(p.Object).String()}
-	case did == owned.Updated:
-		return policyResult{controlled: true, inForce: inForce, reason: reason, change: "reverted " + p.Object.GetKind() + " " + p.Object.GetName()}
-	case did == owned.Created:
-		return policyResult{controlled: true, inForce: inForce, reason: reason, change: "created " + p.Object.GetKind() + " " + p.Object.GetName()}
+	case did == owned.Updated, did == owned.Reverted, did == owned.Created:
+		return policyResult{controlled: true, inForce: inForce, reason: reason, change: string(did) + " " + p.Object.GetKind() + " " + p.Object.GetName()}
 	}
 	return policyResult{controlled: true, inForce: inForce, reason: reason}
 }

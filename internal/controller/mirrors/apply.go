@@ -95,7 +95,7 @@ func (a *applier) apply(ctx context.Context, desired client.Object) (client.Obje
 	case owned.Taken:
 		a.nameTaken(desired)
 		return nil, nil
-	case owned.Created, owned.Updated:
+	case owned.Created, owned.Updated, owned.Reverted:
 		a.record(string(did), desired)
 	}
 	return obj, nil

@@ -42,7 +42,8 @@ type Outcome string
 const (
 	Unchanged   Outcome = ""
 	Created     Outcome = "created"
-	Updated     Outcome = "updated" // the want changed, or someone's edit was reverted
+	Updated     Outcome = "updated"  // the want changed
+	Reverted    Outcome = "reverted" // someone's edit was undone
 	Taken       Outcome = "taken"   // the name is held by an object the owner does not control
 	Terminating Outcome = "terminating"
 )
@@ -113,10 +114,14 @@ func (w *Writer) Ensure(ctx context.Context, desired client.Object, o Options) (
 	if o.Prepare != nil {
 		o.Prepare(update, current)
 	}
+	did := Updated
+	if current.GetAnnotations()[generated.HashAnnotation] == desired.GetAnnotations()[generated.HashAnnotation] {
+		did = Reverted // the same want: what differs is someone else's doing
+	}
 	if err := writes.Update(ctx, update); err != nil {
 		return "", nil, fmt.Errorf("updating %s %s: %w", Kind(desired), key, err)
 	}
-	return Updated, update, nil
+	return did, update, nil
 }
 
 // newLike returns an empty object of obj's type (and, unstructured, its kind).
