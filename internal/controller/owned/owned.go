@@ -44,7 +44,7 @@ const (
 	Created     Outcome = "created"
 	Updated     Outcome = "updated"  // the want changed
 	Reverted    Outcome = "reverted" // someone's edit was undone
-	Taken       Outcome = "taken"   // the name is held by an object the owner does not control
+	Taken       Outcome = "taken"    // the name is held by an object the owner does not control
 	Terminating Outcome = "terminating"
 )
 
