@@ -443,10 +443,10 @@ fi
 log "pulled through the mirror"
 metrics="$(curl -fsS "http://${cache_debug_addr}/metrics")"
 served="$(awk '$1 == "quartermaster_mirror_http_requests_total{code=\"200\",method=\"get\"}" {print $2}' <<<"${metrics}")"
-hits="$(awk '$1 == "registry_proxy_hits_total{type=\"blob\"}" {print $2}' <<<"${metrics}")"
+hits="$(awk '$1 == "quartermaster_mirror_cache_requests_total{result=\"hit\",type=\"blob\"}" {print $2}' <<<"${metrics}")"
 [[ "${served:-0}" -ge 6 && "${hits:-0}" -ge 2 ]] || fail "the cache served ${served:-no} GETs and ${hits:-no} blob hits, want the manifest and two blobs twice, the second time from its store"
-say "the cache's counters (http://${cache_debug_addr}/metrics): requests it answered, requests it sent upstream, its hits and misses"
-show grep -E '^(quartermaster_mirror_|registry_proxy_(hits|misses)_total)' <<<"${metrics}"
+say "the cache's counters (http://${cache_debug_addr}/metrics): requests it answered, its hits and misses, what it fetched upstream (each blob once)"
+show grep -E '^quartermaster_mirror_(http_requests|cache_requests|upstream_requests|upstream_bytes|coalesced_requests|fills)_total' <<<"${metrics}"
 
 header "Security intents (intents controller; docs/intents.md)"
 say "the engines' CRDs installed: KubeArmor's (from its Go module) and Kyverno's (hack/kyverno-bin.sh, ${kyverno_bin})"

@@ -77,6 +77,9 @@ func TestContainerdPullsThroughTheMirror(t *testing.T) {
 		Spec: registryv1alpha1.RegistryMirrorSpec{
 			UpstreamURL: up.URL, CredentialsSecret: creds.Name, Replicas: ptr.To[int32](1),
 			Storage: &registryv1alpha1.Storage{Size: ptr.To(resource.MustParse("1Gi")), StorageClassName: ptr.To("")},
+			// Its claim is never bound here (the cache runs as a process): it goes with the mirror,
+			// or it would take a volume another test provides.
+			DeletionPolicy: registryv1alpha1.DeletionPolicyDelete,
 		},
 	}
 	must(t, c.Create(ctx, rm))

@@ -42,11 +42,13 @@ func TestRegistryMirrorOnTheLocalCluster(t *testing.T) {
 	upstreamURL := newOpenRegistry(t)
 	mgr := startManager(t, "--controllers=mirrors", "--health-probe-bind-address=0", "--mirrors-image=quartermaster:e2e")
 
-	// Volumes for the cache pods' claims (storageClassName "" binds to them).
-	for i := range 2 {
+	// Volumes for the cache pods' claims (storageClassName "" binds to them), each reserved for
+	// its claim: a claim another test left unbound must not take one.
+	for i, name := range []string{"e2e-hub", "e2e-kept"} {
 		pv := &corev1.PersistentVolume{
 			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("mirror-e2e-%d", i)},
 			Spec: corev1.PersistentVolumeSpec{
+				ClaimRef:                      &corev1.ObjectReference{Namespace: mirrorsNamespace, Name: mirror.PVCName(name, 0)},
 				Capacity:                      corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")},
 				AccessModes:                   []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
 				PersistentVolumeReclaimPolicy: corev1.PersistentVolumeReclaimRetain,
