@@ -129,6 +129,12 @@ func intentsBench(ctx context.Context, e *env) ([]result, error) {
 	work := gatherQueues().since(queues)
 	writes := counter.Writes()
 	requests := requestSummary(counter.Log())
+	// Every binding and intent reports the policies in force (their statuses follow the engine
+	// policies' Ready): part of the work, not of the steady state.
+	if err := waitIntentsReady(ctx, c); err != nil {
+		stop()
+		return nil, err
+	}
 
 	counter.Reset()
 	time.Sleep(intentIdle)
@@ -644,9 +650,14 @@ func clusterBindingBench(ctx context.Context, e *env) ([]result, error) {
 	if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
 		csib := &intentv1alpha1.ClusterSecurityIntentBinding{}
 		err := c.Get(ctx, client.ObjectKey{Name: clusterBinding}, csib)
-		return err == nil && csib.Status.NumberOfNimbusPolicies == clusterNamespaces+1, err
+		return err == nil && csib.Status.NumberOfNimbusPolicies == clusterNamespaces+1 && isReady(csib.Status.Conditions), err
 	}); err != nil {
 		return nil, fmt.Errorf("the binding's status: %w", err)
+	}
+	// And the intents report it in force: their last status write is part of the work, not of
+	// the steady state.
+	if err := waitIntentsReady(ctx, c); err != nil {
+		return nil, err
 	}
 
 	counter.Reset()
@@ -879,4 +890,37 @@ func clusterBindingFloor(ctx context.Context, c client.Client) (time.Duration, e
 		return nil
 	})
 	return time.Since(start), err
+}
+
+// isReady reports a Ready=True condition.
+func isReady(conds []metav1.Condition) bool {
+	return meta.IsStatusConditionTrue(conds, "Ready")
+}
+
+// waitIntentsReady waits until every SecurityIntent and binding reports Ready.
+func waitIntentsReady(ctx context.Context, c client.Client) error {
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		sis, sibs := &intentv1alpha1.SecurityIntentList{}, &intentv1alpha1.SecurityIntentBindingList{}
+		if err := c.List(ctx, sis); err != nil {
+			return false, err
+		}
+		if err := c.List(ctx, sibs); err != nil {
+			return false, err
+		}
+		for _, si := range sis.Items {
+			if !isReady(si.Status.Conditions) {
+				return false, nil
+			}
+		}
+		for _, b := range sibs.Items {
+			if !isReady(b.Status.Conditions) {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	if err != nil {
+		return fmt.Errorf("every intent and binding Ready: %w", err)
+	}
+	return nil
 }
