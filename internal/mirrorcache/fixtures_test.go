@@ -2,7 +2,6 @@ package mirrorcache
 
 import (
 	"archive/tar"
-	"bufio"
 	"bytes"
 	"compress/gzip"
 	"context"
@@ -17,8 +16,6 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -35,6 +32,7 @@ import (
 	"golang.org/x/crypto/bcrypt"
 
 	"github.com/quartermaster-dev/quartermaster/internal/mirror"
+	"github.com/quartermaster-dev/quartermaster/internal/testing/promtext"
 	"github.com/quartermaster-dev/quartermaster/internal/testing/testenv"
 )
 
@@ -408,21 +406,8 @@ func (c *runningCache) metrics(t *testing.T) map[string]float64 {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	out := map[string]float64{}
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		line := sc.Text()
-		if line == "" || strings.HasPrefix(line, "#") {
-			continue
-		}
-		i := strings.LastIndexByte(line, ' ')
-		v, err := strconv.ParseFloat(line[i+1:], 64)
-		if err != nil {
-			t.Fatalf("metrics line %q: %v", line, err)
-		}
-		out[line[:i]] = v
-	}
-	if err := sc.Err(); err != nil {
+	out, err := promtext.Parse(resp.Body)
+	if err != nil {
 		t.Fatal(err)
 	}
 	return out

@@ -57,14 +57,8 @@ const (
 // bindings' NimbusPolicies in about 20 s, its client capped at 20 QPS, before its adapters start.)
 func intentsBench(ctx context.Context, e *env) ([]result, error) {
 	scheme := manager.Scheme(intentv1alpha1.AddToScheme)
-	c, err := client.New(e.cluster.Config, client.Options{Scheme: scheme})
+	c, err := intentsCluster(ctx, e, scheme)
 	if err != nil {
-		return nil, err
-	}
-	if err := installIntentCRDs(ctx, e); err != nil {
-		return nil, err
-	}
-	if err := warmWatchCaches(ctx, c); err != nil {
 		return nil, err
 	}
 	for _, si := range []*intentv1alpha1.SecurityIntent{
@@ -552,14 +546,8 @@ const (
 // writers.
 func clusterBindingBench(ctx context.Context, e *env) ([]result, error) {
 	scheme := manager.Scheme(intentv1alpha1.AddToScheme)
-	c, err := client.New(e.cluster.Config, client.Options{Scheme: scheme})
+	c, err := intentsCluster(ctx, e, scheme)
 	if err != nil {
-		return nil, err
-	}
-	if err := installIntentCRDs(ctx, e); err != nil {
-		return nil, err
-	}
-	if err := warmWatchCaches(ctx, c); err != nil {
 		return nil, err
 	}
 	asManager, err := managerIdentity(ctx, e, scheme)
@@ -923,4 +911,20 @@ func waitIntentsReady(ctx context.Context, c client.Client) error {
 		return fmt.Errorf("every intent and binding Ready: %w", err)
 	}
 	return nil
+}
+
+// intentsCluster prepares the cluster for an intents case (the intent and engine CRDs, the API
+// server's watch caches warm) and returns an admin client of it.
+func intentsCluster(ctx context.Context, e *env, scheme *runtime.Scheme) (client.Client, error) {
+	c, err := client.New(e.cluster.Config, client.Options{Scheme: scheme})
+	if err != nil {
+		return nil, err
+	}
+	if err := installIntentCRDs(ctx, e); err != nil {
+		return nil, err
+	}
+	if err := warmWatchCaches(ctx, c); err != nil {
+		return nil, err
+	}
+	return c, nil
 }

@@ -3,7 +3,6 @@
 package e2e
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -11,7 +10,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -30,6 +28,7 @@ import (
 	"github.com/quartermaster-dev/quartermaster/internal/manager"
 	"github.com/quartermaster-dev/quartermaster/internal/mirror"
 	"github.com/quartermaster-dev/quartermaster/internal/nodeagent"
+	"github.com/quartermaster-dev/quartermaster/internal/testing/promtext"
 )
 
 // A pull that works finishes well within this; it bounds a hang, it is no timing assertion.
@@ -366,19 +365,8 @@ func (cp *cachePod) metrics(t *testing.T) map[string]float64 {
 	resp, err := http.Get(cp.metricsURL)
 	must(t, err)
 	defer resp.Body.Close()
-	out := map[string]float64{}
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		line := sc.Text()
-		if line == "" || strings.HasPrefix(line, "#") {
-			continue
-		}
-		i := strings.LastIndexByte(line, ' ')
-		v, err := strconv.ParseFloat(line[i+1:], 64)
-		must(t, err)
-		out[line[:i]] = v
-	}
-	must(t, sc.Err())
+	out, err := promtext.Parse(resp.Body)
+	must(t, err)
 	return out
 }
 

@@ -48,20 +48,24 @@ func readyChanged() predicate.Predicate {
 	}
 }
 
-// readyOf is obj's Ready condition, without its transition time.
-func readyOf(obj client.Object) *metav1.Condition {
-	var conds []metav1.Condition
+// conditionsOf is the status conditions of the kinds bindings make or are.
+func conditionsOf(obj client.Object) []metav1.Condition {
 	switch o := obj.(type) {
 	case *intentv1alpha1.NimbusPolicy:
-		conds = o.Status.Conditions
+		return o.Status.Conditions
 	case *intentv1alpha1.ClusterNimbusPolicy:
-		conds = o.Status.Conditions
+		return o.Status.Conditions
 	case *intentv1alpha1.SecurityIntentBinding:
-		conds = o.Status.Conditions
+		return o.Status.Conditions
 	case *intentv1alpha1.ClusterSecurityIntentBinding:
-		conds = o.Status.Conditions
+		return o.Status.Conditions
 	}
-	c := meta.FindStatusCondition(conds, status.Ready)
+	return nil
+}
+
+// readyOf is obj's Ready condition, without its transition time.
+func readyOf(obj client.Object) *metav1.Condition {
+	c := meta.FindStatusCondition(conditionsOf(obj), status.Ready)
 	if c == nil {
 		return nil
 	}
@@ -244,14 +248,11 @@ func (b *base) bindingsOf(list client.ObjectList) handler.MapFunc {
 }
 
 // ensurePolicy creates want (a NimbusPolicy or ClusterNimbusPolicy, with its controller
-// reference), or brings the existing one back to it. An existing object controlled by someone else
-// is left alone: false. made says the owner's status lists want as generated (owned.Options.Made).
-func (b *base) ensurePolicy(ctx context.Context, want client.Object, made bool) (bool, owned.Outcome, error) {
-	did, _, err := b.nimbus().Ensure(ctx, want, owned.Options{Made: made, ExactLabels: true})
-	if err != nil || did == owned.Taken || did == owned.Terminating {
-		return false, did, err
-	}
-	return true, did, nil
+// reference), or brings the existing one back to it, and returns it as stored. One controlled by
+// someone else is left alone (owned.Taken). made says the owner's status lists want as generated
+// (owned.Options.Made).
+func (b *base) ensurePolicy(ctx context.Context, want client.Object, made bool) (owned.Outcome, client.Object, error) {
+	return b.nimbus().Ensure(ctx, want, owned.Options{Made: made, ExactLabels: true})
 }
 
 // bindingReconciler makes each SecurityIntentBinding's NimbusPolicy: same name and namespace,
@@ -340,7 +341,7 @@ func (r *bindingReconciler) bind(ctx context.Context, sib *intentv1alpha1.Securi
 	if err := controllerutil.SetControllerReference(sib, want, r.client.Scheme()); err != nil {
 		return status.Outcome{}, err
 	}
-	ok, did, err := r.ensurePolicy(ctx, want, st.NimbusPolicy == sib.Name)
+	did, stored, err := r.ensurePolicy(ctx, want, st.NimbusPolicy == sib.Name)
 	if did == owned.Terminating {
 		setBound("")
 		return status.Progressing("NamespaceTerminating", "the namespace is being deleted", 0), nil
@@ -348,7 +349,7 @@ func (r *bindingReconciler) bind(ctx context.Context, sib *intentv1alpha1.Securi
 	if err != nil {
 		return status.Outcome{}, err
 	}
-	if !ok {
+	if did == owned.Taken {
 		setBound("")
 		return status.WaitsForPerson("Conflict", fmt.Sprintf(
 			"NimbusPolicy %s/%s exists and was not generated from this binding; it is left alone", sib.Namespace, sib.Name), conflictRetry), nil
@@ -363,9 +364,8 @@ func (r *bindingReconciler) bind(ctx context.Context, sib *intentv1alpha1.Securi
 			"SecurityIntent %s does not exist; bound: %s", strings.Join(missing, ", "), strings.Join(bound, ", ")), 0), nil
 	}
 	// Bound is not enough: Ready means the NimbusPolicy's engine policies are in force.
-	np := &intentv1alpha1.NimbusPolicy{}
-	if o, err := r.dependOnPolicy(ctx, client.ObjectKeyFromObject(want), np, func() []metav1.Condition { return np.Status.Conditions }, did); o != nil || err != nil {
-		return *o, err
+	if o := policyInForce(stored, did); o != nil {
+		return *o, nil
 	}
 	o := status.Healthy("Bound", fmt.Sprintf("NimbusPolicy %s with %d rules, in force", sib.Name, len(rules)), 0)
 	if did != owned.Unchanged || status.ReadyReason(sib.Status.Conditions) == status.WaitingFor {
@@ -374,25 +374,16 @@ func (r *bindingReconciler) bind(ctx context.Context, sib *intentv1alpha1.Securi
 	return o, nil
 }
 
-// dependOnPolicy is the outcome of a binding whose (Cluster)NimbusPolicy at key (read into obj)
-// is not Ready for its generation yet: nil when it is. A policy just made (did) has not reported:
-// that wait says nothing new, no Event (the creation's said it).
-func (b *base) dependOnPolicy(ctx context.Context, key client.ObjectKey, obj client.Object, conditions func() []metav1.Condition, did owned.Outcome) (*status.Outcome, error) {
-	waiting := status.Progressing(status.WaitingFor, owned.Kind(obj)+" "+key.String()+" has not reported yet", 0).Silenced()
-	if did == owned.Created {
-		return &waiting, nil // the cache may not show it yet; its first status wakes the binding
-	}
-	if err := b.client.Get(ctx, key, obj); apierrors.IsNotFound(err) {
-		return &waiting, nil
-	} else if err != nil {
-		return &status.Outcome{}, err
-	}
-	o := status.Dependent(owned.Kind(obj)+" "+key.String(), conditions(), obj.GetGeneration())
+// policyInForce is the outcome of a binding whose (Cluster)NimbusPolicy, as stored, is not Ready
+// for its generation yet: nil when it is. A policy just made (did) has not reported: that wait says
+// nothing new, no Event (the creation's said it); nor does any wait for a first report.
+func policyInForce(stored client.Object, did owned.Outcome) *status.Outcome {
+	o := status.Dependent(owned.Kind(stored)+" "+client.ObjectKeyFromObject(stored).String(), conditionsOf(stored), stored.GetGeneration())
 	if o != nil && (did != owned.Unchanged || o.Reason == status.WaitingFor) {
 		q := o.Silenced()
 		o = &q
 	}
-	return o, nil
+	return o
 }
 
 func forEach(list client.ObjectList, f func(client.Object)) error {

@@ -97,19 +97,21 @@ func (r *clusterBindingReconciler) bind(ctx context.Context, csib *intentv1alpha
 	}
 	var conflicts []string
 	policy := ""
+	var clusterPolicy client.Object // as stored
+	var clusterDid owned.Outcome
 	if len(rules) == 0 {
 		if err := r.deleteClusterPolicy(ctx, csib); err != nil {
 			return status.Outcome{}, err
 		}
 	} else {
-		ok, err := r.ensureClusterPolicy(ctx, csib, rules)
+		did, stored, err := r.ensureClusterPolicy(ctx, csib, rules)
 		if err != nil {
 			return status.Outcome{}, err
 		}
-		if ok {
-			policy = csib.Name
-		} else {
+		if did == owned.Taken {
 			conflicts = append(conflicts, "ClusterNimbusPolicy "+csib.Name)
+		} else {
+			policy, clusterPolicy, clusterDid = csib.Name, stored, did
 		}
 	}
 	nsp, err := r.ensureNamespacePolicies(ctx, csib, rules, selected)
@@ -146,9 +148,8 @@ func (r *clusterBindingReconciler) bind(ctx context.Context, csib *intentv1alpha
 			"SecurityIntent %s does not exist; bound: %s", strings.Join(missing, ", "), strings.Join(bound, ", ")), 0), nil
 	}
 	// Bound is not enough: Ready means every policy it made is in force.
-	cnp := &intentv1alpha1.ClusterNimbusPolicy{}
-	if o, err := r.dependOnPolicy(ctx, client.ObjectKey{Name: csib.Name}, cnp, func() []metav1.Condition { return cnp.Status.Conditions }, owned.Unchanged); o != nil || err != nil {
-		return *o, err
+	if o := policyInForce(clusterPolicy, clusterDid); o != nil {
+		return *o, nil
 	}
 	if o, err := r.namespacePoliciesInForce(ctx, csib); o != nil || err != nil {
 		return *o, err
@@ -195,7 +196,7 @@ func (r *clusterBindingReconciler) selectedNamespaces(ctx context.Context, sel i
 	return intent.SelectNamespaces(sel, all), nil
 }
 
-func (r *clusterBindingReconciler) ensureClusterPolicy(ctx context.Context, csib *intentv1alpha1.ClusterSecurityIntentBinding, rules []intentv1alpha1.NimbusRules) (bool, error) {
+func (r *clusterBindingReconciler) ensureClusterPolicy(ctx context.Context, csib *intentv1alpha1.ClusterSecurityIntentBinding, rules []intentv1alpha1.NimbusRules) (owned.Outcome, client.Object, error) {
 	sel := csib.Spec.Selector
 	want := &intentv1alpha1.ClusterNimbusPolicy{
 		ObjectMeta: metav1.ObjectMeta{Name: csib.Name, Labels: csib.Labels},
@@ -204,10 +205,9 @@ func (r *clusterBindingReconciler) ensureClusterPolicy(ctx context.Context, csib
 		},
 	}
 	if err := controllerutil.SetControllerReference(csib, want, r.client.Scheme()); err != nil {
-		return false, err
+		return "", nil, err
 	}
-	ok, _, err := r.ensurePolicy(ctx, want, csib.Status.ClusterNimbusPolicy == csib.Name)
-	return ok, err
+	return r.ensurePolicy(ctx, want, csib.Status.ClusterNimbusPolicy == csib.Name)
 }
 
 func (r *clusterBindingReconciler) deleteClusterPolicy(ctx context.Context, csib *intentv1alpha1.ClusterSecurityIntentBinding) error {
@@ -306,7 +306,7 @@ func (r *clusterBindingReconciler) ensureNamespacePolicies(ctx context.Context, 
 			}
 			did, err := owned.Unchanged, controllerutil.SetControllerReference(csib, want, r.client.Scheme())
 			if err == nil {
-				_, did, err = r.ensurePolicy(ctx, want, listed[ns])
+				did, _, err = r.ensurePolicy(ctx, want, listed[ns])
 			}
 			switch {
 			case apierrors.IsNotFound(err) || did == owned.Terminating:

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"maps"
-	"reflect"
 	"sync"
 
 	"golang.org/x/sync/errgroup"
@@ -89,7 +88,7 @@ func (a *applier) apply(ctx context.Context, desired client.Object) (client.Obje
 	w := owned.Writer{Client: a.r.objects, Reader: a.r.objects, APIReader: a.r.apiReader}
 	did, obj, err := w.Ensure(ctx, desired, owned.Options{Others: othersMayWrite, Prepare: prepareUpdate})
 	if err != nil {
-		return nil, fmt.Errorf("applying %s %s: %w", kindOf(desired), desired.GetName(), err)
+		return nil, fmt.Errorf("applying %s %s: %w", owned.Kind(desired), desired.GetName(), err)
 	}
 	switch did {
 	case owned.Taken:
@@ -108,7 +107,7 @@ var othersMayWrite = []generated.Path{"spec.template.metadata.annotations"}
 func (a *applier) record(verb string, obj client.Object) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	a.changed = append(a.changed, verb+" "+kindOf(obj)+" "+obj.GetName())
+	a.changed = append(a.changed, verb+" "+owned.Kind(obj)+" "+obj.GetName())
 }
 
 // prepareUpdate carries into an update what it may not change or must not undo: the fields an update
@@ -135,16 +134,12 @@ func merged(base, over map[string]string) map[string]string {
 func (a *applier) nameTaken(obj client.Object) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	a.taken = fmt.Sprintf("%s %s/%s exists and does not belong to this mirror: delete or rename it", kindOf(obj), obj.GetNamespace(), obj.GetName())
+	a.taken = fmt.Sprintf("%s %s/%s exists and does not belong to this mirror: delete or rename it", owned.Kind(obj), obj.GetNamespace(), obj.GetName())
 }
 
 func ownedBy(obj client.Object, owner client.Object) bool {
 	ref := metav1.GetControllerOf(obj)
 	return ref != nil && ref.UID == owner.GetUID()
-}
-
-func kindOf(obj client.Object) string {
-	return reflect.TypeOf(obj).Elem().Name()
 }
 
 // withNodePorts gives desired's ports the node ports the API server allocated for current, so an
