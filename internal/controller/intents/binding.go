@@ -375,12 +375,13 @@ func (r *bindingReconciler) bind(ctx context.Context, sib *intentv1alpha1.Securi
 }
 
 // policyInForce is the outcome of a binding whose (Cluster)NimbusPolicy, as stored, is not Ready
-// for its generation yet: nil when it is. A policy just made (did) has not reported: that wait says
-// nothing new, no Event (the creation's said it); nor does any wait for a first report.
+// for its generation yet: nil when it is. Only a stalled policy (a person must act) is announced on
+// the binding; a policy just made or on its way records no Event here (its creation's, and the
+// policy's own, say it).
 func policyInForce(stored client.Object, did owned.Outcome) *status.Outcome {
 	o := status.Dependent(owned.Kind(stored)+" "+client.ObjectKeyFromObject(stored).String(), conditionsOf(stored), stored.GetGeneration())
-	if o != nil && (did != owned.Unchanged || o.Reason == status.WaitingFor) {
-		q := o.Silenced()
+	if o != nil && (did != owned.Unchanged || !o.Stalled) {
+		q := o.Silenced() // on its way (the policy records its own Events): a Warning only when stalled
 		o = &q
 	}
 	return o

@@ -269,7 +269,7 @@ func (b *base) report(obj client.Object, st *intentv1alpha1.NimbusPolicyStatus, 
 	case len(a.pending) > 0:
 		// The engine's status write wakes the policy (its watch); the recheck covers an engine
 		// that is installed but not running.
-		o = status.Progressing("WaitingForEngine", a.summary(unenforced), engineRecheck)
+		o = status.Progressing("WaitingForEngine", a.summary(unenforced), engineRecheck).Silenced() // expected until the engine reports: no Warning
 	default:
 		o = status.Healthy("Generated", a.summary(unenforced), 0)
 	}
