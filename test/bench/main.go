@@ -12,6 +12,7 @@ import (
 	"os"
 	"regexp"
 	"runtime"
+	"runtime/pprof"
 	"text/tabwriter"
 	"time"
 
@@ -69,15 +70,37 @@ func main() {
 	keep := flag.Bool("keep-cluster", false, "leave the benchmark cluster running afterwards")
 	flag.StringVar(&clusterName, "cluster", clusterName, "name of the local cluster the benchmark starts (and deletes first if it exists)")
 	flag.StringVar(&profilesDir, "profiles", "", "save into this directory a heap profile and the memory map (smaps) of the manager process wherever a case measures its RSS")
+	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of this process (the bench and the in-process manager) over the whole run to this file")
 	flag.Parse()
+	if *cpuProfile != "" {
+		stop, err := startCPUProfile(*cpuProfile)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(1)
+		}
+		defer stop()
+	}
 	// Controllers run in-process: show their errors, not their chatter, and collect garbage as the
 	// manager binary does.
 	log.SetLogger(zap.New(zap.Level(zapcore.ErrorLevel)))
 	memlimit.SetGCPercent()
 	if err := run(*pattern, *keep); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
-		os.Exit(1)
+		os.Exit(1) //nolint:gocritic // the profile of a failed run is not wanted
 	}
+}
+
+// startCPUProfile profiles this process into path until the returned func is called.
+func startCPUProfile(path string) (func(), error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		_ = f.Close()
+		return nil, err
+	}
+	return func() { pprof.StopCPUProfile(); _ = f.Close() }, nil
 }
 
 func run(pattern string, keep bool) error {

@@ -81,10 +81,10 @@ func (r *intentReconciler) setup(mgr ctrl.Manager, opts controller.Options) erro
 	return builder.ControllerManagedBy(mgr).
 		Named("securityintent").
 		For(&intentv1alpha1.SecurityIntent{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
-		// An intent is in force when the bindings naming it are.
-		Watches(&intentv1alpha1.SecurityIntentBinding{}, handler.EnqueueRequestsFromMapFunc(intentsNamed),
+		// An intent is in force when the bindings naming it are: their readiness changes coalesce.
+		Watches(&intentv1alpha1.SecurityIntentBinding{}, readinessCoalesced(intentsNamed),
 			builder.WithPredicates(predicate.Or[client.Object](readyChanged(), createOrDelete(), predicate.GenerationChangedPredicate{}))).
-		Watches(&intentv1alpha1.ClusterSecurityIntentBinding{}, handler.EnqueueRequestsFromMapFunc(intentsNamed),
+		Watches(&intentv1alpha1.ClusterSecurityIntentBinding{}, readinessCoalesced(intentsNamed),
 			builder.WithPredicates(predicate.Or[client.Object](readyChanged(), createOrDelete(), predicate.GenerationChangedPredicate{}))).
 		WithOptions(opts).
 		Complete(r)
@@ -187,18 +187,20 @@ type boundBy struct {
 	generation int64
 }
 
-// bindingsNaming lists the bindings of both kinds that name the intent, from the cache.
+// bindingsNaming lists the bindings of both kinds that name the intent, from the cache. Only their
+// conditions are read, so the cache's objects are not copied (an intent may be bound thousands of
+// times).
 func (r *intentReconciler) bindingsNaming(ctx context.Context, name string) ([]boundBy, error) {
 	var out []boundBy
 	sibs := &intentv1alpha1.SecurityIntentBindingList{}
-	if err := r.client.List(ctx, sibs, client.MatchingFields{indexIntents: name}); err != nil {
+	if err := r.client.List(ctx, sibs, client.MatchingFields{indexIntents: name}, client.UnsafeDisableDeepCopy); err != nil {
 		return nil, err
 	}
 	for _, b := range sibs.Items {
 		out = append(out, boundBy{"SecurityIntentBinding " + b.Namespace + "/" + b.Name, b.Status.Conditions, b.Generation})
 	}
 	csibs := &intentv1alpha1.ClusterSecurityIntentBindingList{}
-	if err := r.client.List(ctx, csibs, client.MatchingFields{indexIntents: name}); err != nil {
+	if err := r.client.List(ctx, csibs, client.MatchingFields{indexIntents: name}, client.UnsafeDisableDeepCopy); err != nil {
 		return nil, err
 	}
 	for _, b := range csibs.Items {
@@ -281,6 +283,12 @@ func (r *bindingReconciler) Reconcile(ctx context.Context, req reconcile.Request
 	}
 	before := sib.DeepCopy()
 	o, err := r.bind(ctx, sib)
+	if err == nil && o.Reason == status.WaitingFor {
+		// The NimbusPolicy has not reported on what was just written: its report wakes the
+		// binding (readyChanged), whose status is then written once, with what it says. A
+		// status saying "waiting" now would be a second write per binding, outdated at once.
+		return reconcile.Result{}, nil
+	}
 	return r.reportBinding(ctx, sib, &sib.Status.ObservedGeneration, &sib.Status.Conditions, o, err,
 		func() bool { return !equality.Semantic.DeepEqual(before.Status, sib.Status) })
 }
@@ -368,7 +376,7 @@ func (r *bindingReconciler) bind(ctx context.Context, sib *intentv1alpha1.Securi
 		return *o, nil
 	}
 	o := status.Healthy("Bound", fmt.Sprintf("NimbusPolicy %s with %d rules, in force", sib.Name, len(rules)), 0)
-	if did != owned.Unchanged || status.ReadyReason(sib.Status.Conditions) == status.WaitingFor {
+	if r := status.ReadyReason(sib.Status.Conditions); did != owned.Unchanged || r == status.WaitingFor || r == "" {
 		o = o.Silenced() // its creation's Event said it; being in force is the expected next step
 	}
 	return o, nil

@@ -37,7 +37,10 @@ func (r *clusterBindingReconciler) setup(mgr ctrl.Manager, opts controller.Optio
 		Named("clustersecurityintentbinding").
 		For(&intentv1alpha1.ClusterSecurityIntentBinding{}, builder.WithPredicates(specOrLabels())).
 		Owns(&intentv1alpha1.ClusterNimbusPolicy{}, builder.WithPredicates(predicate.Or(specOrLabels(), readyChanged()), notCreated())).
-		Owns(&intentv1alpha1.NimbusPolicy{}, builder.WithPredicates(predicate.Or(specOrLabels(), readyChanged()), notCreated())).
+		// Its namespaces' NimbusPolicies: edits and deletions at once, readiness changes coalesced
+		// (hundreds report within a second when the binding is made).
+		Watches(&intentv1alpha1.NimbusPolicy{}, readinessCoalesced(controllingClusterBinding),
+			builder.WithPredicates(predicate.Or(specOrLabels(), readyChanged()), notCreated())).
 		Watches(&intentv1alpha1.SecurityIntent{}, handler.EnqueueRequestsFromMapFunc(r.bindingsOf(&intentv1alpha1.ClusterSecurityIntentBindingList{})),
 			builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		// Namespaces that appear, start terminating or go.
@@ -45,6 +48,16 @@ func (r *clusterBindingReconciler) setup(mgr ctrl.Manager, opts controller.Optio
 			handler.EnqueueRequestsFromMapFunc(r.selecting), namespaceLifecycle())).
 		WithOptions(opts).
 		Complete(r)
+}
+
+// controllingClusterBinding maps a NimbusPolicy to the ClusterSecurityIntentBinding that controls
+// it, if one does.
+func controllingClusterBinding(_ context.Context, obj client.Object) []reconcile.Request {
+	ref := metav1.GetControllerOfNoCopy(obj)
+	if ref == nil || ref.Kind != "ClusterSecurityIntentBinding" || ref.APIVersion != intentv1alpha1.GroupVersion.String() {
+		return nil
+	}
+	return []reconcile.Request{{NamespacedName: client.ObjectKey{Name: ref.Name}}}
 }
 
 func namespaceLifecycle() predicate.Predicate {

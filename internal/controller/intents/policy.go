@@ -33,6 +33,10 @@ import (
 // the engine is detected.
 const engineRecheck = 5 * time.Minute
 
+// engineWatchSync bounds the wait for a new engine's watches to deliver (a kind the manager may
+// not list never does).
+const engineWatchSync = time.Minute
+
 // conflictRetry is how often a policy blocked by an object it does not control looks again.
 const conflictRetry = 5 * time.Minute
 
@@ -90,6 +94,7 @@ func newEngineWatch(kinds []schema.GroupVersionKind, owner client.Object, list c
 // and at start, or when an engine appears, every owner is reconciled anyway. An edit or deletion
 // by hand reconciles the owner.
 func (w *engineWatch) watchEngine(ctx context.Context, mgr ctrl.Manager, c controller.Controller, objects cache.Cache, reader client.Reader, e intent.Engine, wake bool) error {
+	var sources []source.SyncingSource
 	for _, gvk := range intent.EngineKinds[e] {
 		if !slices.Contains(w.kinds, gvk) {
 			continue
@@ -99,14 +104,26 @@ func (w *engineWatch) watchEngine(ctx context.Context, mgr ctrl.Manager, c contr
 		if err := w.index(ctx, objects, obj); err != nil {
 			return err
 		}
-		err := c.Watch(source.Kind[client.Object](objects, obj,
-			handler.EnqueueRequestForOwner(mgr.GetScheme(), mgr.GetRESTMapper(), w.owner, handler.OnlyControllerOwner()), notCreated()))
-		if err != nil {
+		src := source.Kind[client.Object](objects, obj,
+			handler.EnqueueRequestForOwner(mgr.GetScheme(), mgr.GetRESTMapper(), w.owner, handler.OnlyControllerOwner()), notCreated())
+		if err := c.Watch(src); err != nil {
 			return err
 		}
+		sources = append(sources, src)
 	}
 	if !wake {
-		return nil
+		return nil // the controller has not started: it waits for its watches before reconciling
+	}
+	// A running controller's new watch starts on its own: until its handler is in place, an
+	// engine's status write (Kyverno accepting a policy made meanwhile) would wake no one, and the
+	// initial creations it then replays are filtered. So every owner is woken only once the
+	// watches deliver: each then reads its policies as they are, and is told of what follows.
+	syncCtx, cancel := context.WithTimeout(ctx, engineWatchSync)
+	defer cancel()
+	for _, src := range sources {
+		if err := src.WaitForSync(syncCtx); err != nil {
+			return err // the source is stopped; the engine is looked for, and watched, anew
+		}
 	}
 	list := w.list.DeepCopyObject().(client.ObjectList)
 	if err := reader.List(ctx, list); err != nil {
