@@ -895,28 +895,36 @@ func settled(conds []metav1.Condition, generation int64) bool {
 	return c != nil && c.ObservedGeneration == generation && c.Reason != status.WaitingFor
 }
 
-// waitIntentsSettled waits until every SecurityIntent and binding has reported on what it made
-// (settled).
+// intentsCoalesce is longer than the controller's window (a second) in which the readiness changes
+// of an intent's bindings make one reconcile of the intent.
+const intentsCoalesce = 2 * time.Second
+
+// waitIntentsSettled waits until every binding has reported on what it made (settled), and then
+// every SecurityIntent has too and its status has not changed for intentsCoalesce: its last
+// reconcile follows its bindings' last change by up to the controller's coalescing window.
 func waitIntentsSettled(ctx context.Context, c client.Client) error {
+	versions := map[string]string{} // intent name → resourceVersion
+	since := time.Now()
 	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
 		sis, sibs := &intentv1alpha1.SecurityIntentList{}, &intentv1alpha1.SecurityIntentBindingList{}
-		if err := c.List(ctx, sis); err != nil {
-			return false, err
-		}
 		if err := c.List(ctx, sibs); err != nil {
 			return false, err
-		}
-		for _, si := range sis.Items {
-			if !settled(si.Status.Conditions, si.Generation) {
-				return false, nil
-			}
 		}
 		for _, b := range sibs.Items {
 			if !settled(b.Status.Conditions, b.Generation) {
 				return false, nil
 			}
 		}
-		return true, nil
+		if err := c.List(ctx, sis); err != nil {
+			return false, err
+		}
+		ok := true
+		for _, si := range sis.Items {
+			if !settled(si.Status.Conditions, si.Generation) || versions[si.Name] != si.ResourceVersion {
+				versions[si.Name], since, ok = si.ResourceVersion, time.Now(), false
+			}
+		}
+		return ok && time.Since(since) >= intentsCoalesce, nil
 	})
 	if err != nil {
 		return fmt.Errorf("every intent and binding settled: %w", err)

@@ -169,13 +169,25 @@ func (r *intentReconciler) intentOutcome(ctx context.Context, si *intentv1alpha1
 	if len(bindings) == 0 {
 		return status.Healthy("Accepted", "not bound; "+joinEngines(enforcing)+" enforce it once bound"+suffix, recheck), nil
 	}
+	// The status names one binding not in force: a stalled one first (a person must act), else
+	// the first by name, so that it changes only when that binding's state does.
+	slices.SortFunc(bindings, func(a, b boundBy) int { return strings.Compare(a.what, b.what) })
+	var waiting *status.Outcome
 	for _, b := range bindings {
-		if o := status.Dependent(b.what, b.conditions, b.generation); o != nil {
-			if o.Reason == status.WaitingFor {
-				return o.Silenced(), nil // a binding on its way: no Event
-			}
+		o := status.Dependent(b.what, b.conditions, b.generation)
+		switch {
+		case o == nil:
+		case o.Stalled:
 			return *o, nil
+		case waiting == nil:
+			waiting = o
 		}
+	}
+	if waiting != nil {
+		if waiting.Reason == status.WaitingFor {
+			return waiting.Silenced(), nil // a binding on its way: no Event
+		}
+		return *waiting, nil
 	}
 	return status.Healthy("Accepted", fmt.Sprintf("enforced by %s in %d bindings%s", joinEngines(enforcing), len(bindings), suffix), recheck), nil
 }
