@@ -200,7 +200,7 @@ func (r *ServiceAccountReconciler) ensureRole(ctx context.Context, sa *iamv1alph
 	}
 	name := irsa.RoleName(sa.Namespace, sa.Spec.ServiceAccountName)
 	sa.Status.RoleName = name
-	trust := irsa.TrustPolicy(r.cfg.partition, account, r.cfg.issuer, sa.Namespace, sa.Spec.ServiceAccountName)
+	trust := irsa.TrustPolicy(r.cfg.partition, account, r.cfg.issuer, sa.Namespace, sa.Spec.ServiceAccountName, irsa.Parts{Annotation: true})
 	maxSession := int32(defaultMaxSessionDuration)
 	if sa.Spec.MaxSessionDuration != nil {
 		maxSession = *sa.Spec.MaxSessionDuration
