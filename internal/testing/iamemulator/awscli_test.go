@@ -87,7 +87,9 @@ func TestAWSCLIAgainstTheEmulator(t *testing.T) {
 	cli := newAWSCLI(t, emu)
 
 	t.Run("iam", func(t *testing.T) {
-		var role struct{ Role struct{ Arn, RoleName, Path string } }
+		var role struct {
+			Role struct{ Arn, RoleName, Path string }
+		}
 		cli.ok(t, &role, "iam", "create-role", "--role-name", "app", "--path", "/quartermaster/prod/",
 			"--assume-role-policy-document", `{"Version":"2012-10-17","Statement":[{"Effect":"Allow","Principal":{"Service":"pods.eks.amazonaws.com"},"Action":["sts:AssumeRole","sts:TagSession"]}]}`)
 		if role.Role.Arn != "arn:aws:iam::000000000000:role/quartermaster/prod/app" {
@@ -117,7 +119,9 @@ func TestAWSCLIAgainstTheEmulator(t *testing.T) {
 		} `json:"association"`
 	}
 	const roleARN = "arn:aws:iam::000000000000:role/quartermaster/prod/app"
-	eks := func(op string, args ...string) []string { return append([]string{"eks", op, "--cluster-name", "prod"}, args...) }
+	eks := func(op string, args ...string) []string {
+		return append([]string{"eks", op, "--cluster-name", "prod"}, args...)
+	}
 
 	t.Run("eks", func(t *testing.T) {
 		var created assoc
