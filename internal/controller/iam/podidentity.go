@@ -38,7 +38,9 @@ func (r *ServiceAccountReconciler) ensureAssociation(ctx context.Context, sa *ia
 		// timeout) is still found and deleted if the mechanism changes before the next reconcile.
 		before := sa.DeepCopy()
 		sa.Status.PodIdentityAssociation = &iamv1alpha1.PodIdentityAssociationStatus{ClusterName: cluster}
-		if err := r.patchStatus(ctx, sa, before); err != nil {
+		// A copy is patched: the patch reads the object back, and sa holds this reconcile's
+		// observations (the role) that the status patch at its end writes.
+		if err := r.patchStatus(ctx, sa.DeepCopy(), before); err != nil {
 			return ptr.To(status.Transient(ReasonAWSError, "recording the Pod Identity association to create: "+err.Error(), err))
 		}
 	}
