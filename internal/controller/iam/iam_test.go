@@ -38,6 +38,7 @@ func TestIAM(t *testing.T) {
 	t.Run("configmap compat", func(t *testing.T) { testCompat(t, f) })
 	t.Run("drift", func(t *testing.T) { testDrift(t, f) })
 	t.Run("faults", func(t *testing.T) { testFaults(t, f) })
+	t.Run("pod identity faults", func(t *testing.T) { testPodIdentityFaults(t, f) })
 	t.Run("stale cache", func(t *testing.T) { testStaleCache(t, f) })
 }
 

@@ -47,16 +47,17 @@ func associationsOf(st iamemulator.State, ns, sa string) []iamemulator.Associati
 	return out
 }
 
-// trusted says which mechanisms a trust policy admits.
-func trusted(t *testing.T, doc string) irsa.Parts {
-	t.Helper()
+// trusted says which mechanisms a trust policy admits (none when it does not parse).
+func trusted(doc string) irsa.Parts {
 	var got struct {
 		Statement []struct {
 			Principal map[string]any
 			Action    any
 		}
 	}
-	must(t, json.Unmarshal([]byte(doc), &got))
+	if json.Unmarshal([]byte(doc), &got) != nil {
+		return irsa.Parts{}
+	}
 	var p irsa.Parts
 	for _, s := range got.Statement {
 		if _, ok := s.Principal["Federated"]; ok && fmt.Sprint(s.Action) == "sts:AssumeRoleWithWebIdentity" {
@@ -91,7 +92,7 @@ func assertMechanism(t *testing.T, f *fixture, sa *iamv1alpha1.IAMServiceAccount
 	} else if len(assocs) != 0 || rec != nil {
 		t.Errorf("%s: associations %+v, status %+v, want none", m, assocs, rec)
 	}
-	if role := f.role(sa.Status.RoleName); role == nil || trusted(t, role.AssumeRolePolicyDocument) != want {
+	if role := f.role(sa.Status.RoleName); role == nil || trusted(role.AssumeRolePolicyDocument) != want {
 		t.Errorf("%s: role %+v, want it trusting %v", m, role, want)
 	}
 }
@@ -311,4 +312,164 @@ func testPodIdentityAdoption(t *testing.T, f *fixture) {
 			t.Errorf("left: %+v", a)
 		}
 	})
+}
+
+// gapObserver watches the ServiceAccounts of a namespace and the emulator while mechanisms
+// change, and checks every observation: a ServiceAccount always has a part that works. An
+// observation reads the ServiceAccounts (t1), the emulator (t2, one consistent snapshot), and the
+// ServiceAccounts again (t3). Within one transition each part changes at most once, so an
+// annotation absent at t1 and t3 was absent throughout, and then the association must have been
+// there at t2, admitted by the role's trust policy; an annotation present at t1 and t3 was present
+// at t2, and the trust policy must admit it; an association present must be admitted.
+type gapObserver struct {
+	f            *fixture
+	ns           string
+	observations int
+	violations   []string
+}
+
+func (g *gapObserver) annotated(ctx context.Context) (map[string]string, error) {
+	list := &corev1.ServiceAccountList{}
+	if err := g.f.c.List(ctx, list, client.InNamespace(g.ns)); err != nil {
+		return nil, err
+	}
+	out := map[string]string{}
+	for _, sa := range list.Items {
+		out[sa.Name] = sa.Annotations[iamv1alpha1.AnnotationRoleARN]
+	}
+	return out, nil
+}
+
+// observe makes one observation of the ServiceAccounts names.
+func (g *gapObserver) observe(ctx context.Context, names []string) {
+	first, err := g.annotated(ctx)
+	if err != nil {
+		return // the test's context ended
+	}
+	st := g.f.emu.State()
+	last, err := g.annotated(ctx)
+	if err != nil {
+		return
+	}
+	g.observations++
+	for _, name := range names {
+		roleName := irsa.RoleName(g.ns, name)
+		var role *iamemulator.RoleState
+		for _, r := range st.Roles {
+			if r.Name == roleName {
+				role = &r
+			}
+		}
+		if role == nil {
+			g.violations = append(g.violations, fmt.Sprintf("observation %d: %s has no role", g.observations, name))
+			continue
+		}
+		trust := trusted(role.AssumeRolePolicyDocument)
+		assoc := false
+		for _, a := range associationsOf(st, g.ns, name) {
+			assoc = assoc || (a.Cluster == testCluster && a.RoleArn == role.Arn)
+		}
+		ann1, ann3 := first[name] == role.Arn, last[name] == role.Arn
+		switch {
+		case !ann1 && !ann3 && !(assoc && trust.Association):
+			g.violations = append(g.violations, fmt.Sprintf("observation %d: %s has no annotation, and association=%v with trust %v", g.observations, name, assoc, trust))
+		case ann1 && ann3 && !trust.Annotation:
+			g.violations = append(g.violations, fmt.Sprintf("observation %d: %s is annotated and the role trusts %v", g.observations, name, trust))
+		case assoc && !trust.Association:
+			g.violations = append(g.violations, fmt.Sprintf("observation %d: %s has an association and the role trusts %v", g.observations, name, trust))
+		}
+	}
+}
+
+// testPodIdentityFaults: 30% of IAM and EKS calls fail (throttling and 503s) while 6
+// IAMServiceAccounts go through every mechanism change, and the manager is stopped once in the
+// middle of a migration; at no observed moment does a ServiceAccount lack credentials, and the end
+// state is exactly the desired one.
+func testPodIdentityFaults(t *testing.T, f *fixture) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	const ns, n = "t-podid-faults", 6
+	f.namespace(t, ns)
+	var names []string
+	accounts := map[string]*iamv1alpha1.IAMServiceAccount{}
+	for i := range n {
+		name := fmt.Sprintf("sa%d", i)
+		names = append(names, name)
+		f.serviceAccount(t, ns, name)
+		accounts[name] = f.iamsa(t, ns, name, iamv1alpha1.IAMServiceAccountSpec{ServiceAccountName: name})
+	}
+	for name, sa := range accounts {
+		accounts[name] = waitReady(t, f, sa)
+	}
+
+	origIAM, origEKS := f.aws, f.eks
+	f.aws, f.eks = f.slowFlakyClient(), awseks.New(f.slowFlakyConfig())
+	before := f.emu.State()
+	f.emu.SetFaults(0.3, nil)
+	f.run(t, f.opts)
+	defer func() {
+		f.emu.SetFaults(0, nil)
+		f.aws, f.eks = origIAM, origEKS
+		f.run(t, f.opts)
+	}()
+
+	obs := &gapObserver{f: f, ns: ns}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for ctx.Err() == nil {
+			obs.observe(ctx, names)
+			time.Sleep(2 * time.Millisecond)
+		}
+	}()
+
+	for _, m := range []iamv1alpha1.Mechanism{
+		iamv1alpha1.MechanismBoth, iamv1alpha1.MechanismPodIdentity, iamv1alpha1.MechanismIRSA,
+		iamv1alpha1.MechanismPodIdentity, iamv1alpha1.MechanismBoth, iamv1alpha1.MechanismIRSA,
+	} {
+		for _, sa := range accounts {
+			update(t, f, sa, func(s *iamv1alpha1.IAMServiceAccount) { s.Spec.Mechanism = m })
+		}
+		if m == iamv1alpha1.MechanismPodIdentity && f.emu.State().Calls["DeletePodIdentityAssociation"] > before.Calls["DeletePodIdentityAssociation"] {
+			// IRSA → PodIdentity, the second time: stopped once some associations exist.
+			at := pollFast(t, "2 associations", func() (bool, string) {
+				k := 0
+				for _, name := range names {
+					k += len(associationsOf(f.emu.State(), ns, name))
+				}
+				return k >= 2, fmt.Sprintf("%d associations", k)
+			})
+			f.stop(t)
+			t.Logf("stopped during IRSA→PodIdentity at %s", at)
+			f.run(t, f.opts)
+		}
+		for name, sa := range accounts {
+			accounts[name] = waitReady(t, f, sa)
+		}
+	}
+	f.emu.SetFaults(0, nil)
+	cancel()
+	<-done
+
+	for _, sa := range accounts {
+		assertMechanism(t, f, sa, iamv1alpha1.MechanismIRSA)
+	}
+	st := f.emu.State()
+	t.Logf("%d observations; %d calls (EKS: %v), %d faults injected (%v)", obs.observations, st.Total-before.Total,
+		eksCalls(diffCalls(before.Calls, st.Calls)), sumValues(st.Faults)-sumValues(before.Faults), eksCalls(diffCalls(before.Faults, st.Faults)))
+	if eksFaults := eksCalls(diffCalls(before.Faults, st.Faults)); len(eksFaults) == 0 {
+		t.Error("no EKS call was faulted: the test proves nothing")
+	}
+	if obs.observations < 20 {
+		t.Errorf("only %d observations", obs.observations)
+	}
+	for _, v := range obs.violations {
+		t.Error(v)
+	}
+	for _, sa := range accounts {
+		must(t, f.c.Delete(context.Background(), sa))
+	}
+	for _, sa := range accounts {
+		f.waitGone(t, sa)
+	}
 }
