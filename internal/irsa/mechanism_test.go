@@ -129,7 +129,8 @@ func TestPlanNeverLeavesAGap(t *testing.T) {
 				name := fmt.Sprintf("%s→%s failing after step %d", from, to, failAfter)
 				have, trust := Needs(from), Needs(from)
 				works := func(step string) {
-					if !(have.Annotation && trust.Annotation) && !(have.Association && trust.Association) {
+					irsaWorks, podIdentityWorks := have.Annotation && trust.Annotation, have.Association && trust.Association
+					if !irsaWorks && !podIdentityWorks {
 						t.Errorf("%s: after %s the ServiceAccount has %v and the role trusts %v: no credentials", name, step, have, trust)
 					}
 				}

@@ -12,13 +12,13 @@ const AnnotationRoleARN = "eks.amazonaws.com/role-arn"
 type Mechanism string
 
 const (
-	// MechanismIRSA: the ServiceAccount is annotated eks.amazonaws.com/role-arn and the role trusts
+	// MechanismIRSA means the ServiceAccount is annotated eks.amazonaws.com/role-arn and the role trusts
 	// the cluster's OIDC provider for exactly that ServiceAccount.
 	MechanismIRSA Mechanism = "IRSA"
-	// MechanismPodIdentity: an EKS Pod Identity association maps the ServiceAccount to the role,
+	// MechanismPodIdentity means an EKS Pod Identity association maps the ServiceAccount to the role,
 	// which trusts pods.eks.amazonaws.com.
 	MechanismPodIdentity Mechanism = "PodIdentity"
-	// MechanismBoth: both at once, the state a migration between them passes through.
+	// MechanismBoth is both at once, the state a migration between them passes through.
 	MechanismBoth Mechanism = "Both"
 )
 

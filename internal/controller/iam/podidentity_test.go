@@ -370,8 +370,9 @@ func (g *gapObserver) observe(ctx context.Context, names []string) {
 			assoc = assoc || (a.Cluster == testCluster && a.RoleArn == role.Arn)
 		}
 		ann1, ann3 := first[name] == role.Arn, last[name] == role.Arn
+		working := assoc && trust.Association
 		switch {
-		case !ann1 && !ann3 && !(assoc && trust.Association):
+		case !ann1 && !ann3 && !working:
 			g.violations = append(g.violations, fmt.Sprintf("observation %d: %s has no annotation, and association=%v with trust %v", g.observations, name, assoc, trust))
 		case ann1 && ann3 && !trust.Annotation:
 			g.violations = append(g.violations, fmt.Sprintf("observation %d: %s is annotated and the role trusts %v", g.observations, name, trust))
