@@ -82,21 +82,33 @@ type trustPolicy struct {
 type trustStatement struct {
 	Effect    string                       `json:"Effect"`
 	Principal map[string]string            `json:"Principal"`
-	Action    string                       `json:"Action"`
-	Condition map[string]map[string]string `json:"Condition"`
+	Action    any                          `json:"Action"` // a string, or a list of them
+	Condition map[string]map[string]string `json:"Condition,omitempty"`
 }
 
-// TrustPolicy is the trust policy of the role for ServiceAccount namespace/serviceAccount: only
-// tokens the cluster's OIDC provider issued for exactly that ServiceAccount, with the STS audience,
-// may assume it. Matching the subject with StringEquals (not StringLike) means no other
-// ServiceAccount, in this namespace or another, can ever assume the role. The output is
-// deterministic (fixed field order, sorted map keys), so the controller can compare it with what
-// IAM holds (using Equivalent) and write only when it differs.
-func TrustPolicy(partition, accountID, issuer, namespace, serviceAccount string) string {
-	iss := bareIssuer(issuer)
-	doc := trustPolicy{
-		Version: "2012-10-17",
-		Statement: []trustStatement{{
+// PodIdentityPrincipal is the service principal of EKS Pod Identity: its agent assumes the role
+// with sts:AssumeRole and tags the session (sts:TagSession) with the cluster, namespace and
+// ServiceAccount.
+const PodIdentityPrincipal = "pods.eks.amazonaws.com"
+
+// TrustPolicy is the trust policy of the role for ServiceAccount namespace/serviceAccount, with a
+// statement for each mechanism in trust (see Plan for which ones, when):
+//
+//   - IRSA (trust.Annotation): only tokens the cluster's OIDC provider issued for exactly that
+//     ServiceAccount, with the STS audience, may assume it. Matching the subject with StringEquals
+//     (not StringLike) means no other ServiceAccount, in this namespace or another, can ever assume
+//     the role.
+//   - Pod Identity (trust.Association): pods.eks.amazonaws.com may assume the role and tag the
+//     session. Which ServiceAccount gets the role is then decided by the association, which only the
+//     operator (or whoever may call eks:CreatePodIdentityAssociation with iam:PassRole) makes.
+//
+// The output is deterministic (fixed field and statement order, sorted map keys), so the controller
+// can compare it with what IAM holds (using Equivalent) and write only when it differs.
+func TrustPolicy(partition, accountID, issuer, namespace, serviceAccount string, trust Parts) string {
+	doc := trustPolicy{Version: "2012-10-17", Statement: []trustStatement{}}
+	if trust.Annotation {
+		iss := bareIssuer(issuer)
+		doc.Statement = append(doc.Statement, trustStatement{
 			Effect:    "Allow",
 			Principal: map[string]string{"Federated": ProviderARN(partition, accountID, iss)},
 			Action:    "sts:AssumeRoleWithWebIdentity",
@@ -106,7 +118,14 @@ func TrustPolicy(partition, accountID, issuer, namespace, serviceAccount string)
 					iss + ":aud": stsAudience,
 				},
 			},
-		}},
+		})
+	}
+	if trust.Association {
+		doc.Statement = append(doc.Statement, trustStatement{
+			Effect:    "Allow",
+			Principal: map[string]string{"Service": PodIdentityPrincipal},
+			Action:    []string{"sts:AssumeRole", "sts:TagSession"},
+		})
 	}
 	s, err := marshal(doc)
 	if err != nil { // strings and maps of strings always marshal

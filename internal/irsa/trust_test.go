@@ -65,7 +65,7 @@ func TestTrustPolicy(t *testing.T) {
 		`"oidc.eks.eu-west-1.amazonaws.com/id/ABC:aud":"sts.amazonaws.com",` +
 		`"oidc.eks.eu-west-1.amazonaws.com/id/ABC:sub":"system:serviceaccount:team-a:app"}}}]}`
 	for _, issuer := range []string{"oidc.eks.eu-west-1.amazonaws.com/id/ABC", "https://oidc.eks.eu-west-1.amazonaws.com/id/ABC/"} {
-		got := TrustPolicy("aws", "123456789012", issuer, "team-a", "app")
+		got := TrustPolicy("aws", "123456789012", issuer, "team-a", "app", Parts{Annotation: true})
 		if got != golden {
 			t.Errorf("TrustPolicy(issuer %q) =\n%s\nwant\n%s", issuer, got, golden)
 		}
@@ -79,7 +79,7 @@ func TestTrustPolicy(t *testing.T) {
 		t.Errorf("Equivalent(trust policy, as IAM returns it) = %v, %v", eq, err)
 	}
 	// Another ServiceAccount gets another policy.
-	if other := TrustPolicy("aws", "123456789012", "oidc.eks.eu-west-1.amazonaws.com/id/ABC", "team-a", "app2"); other == golden {
+	if other := TrustPolicy("aws", "123456789012", "oidc.eks.eu-west-1.amazonaws.com/id/ABC", "team-a", "app2", Parts{Annotation: true}); other == golden {
 		t.Error("TrustPolicy ignores the ServiceAccount")
 	}
 }

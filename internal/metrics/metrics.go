@@ -19,7 +19,7 @@ const (
 var (
 	externalCalls = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "quartermaster_external_requests_total",
-		Help: "Calls to outside services (AWS IAM and STS, vSphere) by service, operation and result: ok, the service's error code or fault, or error when there was no answer. An AWS call counts once with its retries.",
+		Help: "Calls to outside services (AWS IAM, STS and EKS, vSphere) by service, operation and result: ok, the service's error code or fault, or error when there was no answer. An AWS call counts once with its retries.",
 	}, []string{"service", "operation", "result"})
 	externalLatency = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "quartermaster_external_request_duration_seconds",

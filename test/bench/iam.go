@@ -26,6 +26,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime/pkg/manager"
 
 	iamv1alpha1 "github.com/quartermaster-dev/quartermaster/api/iam/v1alpha1"
+	"github.com/quartermaster-dev/quartermaster/internal/cloud/aws/awseks"
 	"github.com/quartermaster-dev/quartermaster/internal/cloud/aws/awsiam"
 	"github.com/quartermaster-dev/quartermaster/internal/controller/iam"
 	"github.com/quartermaster-dev/quartermaster/internal/manager"
@@ -68,13 +69,14 @@ func iamBench(ctx context.Context, e *env) ([]result, error) {
 	emu := iamemulator.New(iamemulator.Options{Seed: 1})
 	srv := httptest.NewServer(emu)
 	defer srv.Close()
-	api := awsiam.New(aws.Config{
+	awsCfg := aws.Config{
 		Region:       "us-east-1",
 		Credentials:  credentials.NewStaticCredentialsProvider("AKIDBENCHEXAMPLE", "not-a-secret", ""),
 		BaseEndpoint: aws.String(srv.URL),
 		HTTPClient:   awsiam.HTTPClient(),
 		Retryer:      func() aws.Retryer { return awsiam.NewRetryer() },
-	})
+	}
+	api := awsClients{iam: awsiam.New(awsCfg), eks: awseks.New(awsCfg)}
 
 	var out []result
 	var base float64
@@ -133,7 +135,13 @@ type iamFigures struct {
 // iamRun starts a manager with the iam controllers at the given concurrency, creates the objects
 // in namespaces of their own, waits until all are Ready, optionally measures an idle period, then
 // deletes the namespaces and waits until AWS is empty again.
-func iamRun(ctx context.Context, restCfg *rest.Config, c client.Client, emu *iamemulator.Server, api *awsiam.Client, concurrency int, measureIdle bool) (iamFigures, error) {
+// awsClients are the controller's clients of the emulator (the bench's IRSA objects never call EKS).
+type awsClients struct {
+	iam *awsiam.Client
+	eks *awseks.Client
+}
+
+func iamRun(ctx context.Context, restCfg *rest.Config, c client.Client, emu *iamemulator.Server, api awsClients, concurrency int, measureIdle bool) (iamFigures, error) {
 	var fig iamFigures
 	cfg, apiCount := testenv.Counting(restCfg)
 	terminating := &atomic.Int64{}
@@ -149,7 +157,7 @@ func iamRun(ctx context.Context, restCfg *rest.Config, c client.Client, emu *iam
 		ClusterName: "bench", OIDCIssuer: "https://oidc.eks.us-east-1.amazonaws.com/id/BENCH", AccountID: emu.AccountID(),
 		Partition: "aws", Resync: time.Hour, Concurrency: concurrency,
 	}
-	if err := iam.SetupWithAWS(mgr, o, api); err != nil {
+	if err := iam.SetupWithAWS(mgr, o, api.iam, api.eks); err != nil {
 		return fig, err
 	}
 	stop, err := startManager(ctx, mgr, "iam")

@@ -55,7 +55,7 @@ func startIAMEmulator(t *testing.T) *iamEmulatorProcess {
 	bin := filepath.Join(t.TempDir(), "iam-emulator")
 	must(t, testenv.GoBuild(bin, "./cmd/iam-emulator"))
 	e := &iamEmulatorProcess{logs: &testenv.LogBuffer{}}
-	e.cmd = exec.Command(bin, "--listen=127.0.0.1:0", "--account-id="+iamAccount)
+	e.cmd = exec.Command(bin, "--listen=127.0.0.1:0", "--account-id="+iamAccount, "--eks-clusters="+iamCluster)
 	e.cmd.Stdout, e.cmd.Stderr = e.logs, e.logs
 	must(t, e.cmd.Start())
 	for deadline := time.Now().Add(30 * time.Second); e.url == "" && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
@@ -95,7 +95,7 @@ func startIAMManager(t *testing.T, emu *iamEmulatorProcess, extra ...string) *pr
 	t.Helper()
 	// The manager process inherits the test's environment.
 	for k, v := range map[string]string{
-		"AWS_ENDPOINT_URL_IAM": emu.url, "AWS_ENDPOINT_URL_STS": emu.url, "AWS_REGION": "us-east-1",
+		"AWS_ENDPOINT_URL_IAM": emu.url, "AWS_ENDPOINT_URL_STS": emu.url, "AWS_ENDPOINT_URL_EKS": emu.url, "AWS_REGION": "us-east-1",
 		"AWS_ACCESS_KEY_ID": "AKIDE2EEXAMPLE", "AWS_SECRET_ACCESS_KEY": iamSecretKey,
 		"AWS_EC2_METADATA_DISABLED": "true", "AWS_PROFILE": "", "AWS_CONFIG_FILE": os.DevNull,
 		"AWS_SHARED_CREDENTIALS_FILE": os.DevNull,
@@ -430,4 +430,82 @@ data:
 	if _, ok := sa.Annotations[iamv1alpha1.AnnotationRoleARN]; ok {
 		t.Errorf("the ServiceAccount keeps the role annotation after its role was deleted: %v", sa.Annotations)
 	}
+}
+
+// TestIAMPodIdentityMigrationOnTheLocalCluster runs the manager as its ServiceAccount under the
+// generated RBAC against cmd/iam-emulator (IAM and EKS) and migrates an IAMServiceAccount from IRSA
+// through Both to PodIdentity with kubectl, as docs/iam.md's runbook does: the association appears
+// with Both while the annotation stays, the annotation goes with PodIdentity, and deleting the
+// namespace deletes the association and the role.
+func TestIAMPodIdentityMigrationOnTheLocalCluster(t *testing.T) {
+	ctx := context.Background()
+	emu := startIAMEmulator(t)
+	startIAMManager(t, emu)
+	ns := newNamespace(t)
+	kubectlApply(t, ns, `apiVersion: v1
+kind: ServiceAccount
+metadata: {name: app}
+---
+apiVersion: iam.quartermaster.dev/v1alpha1
+kind: IAMServiceAccount
+metadata: {name: app}
+spec:
+  serviceAccountName: app
+`)
+	waitIAMReady(t, ns, "iamsa")
+	roleARN := "arn:aws:iam::" + iamAccount + ":role/quartermaster/" + iamCluster + "/" + irsa.RoleName(ns, "app")
+	annotation := func() string {
+		sa := &corev1.ServiceAccount{}
+		must(t, admin.Get(ctx, client.ObjectKey{Namespace: ns, Name: "app"}, sa))
+		return sa.Annotations[iamv1alpha1.AnnotationRoleARN]
+	}
+	associations := func() []iamemulator.AssociationState {
+		var out []iamemulator.AssociationState
+		for _, a := range emu.state(t).Associations {
+			if a.Namespace == ns {
+				out = append(out, a)
+			}
+		}
+		return out
+	}
+	if got := kubectlOK(t, "get", "iamsa", "app", "-n", ns, "-o", "jsonpath={.spec.mechanism}"); got != "IRSA" || annotation() != roleARN || len(associations()) != 0 {
+		t.Fatalf("IRSA: mechanism %q, annotation %q, associations %+v", got, annotation(), associations())
+	}
+
+	setMechanism := func(m string) {
+		t.Helper()
+		kubectlOK(t, "patch", "iamsa", "app", "-n", ns, "--type=merge", "-p", `{"spec":{"mechanism":"`+m+`"}}`)
+		// Ready for the new generation: kubectl wait alone could see the old generation's Ready.
+		eventually(t, "Ready for "+m, func() bool {
+			out, _ := cluster.Kubectl(ctx, "get", "iamsa", "app", "-n", ns, "-o",
+				`jsonpath={.metadata.generation}/{.status.conditions[?(@.type=="Ready")].observedGeneration}/{.status.conditions[?(@.type=="Ready")].status}`)
+			parts := strings.Split(out, "/")
+			return len(parts) == 3 && parts[0] == parts[1] && parts[2] == "True"
+		})
+	}
+	setMechanism("Both")
+	a := associations()
+	if len(a) != 1 || a[0].Cluster != iamCluster || a[0].ServiceAccount != "app" || a[0].RoleArn != roleARN || annotation() != roleARN {
+		t.Fatalf("Both: associations %+v, annotation %q", a, annotation())
+	}
+	if out := kubectlOK(t, "get", "iamsa", "app", "-n", ns, "-o", "wide"); !strings.Contains(out, "MECHANISM") || !strings.Contains(out, "Both") || !strings.Contains(out, a[0].ID) {
+		t.Errorf("kubectl get -o wide does not show the mechanism and the association:\n%s", out)
+	}
+	setMechanism("PodIdentity")
+	if b := associations(); len(b) != 1 || b[0].ID != a[0].ID || annotation() != "" {
+		t.Fatalf("PodIdentity: associations %+v (was %s), annotation %q", b, a[0].ID, annotation())
+	}
+	if role := findRole(emu.state(t), irsa.RoleName(ns, "app")); role == nil || strings.Contains(role.AssumeRolePolicyDocument, "AssumeRoleWithWebIdentity") ||
+		!strings.Contains(role.AssumeRolePolicyDocument, "pods.eks.amazonaws.com") {
+		t.Errorf("PodIdentity: role %+v, want it trusting pods.eks.amazonaws.com only", role)
+	}
+
+	must(t, admin.Delete(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}))
+	eventually(t, "the namespace to be deleted", func() bool {
+		return apierrors.IsNotFound(admin.Get(ctx, client.ObjectKey{Name: ns}, &corev1.Namespace{}))
+	})
+	if left := associations(); len(left) != 0 || findRole(emu.state(t), irsa.RoleName(ns, "app")) != nil {
+		t.Errorf("left in AWS after the namespace was deleted: associations %+v", left)
+	}
+	t.Logf("calls by operation: %v", emu.state(t).Calls)
 }

@@ -1,6 +1,6 @@
 // Package v1alpha1 is the iam.quartermaster.dev/v1alpha1 API: IAMPolicy, an AWS IAM managed policy,
 // and IAMServiceAccount, an IAM role a Kubernetes ServiceAccount assumes through the cluster's OIDC
-// provider (IRSA).
+// provider (IRSA), an EKS Pod Identity association, or both.
 // +kubebuilder:object:generate=true
 // +groupName=iam.quartermaster.dev
 package v1alpha1

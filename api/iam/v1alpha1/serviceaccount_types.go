@@ -7,6 +7,21 @@ import (
 // AnnotationRoleARN is the annotation EKS's pod identity webhook reads from a ServiceAccount.
 const AnnotationRoleARN = "eks.amazonaws.com/role-arn"
 
+// Mechanism is how pods of the ServiceAccount get the role's credentials.
+// +kubebuilder:validation:Enum=IRSA;PodIdentity;Both
+type Mechanism string
+
+const (
+	// MechanismIRSA means the ServiceAccount is annotated eks.amazonaws.com/role-arn and the role trusts
+	// the cluster's OIDC provider for exactly that ServiceAccount.
+	MechanismIRSA Mechanism = "IRSA"
+	// MechanismPodIdentity means an EKS Pod Identity association maps the ServiceAccount to the role,
+	// which trusts pods.eks.amazonaws.com.
+	MechanismPodIdentity Mechanism = "PodIdentity"
+	// MechanismBoth is both at once, the state a migration between them passes through.
+	MechanismBoth Mechanism = "Both"
+)
+
 // IAMServiceAccountSpec is the IAM role a user asks for, for one ServiceAccount of the namespace.
 // +kubebuilder:validation:XValidation:rule="self.serviceAccountName == oldSelf.serviceAccountName",message="serviceAccountName is immutable: the role's trust policy names it; create a new IAMServiceAccount for another ServiceAccount"
 // +kubebuilder:validation:XValidation:rule="self.createServiceAccount == oldSelf.createServiceAccount",message="createServiceAccount is immutable"
@@ -55,6 +70,27 @@ type IAMServiceAccountSpec struct {
 	// +kubebuilder:validation:Pattern=`^arn:aws[a-z-]*:iam::(aws|[0-9]{12}):policy/.+$`
 	// +optional
 	PermissionsBoundaryArn string `json:"permissionsBoundaryArn,omitempty"`
+
+	// Mechanism is how pods get the role: IRSA (the ServiceAccount annotation), PodIdentity (an EKS
+	// Pod Identity association in the operator's --eks-cluster-name), or Both, to migrate from one to
+	// the other without a pod ever lacking credentials (docs/iam.md).
+	// +kubebuilder:default=IRSA
+	// +optional
+	Mechanism Mechanism `json:"mechanism,omitempty"`
+}
+
+// PodIdentityAssociationStatus is the EKS Pod Identity association of an IAMServiceAccount.
+type PodIdentityAssociationStatus struct {
+	// ClusterName is the EKS cluster the association is (or is being created) in. It is recorded
+	// before the association is created, so that an association whose creation was interrupted is
+	// found and deleted even if the mechanism changes meanwhile.
+	ClusterName string `json:"clusterName"`
+	// AssociationID is the association's ID (a-…), once created or adopted.
+	// +optional
+	AssociationID string `json:"associationId,omitempty"`
+	// AssociationARN is the association's ARN.
+	// +optional
+	AssociationARN string `json:"associationArn,omitempty"`
 }
 
 // IAMServiceAccountStatus is what the operator last observed and did.
@@ -66,6 +102,10 @@ type IAMServiceAccountStatus struct {
 	// if too long.
 	// +optional
 	RoleName string `json:"roleName,omitempty"`
+	// PodIdentityAssociation is the EKS Pod Identity association the operator made or adopted for
+	// the ServiceAccount (mechanism PodIdentity or Both), until it is deleted.
+	// +optional
+	PodIdentityAssociation *PodIdentityAssociationStatus `json:"podIdentityAssociation,omitempty"`
 	// AttachedPolicyArns are the policies attached to the role, as last observed.
 	// +optional
 	// +listType=set
@@ -80,13 +120,16 @@ type IAMServiceAccountStatus struct {
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
 }
 
-// IAMServiceAccount is an IAM role for one ServiceAccount (IRSA), owned by this object.
+// IAMServiceAccount is an IAM role for one ServiceAccount, owned by this object, that its pods get
+// through IRSA, EKS Pod Identity, or both.
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
 // +kubebuilder:resource:shortName=iamsa,categories=quartermaster
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
 // +kubebuilder:printcolumn:name="Role",type=string,JSONPath=`.status.roleArn`
 // +kubebuilder:printcolumn:name="ServiceAccount",type=string,JSONPath=`.spec.serviceAccountName`,priority=1
+// +kubebuilder:printcolumn:name="Mechanism",type=string,JSONPath=`.spec.mechanism`,priority=1
+// +kubebuilder:printcolumn:name="Association",type=string,JSONPath=`.status.podIdentityAssociation.associationId`,priority=1
 // +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type IAMServiceAccount struct {

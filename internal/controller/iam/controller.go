@@ -1,7 +1,7 @@
 // Package iam is the "iam" controller: IAMPolicy objects become AWS IAM customer-managed policies,
-// IAMServiceAccount objects become IAM roles that one ServiceAccount assumes through the cluster's
-// OIDC provider (IRSA), and with --iam-configmap-compat the legacy iam-config ConfigMaps are
-// translated into those two kinds.
+// IAMServiceAccount objects become IAM roles that one ServiceAccount gets through the cluster's
+// OIDC provider (IRSA), an EKS Pod Identity association, or both, and with --iam-configmap-compat
+// the legacy iam-config ConfigMaps are translated into those two kinds.
 package iam
 
 import (
@@ -26,6 +26,7 @@ const Name = "iam"
 // Options are the controller's flags.
 type Options struct {
 	ClusterName         string
+	EKSClusterName      string
 	OIDCIssuer          string
 	AccountID           string
 	Partition           string
@@ -40,6 +41,8 @@ type Options struct {
 func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.ClusterName, "cluster-name", "",
 		"Name of this cluster in AWS: the IAM path /quartermaster/<name>/ and the quartermaster.dev/cluster tag of every IAM object the iam controller creates. The iam controller is off without it.")
+	fs.StringVar(&o.EKSClusterName, "eks-cluster-name", "",
+		"Name of the EKS cluster in which IAMServiceAccounts with spec.mechanism PodIdentity or Both get their Pod Identity associations (default: --cluster-name).")
 	fs.StringVar(&o.OIDCIssuer, "oidc-issuer", "",
 		"The cluster's OIDC issuer URL (e.g. https://oidc.eks.eu-west-1.amazonaws.com/id/ABC), federated in the roles' trust policies. The iam controller is off without it.")
 	fs.StringVar(&o.AccountID, "aws-account-id", "", "AWS account of the OIDC provider (default: the caller's, from STS GetCallerIdentity).")
@@ -61,15 +64,20 @@ var (
 
 // config is the validated form of the flags.
 type config struct {
-	cluster     string
-	issuer      string // without scheme
-	accountID   string // "" until learnt from STS
-	partition   string
-	allowed     irsa.Patterns
-	boundary    string
-	resync      time.Duration
-	compat      bool
-	concurrency int
+	cluster string
+	// eksCluster is where Pod Identity associations are made; eksClusterErr says why it cannot be
+	// used when it defaulted to a --cluster-name that is no EKS cluster name (only the objects that
+	// need an association stall on it).
+	eksCluster    string
+	eksClusterErr error
+	issuer        string // without scheme
+	accountID     string // "" until learnt from STS
+	partition     string
+	allowed       irsa.Patterns
+	boundary      string
+	resync        time.Duration
+	compat        bool
+	concurrency   int
 }
 
 // validate reports, naming the flag, why the controller cannot run.
@@ -79,6 +87,15 @@ func (o *Options) validate() (config, error) {
 	}
 	if err := irsa.ValidClusterName(o.ClusterName); err != nil {
 		return config{}, err
+	}
+	eksCluster, eksClusterErr := o.EKSClusterName, error(nil)
+	if eksCluster != "" {
+		if err := irsa.ValidEKSClusterName(eksCluster, "--eks-cluster-name"); err != nil {
+			return config{}, err
+		}
+	} else if eksCluster = o.ClusterName; irsa.ValidEKSClusterName(eksCluster, "--cluster-name") != nil {
+		eksClusterErr = fmt.Errorf("%w; set --eks-cluster-name to the EKS cluster's name for Pod Identity associations",
+			irsa.ValidEKSClusterName(eksCluster, "--cluster-name"))
 	}
 	if o.OIDCIssuer == "" {
 		return config{}, errors.New("--oidc-issuer is not set: give the cluster's OIDC issuer URL for the roles' trust policies")
@@ -115,7 +132,7 @@ func (o *Options) validate() (config, error) {
 		return config{}, errors.New("--iam-concurrency must be at least 1")
 	}
 	return config{
-		cluster: o.ClusterName, issuer: issuer, accountID: o.AccountID, partition: o.Partition,
+		cluster: o.ClusterName, eksCluster: eksCluster, eksClusterErr: eksClusterErr, issuer: issuer, accountID: o.AccountID, partition: o.Partition,
 		allowed: allowed, boundary: o.PermissionsBoundary, resync: o.Resync, compat: o.ConfigMapCompat,
 		concurrency: o.Concurrency,
 	}, nil

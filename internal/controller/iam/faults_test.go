@@ -45,10 +45,10 @@ func (d answerDelay) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 }
 
-// slowFlakyClient is a client of the emulator whose answers arrive 10 ms late and whose SDK
-// tries each call only twice (5 ms apart), so injected faults reach the controller often.
-func (f *fixture) slowFlakyClient() *awsiam.Client {
-	return awsiam.New(aws.Config{
+// slowFlakyConfig is an SDK configuration for the emulator whose answers arrive 10 ms late and
+// which tries each call only twice (5 ms apart), so injected faults reach the controller often.
+func (f *fixture) slowFlakyConfig() aws.Config {
+	return aws.Config{
 		Region:       "us-east-1",
 		Credentials:  credentials.NewStaticCredentialsProvider("AKIDEXAMPLE", "not-a-secret", ""),
 		BaseEndpoint: aws.String(f.url),
@@ -59,8 +59,11 @@ func (f *fixture) slowFlakyClient() *awsiam.Client {
 				o.Backoff = retry.BackoffDelayerFunc(func(int, error) (time.Duration, error) { return 5 * time.Millisecond, nil })
 			})
 		},
-	})
+	}
 }
+
+// slowFlakyClient is an IAM client over slowFlakyConfig.
+func (f *fixture) slowFlakyClient() *awsiam.Client { return awsiam.New(f.slowFlakyConfig()) }
 
 // pollFast waits, checking every 2 ms, until cond holds: it catches the moment work is half done.
 func pollFast(t *testing.T, what string, cond func() (bool, string)) string {

@@ -32,10 +32,13 @@ func TestIAM(t *testing.T) {
 	t.Run("errors", func(t *testing.T) { testErrors(t, f) })
 	t.Run("retain", func(t *testing.T) { testRetain(t, f) })
 	t.Run("adoption", func(t *testing.T) { testAdoption(t, f) })
+	t.Run("pod identity", func(t *testing.T) { testPodIdentity(t, f) })
+	t.Run("pod identity adoption", func(t *testing.T) { testPodIdentityAdoption(t, f) })
 	t.Run("terminating namespace", func(t *testing.T) { testTerminatingNamespace(t, f) })
 	t.Run("configmap compat", func(t *testing.T) { testCompat(t, f) })
 	t.Run("drift", func(t *testing.T) { testDrift(t, f) })
 	t.Run("faults", func(t *testing.T) { testFaults(t, f) })
+	t.Run("pod identity faults", func(t *testing.T) { testPodIdentityFaults(t, f) })
 	t.Run("stale cache", func(t *testing.T) { testStaleCache(t, f) })
 }
 

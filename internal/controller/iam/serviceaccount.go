@@ -160,7 +160,9 @@ func (c *changes) add(format string, args ...any) {
 	c.notes = append(c.notes, fmt.Sprintf(format, args...))
 }
 
-// apply creates or repairs the role, its attachments and the ServiceAccount, noting changes in ch.
+// apply creates or repairs the role, its attachments and the parts through which pods get it (the
+// ServiceAccount's annotation, the Pod Identity association), noting changes in ch. The parts
+// change in the order irsa.Plan gives, so that pods never lack credentials.
 func (r *ServiceAccountReconciler) apply(ctx context.Context, sa *iamv1alpha1.IAMServiceAccount, refused []string, ch *changes) status.Outcome {
 	// A ServiceAccount to annotate must exist first: waiting for it costs one API read, no IAM call.
 	k8sSA, waiting := r.readServiceAccount(ctx, sa)
@@ -172,7 +174,8 @@ func (r *ServiceAccountReconciler) apply(ctx context.Context, sa *iamv1alpha1.IA
 		return status.Transient(ReasonAWSError, err.Error(), err)
 	}
 	desired = slices.DeleteFunc(desired, func(arn string) bool { return slices.Contains(refused, arn) })
-	role, o := r.ensureRole(ctx, sa, ch)
+	plan := irsa.Plan(sa.Spec.Mechanism, r.parts(sa, k8sSA))
+	role, o := r.ensureRole(ctx, sa, plan.Trust, ch)
 	if role == nil {
 		return o
 	}
@@ -180,27 +183,96 @@ func (r *ServiceAccountReconciler) apply(ctx context.Context, sa *iamv1alpha1.IA
 	if o := r.ensureAttachments(ctx, sa, role.Name, desired, ch); o != nil {
 		return *o
 	}
-	if o := r.ensureServiceAccount(ctx, sa, k8sSA, role.ARN, ch); o != nil {
+	// What the mechanism needs is made (or confirmed) first…
+	want := irsa.Needs(sa.Spec.Mechanism)
+	if want.Association {
+		if o := r.ensureAssociation(ctx, sa, role.ARN, ch); o != nil {
+			return *o
+		}
+	}
+	if o := r.ensureServiceAccount(ctx, sa, k8sSA, role.ARN, want.Annotation, ch); o != nil {
 		return *o
+	}
+	// …then what it no longer needs is removed, and only then does the role stop trusting it.
+	if plan.Remove.Annotation {
+		if err := r.removeAnnotation(ctx, sa, k8sSA); err != nil {
+			return status.Transient(ReasonAWSError, "removing the role annotation from ServiceAccount "+k8sSA.Name+": "+err.Error(), err)
+		}
+		ch.add("removed the role annotation from ServiceAccount %s", k8sSA.Name)
+	}
+	if plan.Remove.Association {
+		if o := r.removeAssociation(ctx, sa, ch); o != nil {
+			return *o
+		}
+	}
+	if plan.FinalTrust != plan.Trust {
+		if o := r.setTrust(ctx, sa, role, plan.FinalTrust, ch); o != nil {
+			return *o
+		}
 	}
 	if len(pending) > 0 {
 		// The policies' ARNs trigger a reconcile when they appear; the resync still repairs drift.
 		return status.Progressing(ReasonPolicyNotReady, fmt.Sprintf(
 			"role %s is ready; waiting for IAMPolicy %s to exist in AWS", role.ARN, strings.Join(pending, ", ")), wait.Jitter(r.cfg.resync, 0.1))
 	}
-	return synced(fmt.Sprintf("role %s with %d policies", role.ARN, len(desired)), r.cfg.resync)
+	return synced(fmt.Sprintf("role %s with %d policies, %s", role.ARN, len(desired), describeParts(sa, want)), r.cfg.resync)
+}
+
+// parts are the parts the IAMServiceAccount has in place: the annotation when it set it on the
+// ServiceAccount (as read), the association while its record exists.
+func (r *ServiceAccountReconciler) parts(sa *iamv1alpha1.IAMServiceAccount, k8sSA *corev1.ServiceAccount) irsa.Parts {
+	return irsa.Parts{
+		Annotation:  k8sSA != nil && k8sSA.Annotations[AnnotationOwner] == sa.Name && k8sSA.Annotations[iamv1alpha1.AnnotationRoleARN] != "",
+		Association: sa.Status.PodIdentityAssociation != nil,
+	}
+}
+
+// describeParts says, for the Ready message, how pods get the role.
+func describeParts(sa *iamv1alpha1.IAMServiceAccount, p irsa.Parts) string {
+	var via []string
+	if p.Annotation {
+		via = append(via, "IRSA (ServiceAccount "+sa.Spec.ServiceAccountName+" annotated)")
+	}
+	if rec := sa.Status.PodIdentityAssociation; p.Association && rec != nil {
+		via = append(via, "EKS Pod Identity (association "+rec.AssociationID+" in cluster "+rec.ClusterName+")")
+	}
+	return "served through " + strings.Join(via, " and ")
+}
+
+// setTrust replaces the role's trust policy with the one admitting the mechanisms in trust.
+func (r *ServiceAccountReconciler) setTrust(ctx context.Context, sa *iamv1alpha1.IAMServiceAccount, role *awsiam.Role, trust irsa.Parts, ch *changes) *status.Outcome {
+	account, err := r.accountID(ctx)
+	if err != nil {
+		return ptr.To(awsFailure(err, r.SlowRetry))
+	}
+	doc := irsa.TrustPolicy(r.cfg.partition, account, r.cfg.issuer, sa.Namespace, sa.Spec.ServiceAccountName, trust)
+	if err := r.aws.UpdateTrustPolicy(ctx, role.Name, doc); err != nil {
+		return ptr.To(awsFailure(err, r.SlowRetry))
+	}
+	ch.add("IAM role %s: trust policy narrowed to the %s", role.ARN, trustedMechanisms(trust))
+	return nil
+}
+
+func trustedMechanisms(p irsa.Parts) string {
+	switch {
+	case p.Annotation && p.Association:
+		return "OIDC provider and pods.eks.amazonaws.com"
+	case p.Association:
+		return "pods.eks.amazonaws.com"
+	}
+	return "OIDC provider"
 }
 
 // ensureRole gets or creates the role and repairs its trust policy, session duration and
 // boundary. A nil role comes with the outcome that stopped it.
-func (r *ServiceAccountReconciler) ensureRole(ctx context.Context, sa *iamv1alpha1.IAMServiceAccount, ch *changes) (*awsiam.Role, status.Outcome) {
+func (r *ServiceAccountReconciler) ensureRole(ctx context.Context, sa *iamv1alpha1.IAMServiceAccount, trusted irsa.Parts, ch *changes) (*awsiam.Role, status.Outcome) {
 	account, err := r.accountID(ctx)
 	if err != nil {
 		return nil, awsFailure(err, r.SlowRetry)
 	}
 	name := irsa.RoleName(sa.Namespace, sa.Spec.ServiceAccountName)
 	sa.Status.RoleName = name
-	trust := irsa.TrustPolicy(r.cfg.partition, account, r.cfg.issuer, sa.Namespace, sa.Spec.ServiceAccountName)
+	trust := irsa.TrustPolicy(r.cfg.partition, account, r.cfg.issuer, sa.Namespace, sa.Spec.ServiceAccountName, trusted)
 	maxSession := int32(defaultMaxSessionDuration)
 	if sa.Spec.MaxSessionDuration != nil {
 		maxSession = *sa.Spec.MaxSessionDuration
@@ -329,14 +401,17 @@ func (r *ServiceAccountReconciler) readServiceAccount(ctx context.Context, iamsa
 // so the annotation is only ever changed or removed by its owner.
 const AnnotationOwner = "iam.quartermaster.dev/iamserviceaccount"
 
-// ensureServiceAccount creates (createServiceAccount) or annotates the ServiceAccount, as read
-// by readServiceAccount (nil: it does not exist), with the role's ARN.
-func (r *ServiceAccountReconciler) ensureServiceAccount(ctx context.Context, iamsa *iamv1alpha1.IAMServiceAccount, sa *corev1.ServiceAccount, roleARN string, ch *changes) *status.Outcome {
+// ensureServiceAccount creates (createServiceAccount) the ServiceAccount, as read by
+// readServiceAccount (nil: it does not exist), and, when annotate (the mechanism includes IRSA),
+// annotates it with the role's ARN.
+func (r *ServiceAccountReconciler) ensureServiceAccount(ctx context.Context, iamsa *iamv1alpha1.IAMServiceAccount, sa *corev1.ServiceAccount, roleARN string, annotate bool, ch *changes) *status.Outcome {
 	key := client.ObjectKey{Namespace: iamsa.Namespace, Name: iamsa.Spec.ServiceAccountName}
 	if sa == nil {
 		sa = &corev1.ServiceAccount{}
 		sa.Namespace, sa.Name = key.Namespace, key.Name
-		sa.Annotations = map[string]string{iamv1alpha1.AnnotationRoleARN: roleARN, AnnotationOwner: iamsa.Name}
+		if annotate {
+			sa.Annotations = map[string]string{iamv1alpha1.AnnotationRoleARN: roleARN, AnnotationOwner: iamsa.Name}
+		}
 		if err := controllerutil.SetControllerReference(iamsa, sa, r.client.Scheme()); err != nil {
 			return ptr.To(status.Transient(ReasonAWSError, err.Error(), err))
 		}
@@ -354,6 +429,9 @@ func (r *ServiceAccountReconciler) ensureServiceAccount(ctx context.Context, iam
 	if iamsa.Spec.CreateServiceAccount && !metav1.IsControlledBy(sa, iamsa) {
 		return ptr.To(status.WaitsForPerson(ReasonServiceAccountConflict, fmt.Sprintf(
 			"ServiceAccount %s exists and was not created by this IAMServiceAccount; set createServiceAccount: false to annotate it", key.Name), r.SlowRetry))
+	}
+	if !annotate {
+		return nil
 	}
 	current, owner := sa.Annotations[iamv1alpha1.AnnotationRoleARN], sa.Annotations[AnnotationOwner]
 	if current == roleARN && owner == iamsa.Name {
@@ -376,8 +454,8 @@ func (r *ServiceAccountReconciler) ensureServiceAccount(ctx context.Context, iam
 	return nil
 }
 
-// delete removes the role (detached first) unless retained, and the ServiceAccount's
-// annotation, then releases the object.
+// delete removes the Pod Identity association and the role (detached first) unless retained, and
+// the ServiceAccount's annotation, then releases the object.
 func (r *ServiceAccountReconciler) delete(ctx context.Context, sa *iamv1alpha1.IAMServiceAccount) (status.Outcome, bool) {
 	if !controllerutil.ContainsFinalizer(sa, Finalizer) {
 		return status.Outcome{}, true
@@ -390,6 +468,13 @@ func (r *ServiceAccountReconciler) delete(ctx context.Context, sa *iamv1alpha1.I
 		}
 		r.recorder.Eventf(sa, nil, corev1.EventTypeNormal, "Retained", "Delete", "IAM role %s kept in AWS (deletion-policy: retain)", sa.Status.RoleARN)
 		return r.release(ctx, sa)
+	}
+	var ch changes
+	if o := r.removeAssociation(ctx, sa, &ch); o != nil {
+		return *o, false
+	}
+	if len(ch.notes) > 0 {
+		r.recorder.Eventf(sa, nil, corev1.EventTypeNormal, "AssociationDeleted", "Delete", "%s", strings.Join(ch.notes, "; "))
 	}
 	name := irsa.RoleName(sa.Namespace, sa.Spec.ServiceAccountName)
 	role, err := r.aws.GetRole(ctx, name)
@@ -408,7 +493,7 @@ func (r *ServiceAccountReconciler) delete(ctx context.Context, sa *iamv1alpha1.I
 		}
 		r.recorder.Eventf(sa, nil, corev1.EventTypeNormal, "RoleDeleted", "Delete", "deleted IAM role %s", role.ARN)
 	}
-	if err := r.removeAnnotation(ctx, sa); err != nil {
+	if err := r.removeAnnotation(ctx, sa, nil); err != nil {
 		return status.Transient(ReasonDeleting, err.Error(), err), false
 	}
 	return r.release(ctx, sa)
@@ -432,12 +517,17 @@ func (r *ServiceAccountReconciler) deleteRole(ctx context.Context, name string) 
 	return nil
 }
 
-// removeAnnotation takes the role annotation off the ServiceAccount when this object set it.
-func (r *ServiceAccountReconciler) removeAnnotation(ctx context.Context, iamsa *iamv1alpha1.IAMServiceAccount) error {
-	sa := &corev1.ServiceAccount{}
-	err := r.apiReader.Get(ctx, client.ObjectKey{Namespace: iamsa.Namespace, Name: iamsa.Spec.ServiceAccountName}, sa)
-	if err != nil || sa.Annotations[AnnotationOwner] != iamsa.Name {
-		return client.IgnoreNotFound(err)
+// removeAnnotation takes the role annotation off the ServiceAccount (as read, or read now when
+// nil) when this object set it.
+func (r *ServiceAccountReconciler) removeAnnotation(ctx context.Context, iamsa *iamv1alpha1.IAMServiceAccount, sa *corev1.ServiceAccount) error {
+	if sa == nil {
+		sa = &corev1.ServiceAccount{}
+		if err := r.apiReader.Get(ctx, client.ObjectKey{Namespace: iamsa.Namespace, Name: iamsa.Spec.ServiceAccountName}, sa); err != nil {
+			return client.IgnoreNotFound(err)
+		}
+	}
+	if sa.Annotations[AnnotationOwner] != iamsa.Name {
+		return nil
 	}
 	orig := sa.DeepCopy()
 	delete(sa.Annotations, iamv1alpha1.AnnotationRoleARN)

@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	iamv1alpha1 "github.com/quartermaster-dev/quartermaster/api/iam/v1alpha1"
+	"github.com/quartermaster-dev/quartermaster/internal/cloud/aws/awseks"
 	"github.com/quartermaster-dev/quartermaster/internal/cloud/aws/awsiam"
 	"github.com/quartermaster-dev/quartermaster/internal/controller/status"
 	"github.com/quartermaster-dev/quartermaster/internal/irsa"
@@ -62,12 +63,24 @@ type AWS interface {
 	TagPolicy(ctx context.Context, arn string, tags awsiam.Tags) error
 }
 
+// EKS is the part of the EKS API the controller uses (Pod Identity associations);
+// *awseks.Client implements it.
+type EKS interface {
+	Create(ctx context.Context, a awseks.NewAssociation) (*awseks.Association, error)
+	Describe(ctx context.Context, cluster, id string) (*awseks.Association, error)
+	SetRole(ctx context.Context, cluster, id, roleARN string) (*awseks.Association, error)
+	Delete(ctx context.Context, cluster, id string) error
+	Find(ctx context.Context, cluster, namespace, serviceAccount string) ([]awseks.Association, error)
+	Tag(ctx context.Context, arn string, tags map[string]string) error
+}
+
 // base is what both reconcilers share.
 type base struct {
 	client    client.Client
 	apiReader client.Reader // ServiceAccounts are read uncached (the shared cache may be narrowed to other controllers' labels)
 	recorder  events.EventRecorder
 	aws       AWS
+	eks       EKS // called only for IAMServiceAccounts whose mechanism includes Pod Identity (or did)
 	cfg       config
 
 	// SlowRetry and WaitRetry are fields so tests can shorten them.
@@ -140,34 +153,35 @@ func (b *base) adopt(obj client.Object, what string, tags map[string]string, tag
 }
 
 // Setup registers the iam controllers with the manager, with AWS calls made through the SDK's
-// standard configuration (region, credentials chain, AWS_ENDPOINT_URL_IAM and friends).
+// standard configuration (region, credentials chain, AWS_ENDPOINT_URL_IAM, _EKS and friends),
+// one configuration for IAM, STS and EKS.
 func Setup(mgr ctrl.Manager, cfg config) error {
 	awsCfg, err := awsiam.LoadConfig(context.Background())
 	if err != nil {
 		return fmt.Errorf("loading the AWS configuration: %w", err)
 	}
-	return setup(mgr, cfg, awsiam.New(awsCfg))
+	return setup(mgr, cfg, awsiam.New(awsCfg), awseks.New(awsCfg))
 }
 
-// SetupWithAWS validates the options and registers the controllers with AWS calls going through
-// api (tests and the benchmark point it at the IAM emulator).
-func SetupWithAWS(mgr ctrl.Manager, o *Options, api AWS) error {
+// SetupWithAWS validates the options and registers the controllers with IAM calls going through
+// api and EKS calls through eks (tests and the benchmark point them at the IAM emulator).
+func SetupWithAWS(mgr ctrl.Manager, o *Options, api AWS, eks EKS) error {
 	cfg, err := o.validate()
 	if err != nil {
 		return err
 	}
-	return setup(mgr, cfg, api)
+	return setup(mgr, cfg, api, eks)
 }
 
-func setup(mgr ctrl.Manager, cfg config, api AWS) error {
-	b, err := newBase(mgr, cfg, api)
+func setup(mgr ctrl.Manager, cfg config, api AWS, eks EKS) error {
+	b, err := newBase(mgr, cfg, api, eks)
 	if err != nil {
 		return err
 	}
 	return register(mgr, b)
 }
 
-func newBase(mgr ctrl.Manager, cfg config, api AWS) (*base, error) {
+func newBase(mgr ctrl.Manager, cfg config, api AWS, eks EKS) (*base, error) {
 	if _, _, err := mgr.GetScheme().ObjectKinds(&iamv1alpha1.IAMPolicy{}); err != nil {
 		return nil, errors.New("the manager's scheme lacks iam.quartermaster.dev/v1alpha1 (add iamv1alpha1.AddToScheme)")
 	}
@@ -180,6 +194,7 @@ func newBase(mgr ctrl.Manager, cfg config, api AWS) (*base, error) {
 		apiReader: mgr.GetAPIReader(),
 		recorder:  recorder,
 		aws:       api,
+		eks:       eks,
 		cfg:       cfg,
 		SlowRetry: slowRetry,
 		WaitRetry: waitRetry,

@@ -20,9 +20,12 @@ const (
 	ReasonInUse                  = "InUse"
 	ReasonDeleting               = "Deleting"
 	ReasonPropagating            = "Propagating"
+	// ReasonEKSClusterName: the object needs a Pod Identity association, and --eks-cluster-name is
+	// not set while --cluster-name is no EKS cluster name.
+	ReasonEKSClusterName = "EKSClusterNameInvalid"
 )
 
-// personFixable are the AWS error codes that retrying cannot fix: the spec, the account's limits
+// personFixable are the AWS (IAM and EKS) error codes that retrying cannot fix: the spec, the account's limits
 // or the operator's permissions must change first. They surface as the Ready reason.
 var personFixable = map[string]bool{
 	"MalformedPolicyDocument": true,
@@ -33,6 +36,11 @@ var personFixable = map[string]bool{
 	"ValidationError":         true,
 	"PolicyNotAttachable":     true,
 	"UnmodifiableEntity":      true,
+	// EKS: an unknown cluster, a refused parameter, missing permissions.
+	"ResourceNotFoundException": true,
+	"InvalidParameterException": true,
+	"InvalidRequestException":   true,
+	"AccessDeniedException":     true,
 }
 
 func synced(msg string, resync time.Duration) status.Outcome {

@@ -27,6 +27,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	iamv1alpha1 "github.com/quartermaster-dev/quartermaster/api/iam/v1alpha1"
+	"github.com/quartermaster-dev/quartermaster/internal/cloud/aws/awseks"
 	"github.com/quartermaster-dev/quartermaster/internal/cloud/aws/awsiam"
 	"github.com/quartermaster-dev/quartermaster/internal/manager"
 	"github.com/quartermaster-dev/quartermaster/internal/testing/iamemulator"
@@ -36,7 +37,9 @@ import (
 const (
 	testCluster = "test"
 	testIssuer  = "https://oidc.example.com/id/ABC"
-	allowedARNs = "arn:aws:iam::aws:policy/ReadOnly*,arn:aws:iam::000000000000:policy/shared/*"
+	// otherEKSCluster is a second EKS cluster the emulator knows (--eks-cluster-name changes).
+	otherEKSCluster = "other"
+	allowedARNs     = "arn:aws:iam::aws:policy/ReadOnly*,arn:aws:iam::000000000000:policy/shared/*"
 )
 
 // fixture is one envtest API server and one IAM emulator shared by the package's tests; managers
@@ -47,6 +50,7 @@ type fixture struct {
 	c      client.Client
 	emu    *iamemulator.Server
 	aws    *awsiam.Client // the controller's client of the emulator; tests use it to make drift
+	eks    *awseks.Client // the same for EKS
 	url    string         // the emulator's endpoint
 	logs   *testenv.LogBuffer
 	opts   Options
@@ -67,11 +71,11 @@ func start(t *testing.T) *fixture {
 	c, err := client.New(f.env.Config, client.Options{Scheme: f.scheme})
 	must(t, err)
 	f.c = c
-	f.emu = iamemulator.New(iamemulator.Options{Seed: 1})
+	f.emu = iamemulator.New(iamemulator.Options{Seed: 1, EKSClusters: []string{testCluster, otherEKSCluster}})
 	ts := httptest.NewServer(f.emu)
 	t.Cleanup(ts.Close)
 	f.url = ts.URL
-	f.aws = awsiam.New(aws.Config{
+	awsCfg := aws.Config{
 		Region:       "us-east-1",
 		Credentials:  credentials.NewStaticCredentialsProvider("AKIDEXAMPLE", "not-a-secret", ""),
 		BaseEndpoint: aws.String(ts.URL),
@@ -82,7 +86,8 @@ func start(t *testing.T) *fixture {
 				o.Backoff = retry.BackoffDelayerFunc(func(int, error) (time.Duration, error) { return 5 * time.Millisecond, nil })
 			})
 		},
-	})
+	}
+	f.aws, f.eks = awsiam.New(awsCfg), awseks.New(awsCfg)
 	f.opts = Options{
 		ClusterName: testCluster, OIDCIssuer: testIssuer, Partition: "aws", AllowedPolicyARNs: allowedARNs,
 		Resync: time.Hour, ConfigMapCompat: true, Concurrency: 4,
@@ -113,7 +118,7 @@ func (f *fixture) run(t *testing.T, opts Options) {
 	must(t, err)
 	cfg, err := opts.validate()
 	must(t, err)
-	b, err := newBase(mgr, cfg, f.aws)
+	b, err := newBase(mgr, cfg, f.aws, f.eks)
 	must(t, err)
 	b.SlowRetry, b.WaitRetry = time.Second, 500*time.Millisecond
 	must(t, register(mgr, b))
@@ -247,7 +252,7 @@ func (f *fixture) standaloneBase(t *testing.T) *base {
 	t.Helper()
 	cfg, err := f.opts.validate()
 	must(t, err)
-	return &base{client: f.c, apiReader: f.c, recorder: events.NewFakeRecorder(100), aws: f.aws, cfg: cfg, account: f.emu.AccountID(),
+	return &base{client: f.c, apiReader: f.c, recorder: events.NewFakeRecorder(100), aws: f.aws, eks: f.eks, cfg: cfg, account: f.emu.AccountID(),
 		SlowRetry: time.Second, WaitRetry: time.Second}
 }
 

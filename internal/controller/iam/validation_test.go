@@ -123,6 +123,9 @@ func testValidation(t *testing.T, f *fixture) {
 		}), reject: "a role can have at most 20 managed policies (policies and managedPolicyArns together)"},
 		{name: "maxSessionDuration too short", obj: sa(func(s map[string]any) { s["maxSessionDuration"] = int64(900) }), reject: "spec.maxSessionDuration in body should be greater than or equal to 3600"},
 		{name: "maxSessionDuration too long", obj: sa(func(s map[string]any) { s["maxSessionDuration"] = int64(43201) }), reject: "spec.maxSessionDuration in body should be less than or equal to 43200"},
+		{name: "mechanism PodIdentity", obj: sa(func(s map[string]any) { s["mechanism"] = "PodIdentity" })},
+		{name: "mechanism Both", obj: sa(func(s map[string]any) { s["mechanism"] = "Both" })},
+		{name: "mechanism unknown", obj: sa(func(s map[string]any) { s["mechanism"] = "Kiam" }), reject: `spec.mechanism: Unsupported value: "Kiam": supported values: "IRSA", "PodIdentity", "Both"`},
 		{name: "boundary not a policy ARN", obj: sa(func(s map[string]any) { s["permissionsBoundaryArn"] = "boundary" }), reject: "spec.permissionsBoundaryArn in body should match"},
 	}
 	for _, c := range cases {
@@ -138,11 +141,14 @@ func testValidation(t *testing.T, f *fixture) {
 		})
 	}
 
-	t.Run("createServiceAccount defaults to false", func(t *testing.T) {
+	t.Run("createServiceAccount defaults to false, mechanism to IRSA", func(t *testing.T) {
 		obj := sa(nil)
 		must(t, f.c.Create(ctx, obj, client.DryRunAll))
 		if v, found, _ := unstructured.NestedBool(obj.Object, "spec", "createServiceAccount"); !found || v {
 			t.Errorf("createServiceAccount = %v (found %v), want false", v, found)
+		}
+		if v, _, _ := unstructured.NestedString(obj.Object, "spec", "mechanism"); v != "IRSA" {
+			t.Errorf("mechanism = %q, want IRSA", v)
 		}
 	})
 

@@ -9,6 +9,10 @@
 // attachments (also listed per policy by ListEntitiesForPolicy), permissions boundaries and
 // tags, with IAM's validation, conflict and limit errors.
 //
+// It also speaks EKS's REST-JSON protocol for Pod Identity associations (eks.go): create,
+// describe, update, delete and list them (one per ServiceAccount), and tag them, in the clusters
+// Options.EKSClusters names, with EKS's errors.
+//
 // For assertions it counts calls per action, can inject Throttling and ServiceUnavailable
 // faults at a configured rate before touching state, and serves a JSON dump of its state at
 // GET /_emulator/state and a reset at POST /_emulator/reset.
@@ -88,6 +92,9 @@ type Options struct {
 	Seed uint64
 	// Now is the clock for CreateDate/UpdateDate; time.Now if nil.
 	Now func() time.Time
+	// EKSClusters are the EKS clusters whose Pod Identity associations the emulator serves;
+	// requests naming another cluster fail with ResourceNotFoundException, as in EKS.
+	EKSClusters []string
 }
 
 // Server is an http.Handler emulating IAM. It is safe for concurrent use.
@@ -101,8 +108,14 @@ type Server struct {
 	failKinds []FaultKind
 	policies  map[string]*policy // by ARN, customer-managed and AWS-managed
 	roles     map[string]*role   // by lower-cased name
-	calls     map[string]int
-	faults    map[string]int
+	clusters  []string           // EKS clusters
+	// associations are EKS Pod Identity associations by ID; eksTokens maps a cluster and a
+	// create request's clientRequestToken to the association it made; eksSeq orders creations.
+	associations map[string]*association
+	eksTokens    map[string]string
+	eksSeq       int
+	calls        map[string]int
+	faults       map[string]int
 }
 
 // New returns a Server with AWS-managed policies seeded and no customer resources.
@@ -110,6 +123,7 @@ func New(opts Options) *Server {
 	s := &Server{
 		accountID: opts.AccountID,
 		now:       opts.Now,
+		clusters:  slices.Clone(opts.EKSClusters),
 	}
 	if s.accountID == "" {
 		s.accountID = DefaultAccountID
@@ -145,8 +159,8 @@ func (s *Server) setFaultsLocked(rate float64, kinds []FaultKind) {
 	s.failKinds = slices.Clone(kinds)
 }
 
-// Reset deletes every customer resource and zeroes the call and fault counters.
-// Fault injection settings are kept.
+// Reset deletes every customer resource (and association) and zeroes the call and fault counters.
+// Fault injection settings and EKS clusters are kept.
 func (s *Server) Reset() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -156,13 +170,16 @@ func (s *Server) Reset() {
 func (s *Server) resetLocked() {
 	s.policies = map[string]*policy{}
 	s.roles = map[string]*role{}
+	s.associations = map[string]*association{}
+	s.eksTokens = map[string]string{}
 	s.calls = map[string]int{}
 	s.faults = map[string]int{}
 	s.seedAWSManagedLocked()
 }
 
-// Calls returns how many requests for action were received, including requests answered
-// with an injected fault or an error.
+// Calls returns how many requests for action (an IAM or STS action, or an EKS operation such as
+// CreatePodIdentityAssociation) were received, including requests answered with an injected fault
+// or an error.
 func (s *Server) Calls(action string) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -196,6 +213,10 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	case FaultsPath:
 		s.serveFaults(w, r)
+		return
+	}
+	if isEKSPath(r.URL.Path) {
+		s.serveEKS(w, r)
 		return
 	}
 
@@ -296,9 +317,9 @@ var handlers = map[string]handler{
 	"ListRoleTags":                  (*Server).listRoleTags,
 }
 
-// Actions lists the IAM and STS actions the emulator implements, sorted.
+// Actions lists the IAM and STS actions and EKS operations the emulator implements, sorted.
 func Actions() []string {
-	out := []string{"GetCallerIdentity"}
+	out := append([]string{"GetCallerIdentity"}, eksOperations...)
 	for a := range handlers {
 		out = append(out, a)
 	}

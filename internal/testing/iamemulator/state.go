@@ -10,14 +10,16 @@ import (
 // Policy documents are plain JSON here (not percent-encoded). AWS-managed seed policies are
 // left out of Policies.
 type State struct {
-	AccountID string         `json:"accountId"`
-	Policies  []PolicyState  `json:"policies"`
-	Roles     []RoleState    `json:"roles"`
-	Calls     map[string]int `json:"calls"`
-	Faults    map[string]int `json:"faults"`
-	Total     int            `json:"totalCalls"`
-	FailRate  float64        `json:"failRate"`
-	FailKinds []FaultKind    `json:"failKinds"`
+	AccountID string        `json:"accountId"`
+	Policies  []PolicyState `json:"policies"`
+	Roles     []RoleState   `json:"roles"`
+	// Associations are the EKS Pod Identity associations, sorted by ARN.
+	Associations []AssociationState `json:"podIdentityAssociations"`
+	Calls        map[string]int     `json:"calls"`
+	Faults       map[string]int     `json:"faults"`
+	Total        int                `json:"totalCalls"`
+	FailRate     float64            `json:"failRate"`
+	FailKinds    []FaultKind        `json:"failKinds"`
 }
 
 // PolicyState is a customer-managed policy in a State.
@@ -61,13 +63,14 @@ func (s *Server) State() State {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	st := State{
-		AccountID: s.accountID,
-		Policies:  []PolicyState{},
-		Roles:     []RoleState{},
-		Calls:     maps.Clone(s.calls),
-		Faults:    maps.Clone(s.faults),
-		FailRate:  s.failRate,
-		FailKinds: slices.Clone(s.failKinds),
+		AccountID:    s.accountID,
+		Policies:     []PolicyState{},
+		Roles:        []RoleState{},
+		Associations: s.associationStatesLocked(),
+		Calls:        maps.Clone(s.calls),
+		Faults:       maps.Clone(s.faults),
+		FailRate:     s.failRate,
+		FailKinds:    slices.Clone(s.failKinds),
 	}
 	for _, c := range s.calls {
 		st.Total += c

@@ -41,8 +41,8 @@ type Client struct {
 // settings (AWS_ENDPOINT_URL_IAM, AWS_ENDPOINT_URL_STS) that LoadConfig gathered.
 func New(cfg aws.Config) *Client {
 	return &Client{
-		iam: iam.NewFromConfig(cfg, func(o *iam.Options) { o.APIOptions = append(o.APIOptions, metered("iam")) }),
-		sts: sts.NewFromConfig(cfg, func(o *sts.Options) { o.APIOptions = append(o.APIOptions, metered("sts")) }),
+		iam: iam.NewFromConfig(cfg, func(o *iam.Options) { o.APIOptions = append(o.APIOptions, Metered("iam")) }),
+		sts: sts.NewFromConfig(cfg, func(o *sts.Options) { o.APIOptions = append(o.APIOptions, Metered("sts")) }),
 	}
 }
 

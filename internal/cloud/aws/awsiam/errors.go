@@ -25,7 +25,7 @@ import (
 // exceptions and *awshttp.ResponseError. Messages never carry credentials: the SDK's
 // errors hold neither request bodies nor signing keys.
 type Error struct {
-	Service   string   // "iam" or "sts"
+	Service   string   // "iam", "sts" or "eks"
 	Operation string   // the API action, e.g. "GetRole"
 	Resource  []string // role names, policy ARNs, version IDs the call was about
 	Err       error

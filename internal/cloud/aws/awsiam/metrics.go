@@ -10,10 +10,10 @@ import (
 	"github.com/quartermaster-dev/quartermaster/internal/metrics"
 )
 
-// metered records every operation of a client in quartermaster_external_requests_total and
+// Metered records every operation of a client in quartermaster_external_requests_total and
 // _duration_seconds, as one call with its retries: it runs at the initialize step, outside the
 // retry loop.
-func metered(service string) func(*middleware.Stack) error {
+func Metered(service string) func(*middleware.Stack) error {
 	return func(stack *middleware.Stack) error {
 		return stack.Initialize.Add(middleware.InitializeMiddlewareFunc("QuartermasterMetrics",
 			func(ctx context.Context, in middleware.InitializeInput, next middleware.InitializeHandler) (middleware.InitializeOutput, middleware.Metadata, error) {

@@ -1,0 +1,44 @@
+package iam
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestEKSClusterNameFlag: --eks-cluster-name defaults to --cluster-name; a bad explicit value stops
+// the controller naming the flag; a --cluster-name that is no EKS name only keeps Pod Identity
+// objects from running, with a message saying to set the flag.
+func TestEKSClusterNameFlag(t *testing.T) {
+	base := Options{ClusterName: "prod", OIDCIssuer: "https://oidc.example.com/id/X", Partition: "aws", Resync: time.Hour, Concurrency: 1}
+	for _, tc := range []struct {
+		cluster, eks string
+		want         string // the EKS cluster used
+		startErr     string // the controller does not start
+		objectErr    string // Pod Identity objects stall
+	}{
+		{cluster: "prod", want: "prod"},
+		{cluster: "prod", eks: "prod-eks_1", want: "prod-eks_1"},
+		{cluster: "prod", eks: "prod.eu", startErr: `--eks-cluster-name "prod.eu" is not an EKS cluster name`},
+		{cluster: "prod.eu", want: "prod.eu", objectErr: `--cluster-name "prod.eu" is not an EKS cluster name`},
+		{cluster: "prod.eu", eks: "prod-eu", want: "prod-eu"},
+	} {
+		o := base
+		o.ClusterName, o.EKSClusterName = tc.cluster, tc.eks
+		cfg, err := o.validate()
+		if tc.startErr != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.startErr) {
+				t.Errorf("%+v: error %v, want %q", tc, err, tc.startErr)
+			}
+			continue
+		}
+		if err != nil || cfg.eksCluster != tc.want {
+			t.Errorf("%+v: eksCluster %q, error %v", tc, cfg.eksCluster, err)
+			continue
+		}
+		if tc.objectErr == "" && cfg.eksClusterErr != nil ||
+			tc.objectErr != "" && (cfg.eksClusterErr == nil || !strings.Contains(cfg.eksClusterErr.Error(), tc.objectErr) || !strings.Contains(cfg.eksClusterErr.Error(), "set --eks-cluster-name")) {
+			t.Errorf("%+v: eksClusterErr %v, want %q", tc, cfg.eksClusterErr, tc.objectErr)
+		}
+	}
+}

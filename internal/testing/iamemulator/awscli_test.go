@@ -1,0 +1,192 @@
+package iamemulator_test
+
+import (
+	"context"
+	"encoding/json"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/quartermaster-dev/quartermaster/internal/testing/iamemulator"
+)
+
+// awsCLI runs the real AWS CLI (botocore's own serializers and parsers, not the Go SDK's) against
+// an emulator. The CLI is $QM_AWS_CLI, or aws on the PATH (pip install awscli).
+type awsCLI struct {
+	bin, endpoint string
+	env           []string
+}
+
+func newAWSCLI(t *testing.T, emu *iamemulator.Server) *awsCLI {
+	t.Helper()
+	bin := os.Getenv("QM_AWS_CLI")
+	if bin == "" {
+		var err error
+		if bin, err = exec.LookPath("aws"); err != nil {
+			t.Fatal("the AWS CLI is needed to check the emulator's wire protocol: install it (pip install awscli) or set QM_AWS_CLI")
+		}
+	}
+	ts := httptest.NewServer(emu)
+	t.Cleanup(ts.Close)
+	env := []string{"AWS_ACCESS_KEY_ID=AKIDEXAMPLE", "AWS_SECRET_ACCESS_KEY=not-a-secret", "AWS_DEFAULT_REGION=us-east-1",
+		"AWS_CONFIG_FILE=" + os.DevNull, "AWS_SHARED_CREDENTIALS_FILE=" + os.DevNull, "AWS_EC2_METADATA_DISABLED=true", "AWS_PAGER=",
+		// Two attempts in the standard retry mode: the fault test sees the retry without long backoffs.
+		"AWS_RETRY_MODE=standard", "AWS_MAX_ATTEMPTS=2"}
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "AWS_") {
+			env = append(env, kv)
+		}
+	}
+	return &awsCLI{bin: bin, endpoint: ts.URL, env: env}
+}
+
+// run runs one CLI command and returns its output and error output.
+func (c *awsCLI) run(t *testing.T, args ...string) (stdout, stderr string, err error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, c.bin, append(append([]string{}, args...), "--endpoint-url", c.endpoint, "--output", "json")...)
+	cmd.Env = c.env
+	var out, errOut strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	err = cmd.Run()
+	return out.String(), errOut.String(), err
+}
+
+// ok runs a command that must succeed and decodes its JSON output into v (when not nil).
+func (c *awsCLI) ok(t *testing.T, v any, args ...string) {
+	t.Helper()
+	out, errOut, err := c.run(t, args...)
+	if err != nil {
+		t.Fatalf("aws %s: %v\n%s", strings.Join(args, " "), err, errOut)
+	}
+	if v != nil {
+		if err := json.Unmarshal([]byte(out), v); err != nil {
+			t.Fatalf("aws %s: output is not JSON: %v\n%s", strings.Join(args, " "), err, out)
+		}
+	}
+}
+
+// fails runs a command that must fail with the AWS error code.
+func (c *awsCLI) fails(t *testing.T, code string, args ...string) {
+	t.Helper()
+	_, errOut, err := c.run(t, args...)
+	if err == nil || !strings.Contains(errOut, "("+code+")") {
+		t.Errorf("aws %s: want error %s, got %v\n%s", strings.Join(args, " "), code, err, errOut)
+	}
+}
+
+// TestAWSCLIAgainstTheEmulator checks both protocols the emulator speaks with the real AWS CLI:
+// IAM's Query protocol (roles) and EKS's REST-JSON (Pod Identity associations: every operation,
+// the list filters and pagination, and the errors).
+func TestAWSCLIAgainstTheEmulator(t *testing.T) {
+	emu := iamemulator.New(iamemulator.Options{Seed: 11, EKSClusters: []string{"prod"}})
+	cli := newAWSCLI(t, emu)
+
+	t.Run("iam", func(t *testing.T) {
+		var role struct {
+			Role struct{ Arn, RoleName, Path string }
+		}
+		cli.ok(t, &role, "iam", "create-role", "--role-name", "app", "--path", "/quartermaster/prod/",
+			"--assume-role-policy-document", `{"Version":"2012-10-17","Statement":[{"Effect":"Allow","Principal":{"Service":"pods.eks.amazonaws.com"},"Action":["sts:AssumeRole","sts:TagSession"]}]}`)
+		if role.Role.Arn != "arn:aws:iam::000000000000:role/quartermaster/prod/app" {
+			t.Errorf("create-role: %+v", role)
+		}
+		var got struct {
+			Role struct {
+				RoleName                 string
+				AssumeRolePolicyDocument map[string]any
+			}
+		}
+		cli.ok(t, &got, "iam", "get-role", "--role-name", "app")
+		if got.Role.RoleName != "app" || got.Role.AssumeRolePolicyDocument["Version"] != "2012-10-17" {
+			t.Errorf("get-role (the CLI decodes the percent-encoded document): %+v", got)
+		}
+		cli.fails(t, "NoSuchEntity", "iam", "get-role", "--role-name", "nope")
+	})
+
+	type assoc struct {
+		Association struct {
+			AssociationID  string `json:"associationId"`
+			AssociationArn string `json:"associationArn"`
+			RoleArn        string `json:"roleArn"`
+			Namespace      string `json:"namespace"`
+			ServiceAccount string `json:"serviceAccount"`
+			Tags           map[string]string
+		} `json:"association"`
+	}
+	const roleARN = "arn:aws:iam::000000000000:role/quartermaster/prod/app"
+	eks := func(op string, args ...string) []string {
+		return append([]string{"eks", op, "--cluster-name", "prod"}, args...)
+	}
+
+	t.Run("eks", func(t *testing.T) {
+		var created assoc
+		cli.ok(t, &created, eks("create-pod-identity-association", "--namespace", "team-a", "--service-account", "app",
+			"--role-arn", roleARN, "--tags", "quartermaster.dev/cluster=prod")...)
+		id := created.Association.AssociationID
+		if !strings.HasPrefix(id, "a-") || created.Association.RoleArn != roleARN || created.Association.Tags["quartermaster.dev/cluster"] != "prod" {
+			t.Fatalf("create: %+v", created)
+		}
+		var described assoc
+		cli.ok(t, &described, eks("describe-pod-identity-association", "--association-id", id)...)
+		if described.Association.Namespace != "team-a" || described.Association.ServiceAccount != "app" {
+			t.Errorf("describe: %+v", described)
+		}
+		var updated assoc
+		cli.ok(t, &updated, eks("update-pod-identity-association", "--association-id", id, "--role-arn", roleARN+"-2")...)
+		if updated.Association.RoleArn != roleARN+"-2" {
+			t.Errorf("update: %+v", updated)
+		}
+		// The ARN's slashes travel percent-encoded in the path.
+		cli.ok(t, nil, "eks", "tag-resource", "--resource-arn", created.Association.AssociationArn, "--tags", "team=a")
+		var tags struct{ Tags map[string]string }
+		cli.ok(t, &tags, "eks", "list-tags-for-resource", "--resource-arn", created.Association.AssociationArn)
+		if tags.Tags["team"] != "a" || tags.Tags["quartermaster.dev/cluster"] != "prod" {
+			t.Errorf("tags: %v", tags.Tags)
+		}
+
+		for _, sa := range []string{"b", "c", "d", "e"} {
+			cli.ok(t, nil, eks("create-pod-identity-association", "--namespace", "team-b", "--service-account", sa, "--role-arn", roleARN)...)
+		}
+		var list struct {
+			Associations []struct {
+				Namespace      string `json:"namespace"`
+				ServiceAccount string `json:"serviceAccount"`
+			} `json:"associations"`
+		}
+		// --page-size 2: the CLI follows nextToken itself, over three pages.
+		cli.ok(t, &list, eks("list-pod-identity-associations", "--page-size", "2")...)
+		if len(list.Associations) != 5 || emu.Calls("ListPodIdentityAssociations") != 3 {
+			t.Errorf("list over pages of 2: %d associations in %d calls, want 5 in 3", len(list.Associations), emu.Calls("ListPodIdentityAssociations"))
+		}
+		cli.ok(t, &list, eks("list-pod-identity-associations", "--namespace", "team-b", "--service-account", "d")...)
+		if len(list.Associations) != 1 || list.Associations[0].ServiceAccount != "d" {
+			t.Errorf("filtered list: %+v", list.Associations)
+		}
+
+		cli.fails(t, "ResourceInUseException", eks("create-pod-identity-association", "--namespace", "team-a", "--service-account", "app", "--role-arn", roleARN)...)
+		cli.fails(t, "InvalidParameterException", eks("create-pod-identity-association", "--namespace", "team-a", "--service-account", "x", "--role-arn", "not-an-arn")...)
+		cli.fails(t, "ResourceNotFoundException", "eks", "create-pod-identity-association", "--cluster-name", "staging", "--namespace", "team-a", "--service-account", "x", "--role-arn", roleARN)
+		cli.fails(t, "ResourceNotFoundException", eks("describe-pod-identity-association", "--association-id", "a-00000000000000000")...)
+
+		cli.ok(t, nil, eks("delete-pod-identity-association", "--association-id", id)...)
+		cli.fails(t, "ResourceNotFoundException", eks("delete-pod-identity-association", "--association-id", id)...)
+		if n := len(emu.State().Associations); n != 4 {
+			t.Errorf("%d associations left, want 4", n)
+		}
+	})
+
+	t.Run("eks faults are retried by the CLI", func(t *testing.T) {
+		emu.SetFaults(1, []iamemulator.FaultKind{iamemulator.FaultThrottle})
+		defer emu.SetFaults(0, nil)
+		before := emu.Calls("ListPodIdentityAssociations")
+		cli.fails(t, "ThrottlingException", eks("list-pod-identity-associations")...)
+		if n := emu.Calls("ListPodIdentityAssociations") - before; n != 2 {
+			t.Errorf("the CLI tried %d times, want 2 (AWS_MAX_ATTEMPTS): ThrottlingException must be retryable", n)
+		}
+	})
+}
