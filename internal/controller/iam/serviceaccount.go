@@ -239,7 +239,7 @@ func (r *ServiceAccountReconciler) withoutIssuer(sa *iamv1alpha1.IAMServiceAccou
 		if m == "" {
 			m = iamv1alpha1.MechanismIRSA
 		}
-		msg = fmt.Sprintf("mechanism %s needs the cluster's OIDC provider in the role's trust policy and %s, or use mechanism PodIdentity; nothing is created in AWS until then", m, set)
+		msg = fmt.Sprintf("mechanism %s needs the cluster's OIDC provider in the role's trust policy and %s, or use mechanism PodIdentity; nothing is created or changed in AWS for this object until then", m, set)
 	} else {
 		msg = fmt.Sprintf("ServiceAccount %s still has this object's IRSA annotation, so the role must keep trusting the cluster's OIDC provider until it is removed, and %s, or remove the annotation %s (pods using it lose their credentials)",
 			sa.Spec.ServiceAccountName, set, iamv1alpha1.AnnotationRoleARN)
