@@ -75,7 +75,7 @@ cp config/grafana/quartermaster-dashboard.json "${chart}/files/grafana/"
 	hack/helm.sh template quartermaster "${chart}" --namespace quartermaster-system \
 		--show-only templates/tenant-roles.yaml \
 		--set vmgroups.enabled=true --set vmgroups.vcenterSecret=unused \
-		--set iam.enabled=true --set iam.clusterName=unused --set iam.oidcIssuer=https://unused |
+		--set iam.enabled=true --set iam.clusterName=unused |
 		grep -v -e '^# Source:' -e 'helm.sh/chart:' -e 'app.kubernetes.io/instance:' \
 			-e 'app.kubernetes.io/version:' -e 'app.kubernetes.io/managed-by:' |
 		cat -s

@@ -51,6 +51,14 @@ func Needs(m iamv1alpha1.Mechanism) Parts {
 	}
 }
 
+// NeedsIssuer says whether a trust policy admitting the parts p needs the cluster's OIDC issuer
+// (--oidc-issuer): the IRSA statement federates the cluster's OIDC provider, the Pod Identity
+// statement only names a service. The one place that says which mechanisms need it:
+// Needs(m).NeedsIssuer() for a mechanism, Plan(m, have).Trust.NeedsIssuer() during a change.
+func (p Parts) NeedsIssuer() bool {
+	return p.Annotation
+}
+
 // Transition is how the controller moves a ServiceAccount from the parts it has to the parts its
 // mechanism needs without leaving any pod without credentials, in this order:
 //

@@ -78,6 +78,26 @@ func TestNeeds(t *testing.T) {
 	}
 }
 
+// TestNeedsIssuer: IRSA and Both need --oidc-issuer, PodIdentity does not, except while a change
+// away from IRSA keeps the role trusting the annotation still in place.
+func TestNeedsIssuer(t *testing.T) {
+	for m, want := range map[iamv1alpha1.Mechanism]bool{
+		iamv1alpha1.MechanismIRSA: true, "": true, iamv1alpha1.MechanismBoth: true, iamv1alpha1.MechanismPodIdentity: false,
+	} {
+		if got := Needs(m).NeedsIssuer(); got != want {
+			t.Errorf("Needs(%q).NeedsIssuer() = %v, want %v", m, got, want)
+		}
+	}
+	for _, tc := range []struct {
+		have Parts
+		want bool
+	}{{none, false}, {association, false}, {annotation, true}, {bothParts, true}} {
+		if got := Plan(iamv1alpha1.MechanismPodIdentity, tc.have).Trust.NeedsIssuer(); got != tc.want {
+			t.Errorf("Plan(PodIdentity, have %v).Trust.NeedsIssuer() = %v, want %v", tc.have, got, tc.want)
+		}
+	}
+}
+
 var (
 	none        = Parts{}
 	annotation  = Parts{Annotation: true}

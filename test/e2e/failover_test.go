@@ -236,7 +236,7 @@ func outsideSystems(t *testing.T, name string) (*iamEmulatorProcess, *vsimtest.S
 	must(t, admin.Create(ctx, secret))
 	t.Cleanup(func() { _ = admin.Delete(context.Background(), secret) })
 	for k, v := range map[string]string{
-		"AWS_ENDPOINT_URL_IAM": emu.url, "AWS_ENDPOINT_URL_STS": emu.url, "AWS_REGION": "us-east-1",
+		"AWS_ENDPOINT_URL_IAM": emu.url, "AWS_ENDPOINT_URL_STS": emu.url, "AWS_ENDPOINT_URL_EKS": emu.url, "AWS_REGION": "us-east-1",
 		"AWS_ACCESS_KEY_ID": "AKIDE2EEXAMPLE", "AWS_SECRET_ACCESS_KEY": iamSecretKey,
 		"AWS_EC2_METADATA_DISABLED": "true", "AWS_PROFILE": "", "AWS_CONFIG_FILE": os.DevNull,
 		"AWS_SHARED_CREDENTIALS_FILE": os.DevNull,

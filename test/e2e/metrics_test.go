@@ -21,9 +21,10 @@ import (
 	"github.com/quartermaster-dev/quartermaster/internal/testing/iamemulator"
 )
 
-// TestMetricsAnAuthorizedScraperSees runs the manager with namespaces, iam (IAM emulator) and
-// vmgroups (vcsim), has each serve an object, makes IAM fail for one more, and scrapes /metrics
-// with a token bound to quartermaster-metrics-reader: every family docs/metrics.md lists is there.
+// TestMetricsAnAuthorizedScraperSees runs the manager with namespaces, iam (IAM and EKS emulator)
+// and vmgroups (vcsim), has each serve an object (the IAMServiceAccount through Pod Identity, so
+// EKS calls are counted too), makes IAM fail for one more, and scrapes /metrics with a token bound
+// to quartermaster-metrics-reader: every family docs/metrics.md lists is there.
 func TestMetricsAnAuthorizedScraperSees(t *testing.T) {
 	ctx := context.Background()
 	emu, _, args := outsideSystems(t, "e2e-metrics")
@@ -47,7 +48,7 @@ func TestMetricsAnAuthorizedScraperSees(t *testing.T) {
 	kubectlApply(t, ns, `apiVersion: iam.quartermaster.dev/v1alpha1
 kind: IAMServiceAccount
 metadata: {name: app}
-spec: {serviceAccountName: app, createServiceAccount: true, managedPolicyArns: ["`+readOnlyARN+`"]}
+spec: {serviceAccountName: app, createServiceAccount: true, managedPolicyArns: ["`+readOnlyARN+`"], mechanism: PodIdentity}
 ---
 apiVersion: compute.quartermaster.dev/v1alpha1
 kind: VmGroup
@@ -83,6 +84,7 @@ spec: {serviceAccountName: throttled, createServiceAccount: true, managedPolicyA
 		`quartermaster_reconcile_errors_total{kind="IAMServiceAccount",reason="\w+"} [1-9]\d*`,
 		`quartermaster_external_requests_total{operation="CreateRole",result="ok",service="iam"} [1-9]\d*`,
 		`quartermaster_external_requests_total{operation="\w+",result="Throttling",service="iam"} [1-9]\d*`,
+		`quartermaster_external_requests_total{operation="CreatePodIdentityAssociation",result="ok",service="eks"} [1-9]\d*`,
 		`quartermaster_external_requests_total{operation="CloneVM_Task",result="ok",service="vsphere"} [1-9]\d*`,
 		`quartermaster_external_request_duration_seconds_bucket{operation="CreateRole",service="iam",le="0.1"} [1-9]\d*`,
 		`quartermaster_external_request_duration_seconds_count{operation="CloneVM_Task",service="vsphere"} [1-9]\d*`,

@@ -44,7 +44,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.EKSClusterName, "eks-cluster-name", "",
 		"Name of the EKS cluster in which IAMServiceAccounts with spec.mechanism PodIdentity or Both get their Pod Identity associations (default: --cluster-name).")
 	fs.StringVar(&o.OIDCIssuer, "oidc-issuer", "",
-		"The cluster's OIDC issuer URL (e.g. https://oidc.eks.eu-west-1.amazonaws.com/id/ABC), federated in the roles' trust policies. The iam controller is off without it.")
+		"The cluster's OIDC issuer URL (e.g. https://oidc.eks.eu-west-1.amazonaws.com/id/ABC), federated in the trust policies of roles used through IRSA. Without it only IAMServiceAccounts with spec.mechanism PodIdentity run; IRSA and Both ones stall (OIDCIssuerNotSet).")
 	fs.StringVar(&o.AccountID, "aws-account-id", "", "AWS account of the OIDC provider (default: the caller's, from STS GetCallerIdentity).")
 	fs.StringVar(&o.Partition, "aws-partition", "aws", "AWS partition of ARNs: aws, aws-cn or aws-us-gov.")
 	fs.StringVar(&o.AllowedPolicyARNs, "allowed-policy-arns", "",
@@ -70,7 +70,7 @@ type config struct {
 	// need an association stall on it).
 	eksCluster    string
 	eksClusterErr error
-	issuer        string // without scheme
+	issuer        string // without scheme; "" when not set (only Pod Identity works, see withoutIssuer)
 	accountID     string // "" until learnt from STS
 	partition     string
 	allowed       irsa.Patterns
@@ -97,12 +97,13 @@ func (o *Options) validate() (config, error) {
 		eksClusterErr = fmt.Errorf("%w; set --eks-cluster-name to the EKS cluster's name for Pod Identity associations",
 			irsa.ValidEKSClusterName(eksCluster, "--cluster-name"))
 	}
-	if o.OIDCIssuer == "" {
-		return config{}, errors.New("--oidc-issuer is not set: give the cluster's OIDC issuer URL for the roles' trust policies")
-	}
-	issuer, err := irsa.NormalizeIssuer(o.OIDCIssuer)
-	if err != nil {
-		return config{}, fmt.Errorf("--oidc-issuer: %w", err)
+	// Optional: a cluster that uses only EKS Pod Identity has no OIDC provider to trust.
+	var issuer string
+	if o.OIDCIssuer != "" {
+		var err error
+		if issuer, err = irsa.NormalizeIssuer(o.OIDCIssuer); err != nil {
+			return config{}, fmt.Errorf("--oidc-issuer: %w", err)
+		}
 	}
 	if o.AccountID != "" && !accountIDPattern.MatchString(o.AccountID) {
 		return config{}, fmt.Errorf("--aws-account-id %q must be 12 digits", o.AccountID)

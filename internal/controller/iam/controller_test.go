@@ -42,3 +42,28 @@ func TestEKSClusterNameFlag(t *testing.T) {
 		}
 	}
 }
+
+// TestOIDCIssuerFlag: --oidc-issuer is optional (a Pod Identity-only cluster has no OIDC provider
+// to trust); when set it is normalized, and a bad value stops the controller naming the flag.
+func TestOIDCIssuerFlag(t *testing.T) {
+	for _, tc := range []struct {
+		issuer, want, startErr string
+	}{
+		{issuer: "", want: ""},
+		{issuer: "https://oidc.eks.eu-west-1.amazonaws.com/id/ABC/", want: "oidc.eks.eu-west-1.amazonaws.com/id/ABC"},
+		{issuer: "oidc.example.com/id/X", want: "oidc.example.com/id/X"},
+		{issuer: "http://oidc.example.com", startErr: "--oidc-issuer: the OIDC issuer URL must use https"},
+		{issuer: " ", startErr: "--oidc-issuer: the OIDC issuer URL is empty"},
+	} {
+		o := Options{ClusterName: "prod", OIDCIssuer: tc.issuer, Partition: "aws", Resync: time.Hour, Concurrency: 1}
+		cfg, err := o.validate()
+		switch {
+		case tc.startErr != "":
+			if err == nil || !strings.Contains(err.Error(), tc.startErr) {
+				t.Errorf("%q: error %v, want %q", tc.issuer, err, tc.startErr)
+			}
+		case err != nil || cfg.issuer != tc.want:
+			t.Errorf("%q: issuer %q, error %v; want %q", tc.issuer, cfg.issuer, err, tc.want)
+		}
+	}
+}

@@ -25,6 +25,8 @@ import (
 func TestIAM(t *testing.T) {
 	f := start(t)
 	t.Run("validation", func(t *testing.T) { testValidation(t, f) })
+	// Before the other cases: it counts every AWS call made while it runs.
+	t.Run("without --oidc-issuer", func(t *testing.T) { testWithoutIssuer(t, f) })
 	f.run(t, f.opts)
 	t.Run("policy lifecycle", func(t *testing.T) { testPolicyLifecycle(t, f) })
 	t.Run("service account lifecycle", func(t *testing.T) { testServiceAccountLifecycle(t, f) })

@@ -164,6 +164,10 @@ func (c *changes) add(format string, args ...any) {
 // ServiceAccount's annotation, the Pod Identity association), noting changes in ch. The parts
 // change in the order irsa.Plan gives, so that pods never lack credentials.
 func (r *ServiceAccountReconciler) apply(ctx context.Context, sa *iamv1alpha1.IAMServiceAccount, refused []string, ch *changes) status.Outcome {
+	// A mechanism that needs the issuer stalls before any call when it is not set.
+	if o := r.withoutIssuer(sa, irsa.Needs(sa.Spec.Mechanism)); o != nil {
+		return *o
+	}
 	// A ServiceAccount to annotate must exist first: waiting for it costs one API read, no IAM call.
 	k8sSA, waiting := r.readServiceAccount(ctx, sa)
 	if waiting != nil {
@@ -175,6 +179,10 @@ func (r *ServiceAccountReconciler) apply(ctx context.Context, sa *iamv1alpha1.IA
 	}
 	desired = slices.DeleteFunc(desired, func(arn string) bool { return slices.Contains(refused, arn) })
 	plan := irsa.Plan(sa.Spec.Mechanism, r.parts(sa, k8sSA))
+	// A change away from IRSA keeps trusting the annotation still in place, which needs the issuer too.
+	if o := r.withoutIssuer(sa, plan.Trust); o != nil {
+		return *o
+	}
 	role, o := r.ensureRole(ctx, sa, plan.Trust, ch)
 	if role == nil {
 		return o
@@ -216,6 +224,27 @@ func (r *ServiceAccountReconciler) apply(ctx context.Context, sa *iamv1alpha1.IA
 			"role %s is ready; waiting for IAMPolicy %s to exist in AWS", role.ARN, strings.Join(pending, ", ")), wait.Jitter(r.cfg.resync, 0.1))
 	}
 	return synced(fmt.Sprintf("role %s with %d policies, %s", role.ARN, len(desired), describeParts(sa, want)), r.cfg.resync)
+}
+
+// withoutIssuer stalls an object whose role would have to trust the mechanisms in trust when one
+// of them needs --oidc-issuer and it is not set. Nothing is created or changed in AWS for it: a
+// role whose trust policy left IRSA out would fail the pods that use the annotation.
+func (r *ServiceAccountReconciler) withoutIssuer(sa *iamv1alpha1.IAMServiceAccount, trust irsa.Parts) *status.Outcome {
+	if r.cfg.issuer != "" || !trust.NeedsIssuer() {
+		return nil
+	}
+	const set = "--oidc-issuer is not set (chart value iam.oidcIssuer): set it to the cluster's OIDC issuer URL"
+	var msg string
+	if m := sa.Spec.Mechanism; irsa.Needs(m).NeedsIssuer() {
+		if m == "" {
+			m = iamv1alpha1.MechanismIRSA
+		}
+		msg = fmt.Sprintf("mechanism %s needs the cluster's OIDC provider in the role's trust policy and %s, or use mechanism PodIdentity; nothing is created or changed in AWS for this object until then", m, set)
+	} else {
+		msg = fmt.Sprintf("ServiceAccount %s still has this object's IRSA annotation, so the role must keep trusting the cluster's OIDC provider until it is removed, and %s, or remove the annotation %s (pods using it lose their credentials)",
+			sa.Spec.ServiceAccountName, set, iamv1alpha1.AnnotationRoleARN)
+	}
+	return ptr.To(status.WaitsForPerson(ReasonOIDCIssuerNotSet, msg, r.SlowRetry))
 }
 
 // parts are the parts the IAMServiceAccount has in place: the annotation when it set it on the

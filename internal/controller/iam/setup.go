@@ -211,6 +211,9 @@ func guarded(c client.Client) client.Client {
 
 // register adds the controllers sharing b to the manager.
 func register(mgr ctrl.Manager, b *base) error {
+	if b.cfg.issuer == "" {
+		mgr.GetLogger().WithName(Name).Info("--oidc-issuer is not set: IAMServiceAccounts with mechanism IRSA or Both stall (" + ReasonOIDCIssuerNotSet + "); PodIdentity ones run")
+	}
 	status.CountObjects(mgr, "IAMPolicy", &iamv1alpha1.IAMPolicyList{}, status.ConditionState)
 	status.CountObjects(mgr, "IAMServiceAccount", &iamv1alpha1.IAMServiceAccountList{}, status.ConditionState)
 	if err := indexPolicyReferences(mgr); err != nil {

@@ -23,6 +23,9 @@ const (
 	// ReasonEKSClusterName: the object needs a Pod Identity association, and --eks-cluster-name is
 	// not set while --cluster-name is no EKS cluster name.
 	ReasonEKSClusterName = "EKSClusterNameInvalid"
+	// ReasonOIDCIssuerNotSet: the object's role would have to trust the cluster's OIDC provider
+	// (IRSA) and --oidc-issuer is not set.
+	ReasonOIDCIssuerNotSet = "OIDCIssuerNotSet"
 )
 
 // personFixable are the AWS (IAM and EKS) error codes that retrying cannot fix: the spec, the account's limits
