@@ -85,7 +85,9 @@ const (
 	manifestBytes   = `quartermaster_mirror_upstream_bytes_total{type="manifest"}`
 )
 
-func peerResult(r string) string { return `quartermaster_mirror_peer_requests_total{result="` + r + `"}` }
+func peerResult(r string) string {
+	return `quartermaster_mirror_peer_requests_total{result="` + r + `"}`
+}
 
 // Three replicas pulled at once through each of them act as one cache: the upstream serves every
 // blob and the manifest once; each of the other two replicas reads it from its owner, once.
