@@ -56,6 +56,7 @@ func cacheReplicasBench(ctx context.Context, _ *env) ([]result, error) {
 		failed   []error
 		upstream float64 // bytes / image
 		warm     time.Duration
+		peerFail float64 // the survivors' requests to a peer that failed (refused, cut …)
 	}
 	run := func(name string, peering bool, kill int) (rollout, error) {
 		var ro rollout
@@ -90,6 +91,13 @@ func cacheReplicasBench(ctx context.Context, _ *env) ([]result, error) {
 		ro.took, ro.failed = pullAll(ctx, cacheColdPullers, svc.url, img)
 		<-killed
 		ro.upstream = float64(up.bytes.Load()) / size
+		for i, r := range rs {
+			if i != kill {
+				for _, result := range []string{"error", "unreachable", "stalled", "cut", "digest_mismatch"} {
+					ro.peerFail += r.metric(`quartermaster_mirror_peer_requests_total{result="` + result + `"}`)
+				}
+			}
+		}
 		if len(ro.failed) == 0 {
 			ro.warm, err = pullers(ctx, cacheColdPullers, svc.url, img)
 		}
@@ -123,12 +131,13 @@ func cacheReplicasBench(ctx context.Context, _ *env) ([]result, error) {
 	floor := max(direct, one.warm)
 	return []result{
 		{metric: fmt.Sprintf("upstream bytes / image, %d pullers over %d cold replicas (%d MiB image, upstream %d MB/s)", cacheColdPullers, cacheReplicas, img.size>>20, cacheUpstreamRate>>20),
-			value: one.upstream, unit: "x", note: fmt.Sprintf("must be <= 1.05; each replica on its own (peering off): %.2fx", alone.upstream)},
+			value: one.upstream, unit: "x", note: fmt.Sprintf("%.3fx, must be <= 1.05; each replica on its own (peering off): %.3fx", one.upstream, alone.upstream)},
 		{metric: fmt.Sprintf("last of %d cold pullers over %d replicas done", cacheColdPullers, cacheReplicas), value: one.took.Seconds(), unit: "s",
 			note: fmt.Sprintf("%.2fx the floor %.2f s (must be <= 1.3; one client from the upstream %.2f s, %d pullers of the warm replicas %.2f s); peering off %.2f s",
 				one.took.Seconds()/floor.Seconds(), floor.Seconds(), direct.Seconds(), cacheColdPullers, one.warm.Seconds(), alone.took.Seconds())},
 		{metric: fmt.Sprintf("one of %d replicas killed at a third of the image: failed pulls", cacheReplicas), value: float64(len(killed.failed)), unit: "pulls",
-			note: fmt.Sprintf("upstream bytes %.2fx the image; last puller %.2f s, %.2fx the floor%s", killed.upstream, killed.took.Seconds(), killed.took.Seconds()/floor.Seconds(), firstError(killed.failed))},
+			note: fmt.Sprintf("upstream bytes %.3fx the image; last puller %.2f s, %.2fx the floor; %.0f requests of the survivors to a peer failed (each fell back)%s",
+				killed.upstream, killed.took.Seconds(), killed.took.Seconds()/floor.Seconds(), killed.peerFail, firstError(killed.failed))},
 	}, nil
 }
 
