@@ -158,7 +158,7 @@ func TestReplicaKilledMidFill(t *testing.T) {
 	layer := randomBytes(4 << 20)
 	img := up.pushImage(t, "team/app", []byte(`{"architecture":"amd64","os":"linux"}`), layer)
 	rs := startReplicas(t, up, 3)
-	g := newGate(layer, 1<<20, serveWhole)
+	g := newGate(layer, serveWhole)
 	up.setFault(g.fault)
 	owner := ownerOf(rs, g.d)
 
@@ -174,6 +174,7 @@ func TestReplicaKilledMidFill(t *testing.T) {
 			if resp == nil {
 				t.FailNow()
 			}
+			defer resp.Body.Close()
 			rd := &reader{r: r, resp: resp, head: make([]byte, 512<<10)}
 			if _, err := io.ReadFull(resp.Body, rd.head); err != nil {
 				t.Fatalf("%s: the first bytes did not arrive while the upstream held the rest: %v", r.name, err)
@@ -294,7 +295,7 @@ func TestPeerFaults(t *testing.T) {
 				peerStall: resultPeerStalled, serveReset: resultPeerCut, serveMismatch: resultPeerMismatch}[mode]
 			fromUpstream := len(layer)
 			if mode == peerStall || mode == serveReset {
-				fromUpstream -= 1 << 20 // the peer's first MiB was right
+				fromUpstream -= gateFirst // the peer's first bytes were right
 			}
 			if d := delta(before, cache.metrics(t), peerResult(result), upstreamBlobBytes, fillsOK); d[peerResult(result)] != 1 || d[upstreamBlobBytes] != float64(fromUpstream) || d[fillsOK] != 1 {
 				t.Errorf("metric changes %v: want one peer request %s, %d bytes from the upstream, one fill", d, result, fromUpstream)
@@ -334,7 +335,7 @@ func startBadPeer(t *testing.T, b []byte, mode string) string {
 			_, _ = w.Write(randomBytes(len(b)))
 			return
 		}
-		_, _ = w.Write(b[:1<<20])
+		_, _ = w.Write(b[:gateFirst])
 		_ = http.NewResponseController(w).Flush()
 		if mode == serveReset {
 			panic(http.ErrAbortHandler)

@@ -169,7 +169,9 @@ func TestWatchReadsSRVRecords(t *testing.T) {
 	go func() {
 		failing.Watch(ctx, func(context.Context) ([]Peer, error) { return nil, fmt.Errorf("dns down") }, time.Hour, func(err error) { failed <- err; cancel() })
 	}()
-	<-failed
+	if err := <-failed; err == nil {
+		t.Fatal("the failing lookup reported no error")
+	}
 	if !slices.Equal(failing.Members(), want) {
 		t.Errorf("a failed lookup changed the members to %v", failing.Members())
 	}
