@@ -44,6 +44,7 @@ type fill struct {
 	// Where the bytes come from now, and whether a peer's request sent the fill to the upstream.
 	current    *source
 	toUpstream bool
+	handedOut  bool // a response was given bytes of the file
 }
 
 // fillIdleTimeout aborts a fill whose upstream sends nothing for this long (a stalled
@@ -123,77 +124,98 @@ func (f *fill) run(ctx context.Context, o origins, s *store, repo string, freeSp
 	buf := make([]byte, 256<<10)
 	var n, woken int64
 	for {
-		m, rerr := src.body.Read(buf)
-		if m > 0 {
-			idle.Reset(fillIdleTimeout)
-			if src.peer == "" {
-				upstreamBytes.WithLabelValues(kind).Add(float64(m))
-			} else {
-				src.progress(o.peers.stall)
-				peerBytes.WithLabelValues(kind).Add(float64(m))
-				fromPeers[src.peer] = true
+		for {
+			m, rerr := src.body.Read(buf)
+			if m > 0 {
+				idle.Reset(fillIdleTimeout)
+				if src.peer == "" {
+					upstreamBytes.WithLabelValues(kind).Add(float64(m))
+				} else {
+					src.progress(o.peers.stall)
+					peerBytes.WithLabelValues(kind).Add(float64(m))
+					fromPeers[src.peer] = true
+				}
+				if _, werr := tmp.Write(buf[:m]); werr != nil {
+					tmp.Close()
+					f.storeFailed(werr)
+					return true
+				}
+				_, _ = verifier.Write(buf[:m])
+				n += int64(m)
+				// Waiters wake per wakeBytes, not per read: 150 responses woken for every 32 KiB
+				// read would cost more CPU than the copying.
+				f.mu.Lock()
+				f.written = n
+				if n-woken >= wakeBytes {
+					woken = n
+					f.cond.Broadcast()
+				}
+				f.mu.Unlock()
 			}
-			if _, werr := tmp.Write(buf[:m]); werr != nil {
+			if errors.Is(rerr, io.EOF) {
+				break
+			}
+			if rerr != nil && src.peer != "" && ctx.Err() == nil {
+				// The peer failed, stalled or was given up mid-body: the rest from the next owner
+				// or the upstream, from byte n (the digest check covers both parts).
+				o.peers.ended(src, src.why(), rerr)
+				next, status, err := f.open(ctx, o, repo, n)
+				if err == nil && size >= 0 && next.size >= 0 && next.size != size {
+					next.close()
+					err = fmt.Errorf("%d bytes long, %d before", next.size, size)
+				}
+				if err != nil {
+					tmp.Close()
+					f.fail(resultFillUpstream, status, fmt.Errorf("fetching %s from byte %d: %w", f.d, n, err))
+					return
+				}
+				src.close()
+				src = next
+				continue
+			}
+			if rerr != nil {
 				tmp.Close()
-				f.storeFailed(werr)
-				return true
-			}
-			_, _ = verifier.Write(buf[:m])
-			n += int64(m)
-			// Waiters wake per wakeBytes, not per read: 150 responses woken for every 32 KiB
-			// read would cost more CPU than the copying.
-			f.mu.Lock()
-			f.written = n
-			if n-woken >= wakeBytes {
-				woken = n
-				f.cond.Broadcast()
-			}
-			f.mu.Unlock()
-		}
-		if errors.Is(rerr, io.EOF) {
-			break
-		}
-		if rerr != nil && src.peer != "" && ctx.Err() == nil {
-			// The peer failed, stalled or was given up mid-body: the rest from the next owner
-			// or the upstream, from byte n (the digest check covers both parts).
-			o.peers.ended(src, src.why(), rerr)
-			next, status, err := f.open(ctx, o, repo, n)
-			if err == nil && size >= 0 && next.size >= 0 && next.size != size {
-				next.close()
-				err = fmt.Errorf("%d bytes long, %d before", next.size, size)
-			}
-			if err != nil {
-				tmp.Close()
-				f.fail(resultFillUpstream, status, fmt.Errorf("fetching %s from byte %d: %w", f.d, n, err))
+				f.fail(resultFillUpstream, 0, fmt.Errorf("reading %s after %d bytes: %w", f.d, n, rerr))
 				return
 			}
-			src.close()
-			src = next
-			continue
+			if f.manifest && n > maxManifestBytes {
+				tmp.Close()
+				f.fail(resultFillUpstream, 0, fmt.Errorf("manifest %s is larger than %d bytes", f.d, maxManifestBytes))
+				return
+			}
 		}
-		if rerr != nil {
+		if size >= 0 && n != size {
 			tmp.Close()
-			f.fail(resultFillUpstream, 0, fmt.Errorf("reading %s after %d bytes: %w", f.d, n, rerr))
+			f.fail(resultFillUpstream, 0, fmt.Errorf("got %d bytes of %s, announced %d", n, f.d, size))
 			return
 		}
-		if f.manifest && n > maxManifestBytes {
-			tmp.Close()
-			f.fail(resultFillUpstream, 0, fmt.Errorf("manifest %s is larger than %d bytes", f.d, maxManifestBytes))
-			return
+		if verifier.Verified() {
+			break
 		}
-	}
-	switch {
-	case size >= 0 && n != size:
-		tmp.Close()
-		f.fail(resultFillUpstream, 0, fmt.Errorf("got %d bytes of %s, announced %d", n, f.d, size))
-		return
-	case !verifier.Verified():
-		tmp.Close()
 		for p := range fromPeers {
 			o.peers.ended(&source{peer: p}, resultPeerMismatch, errors.New("its bytes have another digest"))
 		}
-		f.fail(resultFillMismatch, 0, fmt.Errorf("the content for %s has another digest (from the upstream, or peers %v): refused, not cached", f.d, slices.Sorted(maps.Keys(fromPeers))))
-		return
+		if len(fromPeers) == 0 || !f.startAgain(tmp) {
+			tmp.Close()
+			f.fail(resultFillMismatch, 0, fmt.Errorf("the content for %s has another digest (from the upstream, or peers %v): refused, not cached", f.d, slices.Sorted(maps.Keys(fromPeers))))
+			return
+		}
+		// A peer's bytes of another digest that no response has had a byte of yet: the
+		// upstream's, from the start.
+		next, status, err := f.open(ctx, o, repo, 0)
+		if err == nil && size >= 0 && next.size >= 0 && next.size != size {
+			next.close()
+			err = fmt.Errorf("%d bytes long, %d before", next.size, size)
+		}
+		if err != nil {
+			tmp.Close()
+			f.fail(resultFillUpstream, status, fmt.Errorf("fetching %s again: %w", f.d, err))
+			return
+		}
+		src.close()
+		src = next
+		verifier, n, woken = f.d.Verifier(), 0, 0
+		clear(fromPeers)
 	}
 	if src.peer != "" {
 		peerRequests.WithLabelValues(resultPeerOK).Inc()
@@ -305,6 +327,21 @@ func (f *fill) sendUpstream() {
 	}
 }
 
+// startAgain empties the fill's file for a new fetch when no response has been handed a byte
+// of it, and sends the fill to the upstream; false when one has.
+func (f *fill) startAgain(tmp *os.File) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.handedOut || tmp.Truncate(0) != nil {
+		return false
+	}
+	if _, err := tmp.Seek(0, io.SeekStart); err != nil {
+		return false
+	}
+	f.written, f.toUpstream = 0, true
+	return true
+}
+
 func (f *fill) sentUpstream() bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -390,6 +427,9 @@ func (f *fill) tail(ctx context.Context, w http.ResponseWriter, from, to int64) 
 		f.mu.Lock()
 		f.waitLocked(ctx, func() bool { return limit() > pos || f.done || f.verified })
 		avail, ferr, verified := limit(), f.err, f.verified
+		if avail > pos {
+			f.handedOut = true
+		}
 		f.mu.Unlock()
 		if ctx.Err() != nil {
 			return ctx.Err()

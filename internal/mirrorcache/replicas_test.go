@@ -234,23 +234,28 @@ const (
 	peerUnreachable = "unreachable" // nothing listens
 	peerHang        = "hang"        // accepts, never answers
 	peerStall       = "stall"       // the first MiB, then nothing
+	// Bytes of another digest that no response had a byte of (the client asks for the last
+	// byte only, which waits for the digest check).
+	peerMismatchUnsent = "mismatch-unsent"
 )
 
 // A replica that owns a blob but fails (refuses connections, answers 5xx, hangs, stalls or is
 // cut mid-body, or sends bytes of another digest) is refused: the client gets the blob from the
-// upstream, whole, with no failed pull; bytes of another digest are never completed to the
-// client nor stored, and the next pull gets the upstream's. The upstream serves the blob once
-// (from where the peer's right bytes stopped).
+// upstream, whole, with no failed pull. Bytes of another digest are never completed to a client
+// nor stored: a client that had some of them sees its response cut and the next pull gets the
+// upstream's; one that had none gets the upstream's. The upstream serves the blob once (from
+// where the peer's right bytes stopped).
 func TestPeerFaults(t *testing.T) {
-	for _, mode := range []string{peerUnreachable, serve5xx, peerHang, peerStall, serveReset, serveMismatch} {
+	for _, mode := range []string{peerUnreachable, serve5xx, peerHang, peerStall, serveReset, serveMismatch, peerMismatchUnsent} {
 		t.Run(mode, func(t *testing.T) {
 			up := startUpstream(t, authNone, "", false)
 			layer := randomBytes(2 << 20)
 			up.pushImage(t, "team/app", []byte(`{}`), layer)
 			d := digest.FromBytes(layer)
 			badAddr := freeAddr(t)
+			release := make(chan struct{}) // the mismatching peer's rest
 			if mode != peerUnreachable {
-				badAddr = startBadPeer(t, layer, mode)
+				badAddr = startBadPeer(t, layer, mode, release)
 			}
 			files := newCacheFiles(t, up.URL, "", "")
 			peerLn := listenLoopback(t)
@@ -261,13 +266,25 @@ func TestPeerFaults(t *testing.T) {
 			before := cache.metrics(t)
 			blobURL := cache.URL + "/v2/team/app/blobs/" + d.String()
 
-			resp := getFrom(context.Background(), t, blobURL, "", http.StatusOK)
+			rng, want, status := "", layer, http.StatusOK
+			if mode == peerMismatchUnsent {
+				rng, want, status = fmt.Sprintf("bytes=%d-", len(layer)-1), layer[len(layer)-1:], http.StatusPartialContent
+			}
+			resp := getFrom(context.Background(), t, blobURL, rng, status)
 			if resp == nil {
 				t.FailNow()
 			}
+			if mode == serveMismatch {
+				// This client has bytes of the peer's answer before the peer sends the wrong part.
+				if _, err := io.ReadFull(resp.Body, make([]byte, gateFirst/2)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			close(release)
 			b, err := io.ReadAll(resp.Body)
 			resp.Body.Close()
 			if mode == serveMismatch {
+				b = append(make([]byte, gateFirst/2), b...)
 				if err == nil {
 					t.Errorf("a complete answer of %d bytes from a peer's bytes of another digest", len(b))
 				}
@@ -284,15 +301,15 @@ func TestPeerFaults(t *testing.T) {
 				b, err = io.ReadAll(resp.Body)
 				resp.Body.Close()
 			}
-			if err != nil || !bytes.Equal(b, layer) {
-				t.Fatalf("got %d bytes (%v), not the blob", len(b), err)
+			if err != nil || !bytes.Equal(b, want) {
+				t.Fatalf("got %d bytes (%v), not the blob's %d", len(b), err, len(want))
 			}
 			waitMetric(t, cache, fillsInFlightSeries, func(v float64) bool { return v == 0 })
 			if n := count(up.requests(), "GET /v2/team/app/blobs/"+d.String()); n != 1 {
 				t.Errorf("the upstream served the blob %d times, want once", n)
 			}
 			result := map[string]string{peerUnreachable: resultPeerUnreachable, serve5xx: resultPeerError, peerHang: resultPeerStalled,
-				peerStall: resultPeerStalled, serveReset: resultPeerCut, serveMismatch: resultPeerMismatch}[mode]
+				peerStall: resultPeerStalled, serveReset: resultPeerCut, serveMismatch: resultPeerMismatch, peerMismatchUnsent: resultPeerMismatch}[mode]
 			fromUpstream := len(layer)
 			if mode == peerStall || mode == serveReset {
 				fromUpstream -= gateFirst // the peer's first bytes were right
@@ -317,8 +334,9 @@ func ownerName(self peerset.Peer, addr string, d digest.Digest) string {
 	}
 }
 
-// startBadPeer serves b on a peer port the way mode says a broken replica does.
-func startBadPeer(t *testing.T, b []byte, mode string) string {
+// startBadPeer serves b on a peer port the way mode says a broken replica does; a mismatching
+// one sends its right first part, then waits for release before the wrong rest.
+func startBadPeer(t *testing.T, b []byte, mode string, release chan struct{}) string {
 	t.Helper()
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch mode {
@@ -331,8 +349,15 @@ func startBadPeer(t *testing.T, b []byte, mode string) string {
 		}
 		w.Header().Set("Content-Length", fmt.Sprint(len(b)))
 		w.WriteHeader(http.StatusOK)
-		if mode == serveMismatch {
+		switch mode {
+		case peerMismatchUnsent:
 			_, _ = w.Write(randomBytes(len(b)))
+			return
+		case serveMismatch:
+			_, _ = w.Write(b[:gateFirst])
+			_ = http.NewResponseController(w).Flush()
+			<-release
+			_, _ = w.Write(randomBytes(len(b) - gateFirst))
 			return
 		}
 		_, _ = w.Write(b[:gateFirst])

@@ -44,36 +44,57 @@ const (
 	cacheTag          = "v1"
 )
 
+// cacheBench is what the cache cases start from: a work folder, the quartermaster binary, the
+// paced upstream holding the bench image, and the floor's first part, one client pulling
+// straight from the upstream.
+type cacheBench struct {
+	work, bin string
+	up        *pacedUpstream
+	img       *benchImage
+	direct    time.Duration
+}
+
+func startCacheBench(ctx context.Context) (*cacheBench, error) {
+	b := &cacheBench{}
+	var err error
+	if b.work, err = os.MkdirTemp("", "qm-bench-cache"); err != nil {
+		return nil, err
+	}
+	if b.bin, err = managerBinary(); err == nil {
+		b.up, err = startPacedUpstream(filepath.Join(b.work, "upstream"))
+	}
+	if err == nil {
+		b.img, err = pushBenchImage(b.up.url, cacheRepo)
+	}
+	if err == nil {
+		if b.direct, err = pullers(ctx, 1, b.up.url, b.img); err != nil {
+			err = fmt.Errorf("pulling from the upstream: %w", err)
+		}
+	}
+	if err != nil {
+		b.close()
+		return nil, err
+	}
+	return b, nil
+}
+
+func (b *cacheBench) close() {
+	if b.up != nil {
+		b.up.close()
+	}
+	os.RemoveAll(b.work)
+}
+
 func cacheDataPathBench(ctx context.Context, _ *env) ([]result, error) {
-	work, err := os.MkdirTemp("", "qm-bench-cache")
+	b, err := startCacheBench(ctx)
 	if err != nil {
 		return nil, err
 	}
-	defer os.RemoveAll(work)
-	qm, err := managerBinary()
-	if err != nil {
-		return nil, err
-	}
+	defer b.close()
+	work, qm, up, img, direct := b.work, b.bin, b.up, b.img, b.direct
 	dist := filepath.Join(binDir, "distregistry")
 	if err := testenv.GoBuild(dist, "./test/bench/distregistry"); err != nil {
 		return nil, err
-	}
-
-	up, err := startPacedUpstream(filepath.Join(work, "upstream"))
-	if err != nil {
-		return nil, err
-	}
-	defer up.close()
-	img, err := pushBenchImage(up.url, cacheRepo)
-	if err != nil {
-		return nil, err
-	}
-
-	// Floor, part one: one client pulling straight from the paced upstream.
-	up.bytes.Store(0)
-	direct, err := pullers(ctx, 1, up.url, img)
-	if err != nil {
-		return nil, fmt.Errorf("pulling from the upstream: %w", err)
 	}
 
 	// The cache, cold: 50 pullers at once.

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -25,28 +24,12 @@ const cacheReplicas = 3
 // on its own, as before); and the same with one replica killed (SIGKILL) once the upstream has
 // sent a third of the image, the pullers reopening cut bodies as containerd does.
 func cacheReplicasBench(ctx context.Context, _ *env) ([]result, error) {
-	work, err := os.MkdirTemp("", "qm-bench-replicas")
+	b, err := startCacheBench(ctx)
 	if err != nil {
 		return nil, err
 	}
-	defer os.RemoveAll(work)
-	qm, err := managerBinary()
-	if err != nil {
-		return nil, err
-	}
-	up, err := startPacedUpstream(filepath.Join(work, "upstream"))
-	if err != nil {
-		return nil, err
-	}
-	defer up.close()
-	img, err := pushBenchImage(up.url, cacheRepo)
-	if err != nil {
-		return nil, err
-	}
-	direct, err := pullers(ctx, 1, up.url, img)
-	if err != nil {
-		return nil, fmt.Errorf("pulling from the upstream: %w", err)
-	}
+	defer b.close()
+	work, qm, up, img, direct := b.work, b.bin, b.up, b.img, b.direct
 	size := float64(img.size)
 
 	// One rollout over fresh replicas; kill, when set, is the replica killed once the upstream
