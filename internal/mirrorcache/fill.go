@@ -41,9 +41,10 @@ type fill struct {
 	status    int  // the upstream's status when it refused the fill (404 …)
 	noSpace   bool // the volume has no room: each request goes to the upstream itself
 	committed string
-	// Where the bytes come from now, and whether a peer's request sent the fill to the upstream.
-	current    *source
+	// Whether a peer's request sent the fill to the upstream, and how it ends the request to a
+	// peer in flight.
 	toUpstream bool
+	cancelPeer context.CancelFunc
 	handedOut  bool // a response was given bytes of the file
 }
 
@@ -158,7 +159,11 @@ func (f *fill) run(ctx context.Context, o origins, s *store, repo string, freeSp
 			if rerr != nil && src.peer != "" && ctx.Err() == nil {
 				// The peer failed, stalled or was given up mid-body: the rest from the next owner
 				// or the upstream, from byte n (the digest check covers both parts).
-				o.peers.ended(src, src.why(), rerr)
+				result := src.why()
+				if f.sentUpstream() {
+					result = resultPeerCanceled
+				}
+				o.peers.ended(src, result, rerr)
 				next, status, err := f.open(ctx, o, repo, n)
 				if err == nil && size >= 0 && next.size >= 0 && next.size != size {
 					next.close()
@@ -268,21 +273,21 @@ func (f *fill) open(ctx context.Context, o origins, repo string, from int64) (sr
 		if !ok {
 			break
 		}
-		src, err := o.peers.open(ctx, owner, repo, f.d, f.manifest, from)
-		if err == nil {
-			f.mu.Lock()
-			upstream := f.toUpstream
-			if !upstream {
-				f.current = src
-			}
-			f.mu.Unlock()
-			if !upstream {
-				return src, 0, nil
-			}
-			o.peers.ended(src, resultPeerCanceled, nil)
-			src.close()
+		// sendUpstream ends the peer's request through this context, headers or body.
+		pctx, cancel := context.WithCancel(ctx)
+		f.mu.Lock()
+		upstream := f.toUpstream
+		f.cancelPeer = cancel
+		f.mu.Unlock()
+		if upstream {
+			cancel()
 			break
 		}
+		src, err := o.peers.open(pctx, owner, repo, f.d, f.manifest, from)
+		if err == nil {
+			return src, 0, nil
+		}
+		cancel()
 		if errors.Is(err, errNotFromPeer) || ctx.Err() != nil {
 			break
 		}
@@ -304,11 +309,7 @@ func (f *fill) open(ctx context.Context, o origins, repo string, from int64) (sr
 		resp.Body.Close()
 		return nil, 0, fmt.Errorf("from the upstream: %w", err)
 	}
-	src = &source{body: resp.Body, size: size, mediaType: resp.Header.Get("Content-Type")}
-	f.mu.Lock()
-	f.current = src
-	f.mu.Unlock()
-	return src, 0, nil
+	return &source{body: resp.Body, size: size, mediaType: resp.Header.Get("Content-Type")}, 0, nil
 }
 
 // peerAttempts bounds the owners one open tries before the upstream.
@@ -320,10 +321,10 @@ const peerAttempts = 3
 func (f *fill) sendUpstream() {
 	f.mu.Lock()
 	f.toUpstream = true
-	cur := f.current
+	cancel := f.cancelPeer
 	f.mu.Unlock()
-	if cur != nil {
-		cur.promote()
+	if cancel != nil {
+		cancel()
 	}
 }
 

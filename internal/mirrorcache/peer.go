@@ -90,22 +90,10 @@ type source struct {
 	peer      string // the peer's name; "" for the upstream
 
 	// A peer's fetch: cancel ends it (a stall, or the fill sent upstream).
-	cancel   context.CancelFunc
-	stall    *time.Timer
-	mu       sync.Mutex
-	stalled  bool
-	promoted bool // the fill was sent to the upstream (a peer asked for it)
-}
-
-// promote ends a peer's fetch because the fill must read the upstream instead.
-func (s *source) promote() {
-	if s.peer == "" {
-		return
-	}
-	s.mu.Lock()
-	s.promoted = true
-	s.mu.Unlock()
-	s.cancel()
+	cancel  context.CancelFunc
+	stall   *time.Timer
+	mu      sync.Mutex
+	stalled bool
 }
 
 // progress tells a peer source that bytes arrived: the stall timer starts again.
@@ -125,14 +113,11 @@ func (s *source) close() {
 	s.body.Close()
 }
 
-// why says why a peer's body ended early.
+// why says why a peer's body ended early: it stalled, or it was cut.
 func (s *source) why() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	switch {
-	case s.promoted:
-		return resultPeerCanceled
-	case s.stalled:
+	if s.stalled {
 		return resultPeerStalled
 	}
 	return resultPeerCut

@@ -422,3 +422,53 @@ func TestPeerPortServesContentByDigestOnly(t *testing.T) {
 		t.Errorf("a peer's request was sent on to the owner: %q", askedPaths)
 	}
 }
+
+// Two replicas that each think the other owns a digest (their peer sets differ for a moment in
+// a rollout) must not wait on each other: a peer's request that joins a fill reading from a peer
+// sends that fill to the upstream at once. Here the owner hangs and the stall timeout is an
+// hour: both clients are served only if the peer's request moved the fill.
+func TestPeerRequestSendsItsFillToTheUpstream(t *testing.T) {
+	up := startUpstream(t, authNone, "", false)
+	layer := randomBytes(1 << 20)
+	up.pushImage(t, "team/app", []byte(`{}`), layer)
+	d := digest.FromBytes(layer)
+	asked := make(chan struct{}, 1)
+	owner := httptest.NewServer(http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) {
+		asked <- struct{}{}
+		<-r.Context().Done()
+	}))
+	t.Cleanup(owner.Close)
+	files := newCacheFiles(t, up.URL, "", "")
+	peerLn := listenLoopback(t)
+	self := peerset.Peer{Name: "mirror-test-0", Addr: peerLn.Addr().String()}
+	set := peerset.New(self.Name, []peerset.Peer{self, {Name: ownerName(self, owner.Listener.Addr().String(), d), Addr: owner.Listener.Addr().String()}})
+	cache := startCacheWith(t, files, Options{Peers: &PeerOptions{Listener: peerLn, Set: set, StallTimeout: time.Hour}})
+	before := cache.metrics(t)
+
+	var wg sync.WaitGroup
+	bodies := make([][]byte, 2)
+	get := func(i int, url string) {
+		if resp := getFrom(context.Background(), t, url+"/v2/team/app/blobs/"+d.String(), "", http.StatusOK); resp != nil {
+			bodies[i], _ = io.ReadAll(resp.Body)
+			resp.Body.Close()
+		}
+	}
+	wg.Go(func() { get(0, cache.URL) }) // a node's pull: the fill asks the owner, which hangs
+	<-asked
+	wg.Go(func() { get(1, "http://"+peerLn.Addr().String()) }) // another replica's request
+	wg.Wait()
+	for i, b := range bodies {
+		if !bytes.Equal(b, layer) {
+			t.Errorf("client %d got %d bytes, not the blob", i, len(b))
+		}
+	}
+	if n := count(up.requests(), "GET /v2/team/app/blobs/"+d.String()); n != 1 {
+		t.Errorf("the upstream served the blob %d times, want once", n)
+	}
+	if dl := delta(before, cache.metrics(t), peerResult(resultPeerCanceled)); dl[peerResult(resultPeerCanceled)] != 1 {
+		t.Errorf("metric changes %v: want the owner's request counted canceled", dl)
+	}
+	if up, down := set.Counts(); up != 1 || down != 0 {
+		t.Errorf("the owner was skipped (up %d, down %d): it did not fail, the fill was moved", up, down)
+	}
+}
