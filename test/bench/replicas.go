@@ -81,8 +81,16 @@ func cacheReplicasBench(ctx context.Context, _ *env) ([]result, error) {
 				}
 			}
 		}
-		if len(ro.failed) == 0 {
-			ro.warm, err = pullers(ctx, cacheColdPullers, svc.url, img)
+		// The floor's second part: the same pullers served by the warm replicas, best of three
+		// (a slow run would flatter the cold figure).
+		for range 3 {
+			if len(ro.failed) > 0 || err != nil {
+				break
+			}
+			var warm time.Duration
+			if warm, err = pullers(ctx, cacheColdPullers, svc.url, img); err == nil && (ro.warm == 0 || warm < ro.warm) {
+				ro.warm = warm
+			}
 		}
 		var logs []string
 		for _, r := range rs {
@@ -116,7 +124,7 @@ func cacheReplicasBench(ctx context.Context, _ *env) ([]result, error) {
 		{metric: fmt.Sprintf("upstream bytes / image, %d pullers over %d cold replicas (%d MiB image, upstream %d MB/s)", cacheColdPullers, cacheReplicas, img.size>>20, cacheUpstreamRate>>20),
 			value: one.upstream, unit: "x", note: fmt.Sprintf("%.3fx, must be <= 1.05; each replica on its own (peering off): %.3fx", one.upstream, alone.upstream)},
 		{metric: fmt.Sprintf("last of %d cold pullers over %d replicas done", cacheColdPullers, cacheReplicas), value: one.took.Seconds(), unit: "s",
-			note: fmt.Sprintf("%.2fx the floor %.2f s (must be <= 1.3; one client from the upstream %.2f s, %d pullers of the warm replicas %.2f s); peering off %.2f s",
+			note: fmt.Sprintf("%.2fx the floor %.2f s (must be <= 1.3; one client from the upstream %.2f s, %d pullers of the warm replicas %.2f s, best of 3); peering off %.2f s",
 				one.took.Seconds()/floor.Seconds(), floor.Seconds(), direct.Seconds(), cacheColdPullers, one.warm.Seconds(), alone.took.Seconds())},
 		{metric: fmt.Sprintf("one of %d replicas killed at a third of the image: failed pulls", cacheReplicas), value: float64(len(killed.failed)), unit: "pulls",
 			note: fmt.Sprintf("upstream bytes %.3fx the image; last puller %.2f s, %.2fx the floor; %.0f requests of the survivors to a peer failed (each fell back)%s",
