@@ -164,11 +164,7 @@ func (f *fill) run(ctx context.Context, o origins, s *store, repo string, freeSp
 					result = resultPeerCanceled
 				}
 				o.peers.ended(src, result, rerr)
-				next, status, err := f.open(ctx, o, repo, n)
-				if err == nil && size >= 0 && next.size >= 0 && next.size != size {
-					next.close()
-					err = fmt.Errorf("%d bytes long, %d before", next.size, size)
-				}
+				next, status, err := f.reopen(ctx, o, repo, n, size)
 				if err != nil {
 					tmp.Close()
 					f.fail(resultFillUpstream, status, fmt.Errorf("fetching %s from byte %d: %w", f.d, n, err))
@@ -207,11 +203,7 @@ func (f *fill) run(ctx context.Context, o origins, s *store, repo string, freeSp
 		}
 		// A peer's bytes of another digest that no response has had a byte of yet: the
 		// upstream's, from the start.
-		next, status, err := f.open(ctx, o, repo, 0)
-		if err == nil && size >= 0 && next.size >= 0 && next.size != size {
-			next.close()
-			err = fmt.Errorf("%d bytes long, %d before", next.size, size)
-		}
+		next, status, err := f.reopen(ctx, o, repo, 0, size)
 		if err != nil {
 			tmp.Close()
 			f.fail(resultFillUpstream, status, fmt.Errorf("fetching %s again: %w", f.d, err))
@@ -310,6 +302,17 @@ func (f *fill) open(ctx context.Context, o origins, repo string, from int64) (sr
 		return nil, 0, fmt.Errorf("from the upstream: %w", err)
 	}
 	return &source{body: resp.Body, size: size, mediaType: resp.Header.Get("Content-Type")}, 0, nil
+}
+
+// reopen is open for a fill under way, whose content is size bytes long (-1 unknown): the new
+// source must agree.
+func (f *fill) reopen(ctx context.Context, o origins, repo string, from, size int64) (*source, int, error) {
+	src, status, err := f.open(ctx, o, repo, from)
+	if err == nil && size >= 0 && src.size >= 0 && src.size != size {
+		src.close()
+		return nil, 0, fmt.Errorf("%d bytes long, %d before", src.size, size)
+	}
+	return src, status, err
 }
 
 // peerAttempts bounds the owners one open tries before the upstream.
