@@ -129,6 +129,11 @@ func TestEveryShippedCommandLineStillParses(t *testing.T) {
 		if err != nil || o.ConfigPath != filepath.Join(mirror.ConfigDir, mirror.ConfigFile) || o.CredentialsDir != mirror.ConfigDir {
 			t.Errorf("registry-mirror %q: %+v, %v", args, o, err)
 		}
+		// The replicas find each other through the headless Service; the pod's name (expanded
+		// by the kubelet) is its own among them.
+		if err == nil && (o.Peers == nil || o.Peers.Lookup == nil || o.Peers.Set.Self() != "$(POD_NAME)" || o.Peers.Addr != ":"+strconv.Itoa(mirror.PeerPort)) {
+			t.Errorf("registry-mirror %q: peers %+v", args, o.Peers)
+		}
 	}
 	for _, args := range [][]string{agent[1:], singleDash(agent[1:])} {
 		cfg, _, probe, err := nodeAgentFlags(args, io.Discard)
@@ -143,6 +148,15 @@ func TestEveryShippedCommandLineStillParses(t *testing.T) {
 	}
 	if _, err := registryMirrorFlags([]string{"stray"}, io.Discard); err == nil || !strings.Contains(err.Error(), "takes no arguments") {
 		t.Errorf("registry-mirror with an argument: %v", err)
+	}
+	mo, err := registryMirrorFlags([]string{"--peers=b=127.0.0.1:2,a=127.0.0.1:1", "--peer-name=a", "--peer-address=127.0.0.1:0"}, io.Discard)
+	if err != nil || mo.Peers == nil || mo.Peers.Lookup != nil || len(mo.Peers.Set.Members()) != 2 || mo.Peers.Set.Self() != "a" {
+		t.Errorf("registry-mirror with a fixed peer list: %+v, %v", mo.Peers, err)
+	}
+	for _, bad := range [][]string{{"--peers=a", "--peer-name=a"}, {"--peers=a=h:1", "--peers-service=s"}} {
+		if _, err := registryMirrorFlags(bad, io.Discard); err == nil {
+			t.Errorf("registry-mirror %q accepted", bad)
+		}
 	}
 }
 

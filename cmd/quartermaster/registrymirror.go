@@ -5,12 +5,15 @@ import (
 	"errors"
 	"flag"
 	"io"
+	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 
 	"github.com/quartermaster-dev/quartermaster/internal/cli"
 	"github.com/quartermaster-dev/quartermaster/internal/mirror"
 	"github.com/quartermaster-dev/quartermaster/internal/mirrorcache"
+	"github.com/quartermaster-dev/quartermaster/internal/mirrorcache/peerset"
 )
 
 func init() {
@@ -38,7 +41,8 @@ the upstream's credentials read from --credentials-dir. It is the container of t
 StatefulSet; the mirrors controller renders its configuration and flags.`,
 	Examples: []string{
 		"# What the StatefulSet runs\n" +
-			"quartermaster registry-mirror --config=" + filepath.Join(mirror.ConfigDir, mirror.ConfigFile) + " --credentials-dir=" + mirror.ConfigDir,
+			"quartermaster registry-mirror --config=" + filepath.Join(mirror.ConfigDir, mirror.ConfigFile) + " --credentials-dir=" + mirror.ConfigDir +
+			" --peers-service=mirror-hub-headless.quartermaster-mirrors.svc --peer-name=$(POD_NAME)",
 	},
 }
 
@@ -49,11 +53,34 @@ func registryMirrorFlags(args []string, out io.Writer) (mirrorcache.Options, err
 	var o mirrorcache.Options
 	fs.StringVar(&o.ConfigPath, "config", filepath.Join(mirror.ConfigDir, mirror.ConfigFile), "the cache's distribution registry configuration file")
 	fs.StringVar(&o.CredentialsDir, "credentials-dir", mirror.ConfigDir, "directory with the upstream's username and password files; without them the upstream is pulled anonymously")
+	service := fs.String("peers-service", "", "the mirror's headless Service (DNS name): its SRV records for the peer port list the other cache pods, which act with this one as one cache")
+	list := fs.String("peers", "", "a fixed list of the cache pods acting as one cache, name=host:port,… (instead of --peers-service)")
+	name := fs.String("peer-name", "", "this pod's name among the peers (default: the host name, a StatefulSet pod's name)")
+	addr := fs.String("peer-address", ":"+strconv.Itoa(mirror.PeerPort), "where the peer port listens (with --peers-service or --peers)")
 	rest, err := cli.Parse(fs, registryMirrorUsage, args)
 	if err == nil && len(rest) > 0 {
 		err = registryMirrorUsage.Errorf("registry-mirror takes no arguments, got %q", rest)
 	}
-	return o, err
+	if err != nil || (*service == "" && *list == "") {
+		return o, err
+	}
+	if *service != "" && *list != "" {
+		return o, registryMirrorUsage.Errorf("--peers-service and --peers exclude each other")
+	}
+	members, err := peerset.ParseList(*list)
+	if err != nil {
+		return o, registryMirrorUsage.Errorf("--peers: %v", err)
+	}
+	if *name == "" {
+		if *name, err = os.Hostname(); err != nil {
+			return o, err
+		}
+	}
+	o.Peers = &mirrorcache.PeerOptions{Addr: *addr, Set: peerset.New(*name, members)}
+	if *service != "" {
+		o.Peers.Lookup = peerset.LookupSRV(net.DefaultResolver, mirror.PeerPortName, *service)
+	}
+	return o, nil
 }
 
 // registryMirrorCredentialHelper is distribution's credential helper protocol, not a command for

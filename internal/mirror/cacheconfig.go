@@ -19,6 +19,10 @@ const (
 	// MetricsPort serves Prometheus metrics at MetricsPath.
 	MetricsPort = 5001
 	MetricsPath = "/metrics"
+	// PeerPort serves content by digest to the mirror's other cache pods, which find each other
+	// through the SRV records of the headless Service's port named PeerPortName.
+	PeerPort     = 5002
+	PeerPortName = "peer"
 	// StorageDir is the cache's filesystem storage: the pod's volume.
 	StorageDir = "/var/lib/registry"
 	// ConfigDir is the mounted cache Secret: the configuration (ConfigFile) and, for an upstream

@@ -133,7 +133,8 @@ func ConfigHash(data map[string][]byte) string {
 	return hex.EncodeToString(h.Sum(nil))[:16]
 }
 
-// HeadlessService governs the StatefulSet and exposes each pod's metrics port for scraping.
+// HeadlessService governs the StatefulSet, exposes each pod's metrics port for scraping, and
+// lists the ready pods' peer ports for each other (SRV records of the port named "peer").
 func HeadlessService(in Install, s Spec) *corev1.Service {
 	return &corev1.Service{
 		ObjectMeta: objectMeta(in, HeadlessName(s.Name), s.Name, ComponentCache),
@@ -143,9 +144,16 @@ func HeadlessService(in Install, s Spec) *corev1.Service {
 			Ports: []corev1.ServicePort{
 				{Name: "registry", Port: CachePort, TargetPort: intstr.FromString("registry"), Protocol: corev1.ProtocolTCP},
 				{Name: "metrics", Port: MetricsPort, TargetPort: intstr.FromString("metrics"), Protocol: corev1.ProtocolTCP},
+				{Name: PeerPortName, Port: PeerPort, TargetPort: intstr.FromString(PeerPortName), Protocol: corev1.ProtocolTCP},
 			},
 		},
 	}
+}
+
+// PeersService is the DNS name the cache pods find each other at: the headless Service in the
+// pods' own cluster domain (resolved through their search path).
+func PeersService(in Install, mirror string) string {
+	return HeadlessName(mirror) + "." + in.Namespace + ".svc"
 }
 
 // Service is what the nodes' containerd reaches the cache at.
@@ -195,7 +203,8 @@ func StatefulSet(in Install, s Spec, configHash string) *appsv1.StatefulSet {
 			Replicas:    ptr.To(s.Replicas),
 			ServiceName: HeadlessName(s.Name),
 			Selector:    &metav1.LabelSelector{MatchLabels: selector(s.Name, ComponentCache)},
-			// The caches share nothing: start and replace them all at once.
+			// Start and replace the caches all at once: a pod missing from the peers only moves
+			// its digests to the others (docs/mirrors.md, Replicas).
 			PodManagementPolicy: appsv1.ParallelPodManagement,
 			UpdateStrategy:      appsv1.StatefulSetUpdateStrategy{Type: appsv1.RollingUpdateStatefulSetStrategyType},
 			// Scaling down keeps the volumes (scaling up again finds a warm cache); deleting the
@@ -249,10 +258,16 @@ func cachePod(in Install, s Spec) corev1.PodSpec {
 		Containers: []corev1.Container{{
 			Name:  "cache",
 			Image: in.Image,
-			Args:  []string{"registry-mirror", "--config=" + ConfigDir + "/" + ConfigFile, "--credentials-dir=" + ConfigDir},
+			Args: []string{
+				"registry-mirror", "--config=" + ConfigDir + "/" + ConfigFile, "--credentials-dir=" + ConfigDir,
+				"--peers-service=" + PeersService(in, s.Name), "--peer-name=$(POD_NAME)",
+			},
+			// The pod's name is its name among the peers: the SRV records name it.
+			Env: []corev1.EnvVar{fieldEnv("POD_NAME", "metadata.name")},
 			Ports: []corev1.ContainerPort{
 				{Name: "registry", ContainerPort: CachePort, Protocol: corev1.ProtocolTCP},
 				{Name: "metrics", ContainerPort: MetricsPort, Protocol: corev1.ProtocolTCP},
+				{Name: PeerPortName, ContainerPort: PeerPort, Protocol: corev1.ProtocolTCP},
 			},
 			ReadinessProbe: probe(ReadyPath, 3),
 			LivenessProbe:  probe(LivePath, 6),

@@ -43,6 +43,8 @@ type Options struct {
 	Listener, MetricsListener net.Listener
 	// LogOutput receives distribution's logs and the cache's; default os.Stderr.
 	LogOutput io.Writer
+	// Peers, when set, make this cache one of the mirror's replicas acting as one cache (peer.go).
+	Peers *PeerOptions
 
 	// Tests only: the clock ttls count on, and a look at the data path once it serves.
 	now     func() time.Time
@@ -109,7 +111,16 @@ func Run(ctx context.Context, opts Options) error {
 	if err != nil {
 		return err
 	}
-	data := newFront(app, rem, st, ttl)
+	var pc *peers
+	if opts.Peers != nil {
+		pc = newPeers(*opts.Peers)
+		if opts.Peers.Lookup != nil {
+			go opts.Peers.Set.Watch(appCtx, opts.Peers.Lookup, peerLookupInterval, func(err error) {
+				logrus.WithError(err).Warn("looking up the cache's peers: keeping the last ones")
+			})
+		}
+	}
+	data := newFront(app, rem, pc, st, ttl)
 	go data.run()
 	defer func() {
 		if err := data.close(); err != nil {
@@ -119,11 +130,21 @@ func Run(ctx context.Context, opts Options) error {
 	if opts.started != nil {
 		opts.started(data)
 	}
-	servers := []server{{newServer(countServed(alive(data))), ln}}
+	servers := []server{{"addr", newServer(countServed(alive(data))), ln}}
+	if opts.Peers != nil {
+		pln, err := listen(opts.Peers.Listener, "tcp", opts.Peers.Addr)
+		if err != nil {
+			ln.Close()
+			return err
+		}
+		servers = append(servers, server{"peer.addr", newServer(data.servePeers()), pln})
+	}
 	if serveMetrics && (opts.MetricsListener != nil || cfg.HTTP.Debug.Addr != "") {
 		mln, err := listen(opts.MetricsListener, "tcp", cfg.HTTP.Debug.Addr)
 		if err != nil {
-			ln.Close()
+			for _, s := range servers {
+				s.ln.Close()
+			}
 			return err
 		}
 		path := cfg.HTTP.Debug.Prometheus.Path
@@ -132,7 +153,7 @@ func Run(ctx context.Context, opts Options) error {
 		}
 		mux := http.NewServeMux()
 		mux.Handle(path, metricsHandler())
-		servers = append(servers, server{newServer(mux), mln})
+		servers = append(servers, server{"metrics.addr", newServer(mux), mln})
 	} else if opts.MetricsListener != nil {
 		opts.MetricsListener.Close()
 	}
@@ -178,8 +199,9 @@ func useCredentialHelper(cfg *configuration.Configuration, credsDir string) erro
 }
 
 type server struct {
-	srv *http.Server
-	ln  net.Listener
+	name string // its address's field in the start's log line
+	srv  *http.Server
+	ln   net.Listener
 }
 
 // serve runs the servers until ctx ends or one fails, then drains them all.
@@ -291,9 +313,9 @@ func configureLogging(c configuration.Log, out io.Writer) error {
 }
 
 func logStart(cfg *configuration.Configuration, credsDir string, servers []server) {
-	fields := logrus.Fields{"upstream": cfg.Proxy.RemoteURL, "addr": servers[0].ln.Addr().String()}
-	if len(servers) > 1 {
-		fields["metrics.addr"] = servers[1].ln.Addr().String()
+	fields := logrus.Fields{"upstream": cfg.Proxy.RemoteURL}
+	for _, s := range servers {
+		fields[s.name] = s.ln.Addr().String()
 	}
 	if _, _, err := readCredentials(credsDir); err != nil {
 		fields["credentials"] = err.Error()

@@ -35,12 +35,15 @@ const (
 	serveMismatch = "mismatch"  // the right length, other bytes
 )
 
-// gatedBlob answers the upstream's GETs of one blob itself: the first `first` bytes, then it
+// gateFirst is how much of a gated blob the upstream sends before it waits (and how much a
+// stand-in peer sends before it fails).
+const gateFirst = 1 << 20
+
+// gatedBlob answers the upstream's GETs of one blob itself: the first gateFirst bytes, then it
 // waits for release and ends the body as mode says. Only the first GET is gated unless every.
 type gatedBlob struct {
 	d       digest.Digest
 	b       []byte
-	first   int
 	mode    string
 	every   bool
 	sent    chan struct{} // closed once the first part was written
@@ -48,8 +51,8 @@ type gatedBlob struct {
 	once    sync.Once
 }
 
-func newGate(b []byte, first int, mode string) *gatedBlob {
-	return &gatedBlob{d: digest.FromBytes(b), b: b, first: first, mode: mode, sent: make(chan struct{}), release: make(chan struct{})}
+func newGate(b []byte, mode string) *gatedBlob {
+	return &gatedBlob{d: digest.FromBytes(b), b: b, mode: mode, sent: make(chan struct{}), release: make(chan struct{})}
 }
 
 func (g *gatedBlob) fault(w http.ResponseWriter, r *http.Request) bool {
@@ -69,7 +72,7 @@ func (g *gatedBlob) fault(w http.ResponseWriter, r *http.Request) bool {
 	w.Header().Set("Docker-Content-Digest", g.d.String())
 	w.Header().Set("Content-Type", "application/octet-stream")
 	w.WriteHeader(http.StatusOK)
-	_, _ = w.Write(g.b[:g.first])
+	_, _ = w.Write(g.b[:gateFirst])
 	_ = http.NewResponseController(w).Flush()
 	if gated {
 		close(g.sent)
@@ -83,11 +86,11 @@ func (g *gatedBlob) fault(w http.ResponseWriter, r *http.Request) bool {
 	case serveReset:
 		panic(http.ErrAbortHandler)
 	case serveTruncate:
-		_, _ = w.Write(g.b[g.first : len(g.b)-1])
+		_, _ = w.Write(g.b[gateFirst : len(g.b)-1])
 	case serveMismatch:
-		_, _ = w.Write(randomBytes(len(g.b) - g.first))
+		_, _ = w.Write(randomBytes(len(g.b) - gateFirst))
 	default:
-		_, _ = w.Write(g.b[g.first:])
+		_, _ = w.Write(g.b[gateFirst:])
 	}
 	return true
 }
@@ -145,7 +148,7 @@ func TestConcurrentMissesCoalesced(t *testing.T) {
 	img := up.pushImage(t, "team/app", []byte(`{"architecture":"amd64","os":"linux"}`), layer)
 	files := newCacheFiles(t, up.URL, "", "")
 	cache := startCache(t, files)
-	g := newGate(layer, 1<<20, serveWhole)
+	g := newGate(layer, serveWhole)
 	up.setFault(g.fault)
 	blobURL := cache.URL + "/v2/team/app/blobs/" + g.d.String()
 	before := cache.metrics(t)
@@ -272,7 +275,7 @@ func TestFillFaults(t *testing.T) {
 			up.pushImage(t, "team/app", []byte(`{}`), layer)
 			files := newCacheFiles(t, up.URL, "", "")
 			cache := startCache(t, files)
-			g := newGate(layer, 1<<20, mode)
+			g := newGate(layer, mode)
 			g.every = mode == serveMismatch || mode == serve5xx
 			up.setFault(g.fault)
 			blobURL := cache.URL + "/v2/team/app/blobs/" + g.d.String()

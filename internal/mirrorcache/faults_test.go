@@ -26,7 +26,7 @@ func TestCacheKilledMidFill(t *testing.T) {
 	layer := randomBytes(2 << 20)
 	up.pushImage(t, "team/app", []byte(`{}`), layer)
 	files := newCacheFiles(t, up.URL, "", "")
-	g := newGate(layer, 1<<20, serveWhole)
+	g := newGate(layer, serveWhole)
 	up.setFault(g.fault)
 
 	child := startChild(t, files)

@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"os"
+	"slices"
 	"sync"
 	"time"
 
@@ -39,6 +41,11 @@ type fill struct {
 	status    int  // the upstream's status when it refused the fill (404 …)
 	noSpace   bool // the volume has no room: each request goes to the upstream itself
 	committed string
+	// Whether a peer's request sent the fill to the upstream, and how it ends the request to a
+	// peer in flight.
+	toUpstream bool
+	cancelPeer context.CancelFunc
+	handedOut  bool // a response was given bytes of the file
 }
 
 // fillIdleTimeout aborts a fill whose upstream sends nothing for this long (a stalled
@@ -68,9 +75,17 @@ func kindOf(manifest bool) string {
 	return typeBlob
 }
 
+// origins are where a fill may read: the upstream, and first, when viaPeer, the peer that owns
+// the digest.
+type origins struct {
+	remote  *remote
+	peers   *peers // nil: this cache has no peers
+	viaPeer bool   // false for a fill a peer asked for: it reads the upstream
+}
+
 // run fetches the content for repo and commits it to s; it returns when the fill ends, and
 // whether the volume refused a write.
-func (f *fill) run(ctx context.Context, r *remote, s *store, repo string, freeSpace func() (uint64, error)) (refused bool) {
+func (f *fill) run(ctx context.Context, o origins, s *store, repo string, freeSpace func() (uint64, error)) (refused bool) {
 	kind := kindOf(f.manifest)
 	fillsInFlight.Inc()
 	defer fillsInFlight.Dec()
@@ -79,22 +94,13 @@ func (f *fill) run(ctx context.Context, r *remote, s *store, repo string, freeSp
 	idle := time.AfterFunc(fillIdleTimeout, cancel)
 	defer idle.Stop()
 
-	path := "blobs"
-	if f.manifest {
-		path = "manifests"
-	}
-	resp, err := r.do(ctx, http.MethodGet, repo, path, f.d.String())
+	src, status, err := f.open(ctx, o, repo, 0)
 	if err != nil {
-		f.fail(resultFillUpstream, 0, fmt.Errorf("fetching %s from the upstream: %w", f.d, err))
+		f.fail(resultFillUpstream, status, fmt.Errorf("fetching %s: %w", f.d, err))
 		return
 	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		drain(resp)
-		f.fail(resultFillUpstream, resp.StatusCode, fmt.Errorf("fetching %s from the upstream: %s", f.d, resp.Status))
-		return
-	}
-	size := resp.ContentLength
+	defer func() { src.close() }() // the source in use when the fill ends
+	size := src.size
 	if free, err := freeSpace(); err == nil && free < reserveBytes+uint64(max(size, 0)) {
 		storeFull.Set(1)
 		fills.WithLabelValues(resultFillNoSpace).Inc()
@@ -110,58 +116,106 @@ func (f *fill) run(ctx context.Context, r *remote, s *store, repo string, freeSp
 		return true
 	}
 	f.mu.Lock()
-	f.path, f.ready, f.size, f.mediaType = tmp.Name(), true, size, resp.Header.Get("Content-Type")
+	f.path, f.ready, f.size, f.mediaType = tmp.Name(), true, size, src.mediaType
 	f.cond.Broadcast()
 	f.mu.Unlock()
 
 	verifier := f.d.Verifier()
+	fromPeers := map[string]bool{} // peers whose bytes the digest check covers
 	buf := make([]byte, 256<<10)
 	var n, woken int64
 	for {
-		m, rerr := resp.Body.Read(buf)
-		if m > 0 {
-			idle.Reset(fillIdleTimeout)
-			upstreamBytes.WithLabelValues(kind).Add(float64(m))
-			if _, werr := tmp.Write(buf[:m]); werr != nil {
+		for {
+			m, rerr := src.body.Read(buf)
+			if m > 0 {
+				idle.Reset(fillIdleTimeout)
+				if src.peer == "" {
+					upstreamBytes.WithLabelValues(kind).Add(float64(m))
+				} else {
+					src.progress(o.peers.stall)
+					peerBytes.WithLabelValues(kind).Add(float64(m))
+					fromPeers[src.peer] = true
+				}
+				if _, werr := tmp.Write(buf[:m]); werr != nil {
+					tmp.Close()
+					f.storeFailed(werr)
+					return true
+				}
+				_, _ = verifier.Write(buf[:m])
+				n += int64(m)
+				// Waiters wake per wakeBytes, not per read: 150 responses woken for every 32 KiB
+				// read would cost more CPU than the copying.
+				f.mu.Lock()
+				f.written = n
+				if n-woken >= wakeBytes {
+					woken = n
+					f.cond.Broadcast()
+				}
+				f.mu.Unlock()
+			}
+			if errors.Is(rerr, io.EOF) {
+				break
+			}
+			if rerr != nil && src.peer != "" && ctx.Err() == nil {
+				// The peer failed, stalled or was given up mid-body: the rest from the next owner
+				// or the upstream, from byte n (the digest check covers both parts).
+				result := src.why()
+				if f.sentUpstream() {
+					result = resultPeerCanceled
+				}
+				o.peers.ended(src, result, rerr)
+				next, status, err := f.reopen(ctx, o, repo, n, size)
+				if err != nil {
+					tmp.Close()
+					f.fail(resultFillUpstream, status, fmt.Errorf("fetching %s from byte %d: %w", f.d, n, err))
+					return
+				}
+				src.close()
+				src = next
+				continue
+			}
+			if rerr != nil {
 				tmp.Close()
-				f.storeFailed(werr)
-				return true
+				f.fail(resultFillUpstream, 0, fmt.Errorf("reading %s after %d bytes: %w", f.d, n, rerr))
+				return
 			}
-			_, _ = verifier.Write(buf[:m])
-			n += int64(m)
-			// Waiters wake per wakeBytes, not per read: 150 responses woken for every 32 KiB
-			// read would cost more CPU than the copying.
-			f.mu.Lock()
-			f.written = n
-			if n-woken >= wakeBytes {
-				woken = n
-				f.cond.Broadcast()
+			if f.manifest && n > maxManifestBytes {
+				tmp.Close()
+				f.fail(resultFillUpstream, 0, fmt.Errorf("manifest %s is larger than %d bytes", f.d, maxManifestBytes))
+				return
 			}
-			f.mu.Unlock()
 		}
-		if errors.Is(rerr, io.EOF) {
+		if size >= 0 && n != size {
+			tmp.Close()
+			f.fail(resultFillUpstream, 0, fmt.Errorf("got %d bytes of %s, announced %d", n, f.d, size))
+			return
+		}
+		if verifier.Verified() {
 			break
 		}
-		if rerr != nil {
+		for p := range fromPeers {
+			o.peers.ended(&source{peer: p}, resultPeerMismatch, errors.New("its bytes have another digest"))
+		}
+		if len(fromPeers) == 0 || !f.startAgain(tmp) {
 			tmp.Close()
-			f.fail(resultFillUpstream, 0, fmt.Errorf("reading %s from the upstream after %d bytes: %w", f.d, n, rerr))
+			f.fail(resultFillMismatch, 0, fmt.Errorf("the content for %s has another digest (from the upstream, or peers %v): refused, not cached", f.d, slices.Sorted(maps.Keys(fromPeers))))
 			return
 		}
-		if f.manifest && n > maxManifestBytes {
+		// A peer's bytes of another digest that no response has had a byte of yet: the
+		// upstream's, from the start.
+		next, status, err := f.reopen(ctx, o, repo, 0, size)
+		if err != nil {
 			tmp.Close()
-			f.fail(resultFillUpstream, 0, fmt.Errorf("manifest %s is larger than %d bytes", f.d, maxManifestBytes))
+			f.fail(resultFillUpstream, status, fmt.Errorf("fetching %s again: %w", f.d, err))
 			return
 		}
+		src.close()
+		src = next
+		verifier, n, woken = f.d.Verifier(), 0, 0
+		clear(fromPeers)
 	}
-	switch {
-	case size >= 0 && n != size:
-		tmp.Close()
-		f.fail(resultFillUpstream, 0, fmt.Errorf("the upstream sent %d bytes of %s, announced %d", n, f.d, size))
-		return
-	case !verifier.Verified():
-		tmp.Close()
-		f.fail(resultFillMismatch, 0, fmt.Errorf("the upstream's content for %s has another digest: refused, not cached", f.d))
-		return
+	if src.peer != "" {
+		peerRequests.WithLabelValues(resultPeerOK).Inc()
 	}
 	var meta *contentMeta
 	if f.manifest {
@@ -197,6 +251,105 @@ func (f *fill) run(ctx context.Context, r *remote, s *store, repo string, freeSp
 	storeFull.Set(0)
 	fills.WithLabelValues(resultFillOK).Inc()
 	return false
+}
+
+// open starts reading the content at byte from: from the digest's owner when the fill may ask
+// one and a working owner other than this cache is left (at most peerAttempts of them), else
+// from the upstream. status is the upstream's refusal (404 …) when it has no content to give.
+func (f *fill) open(ctx context.Context, o origins, repo string, from int64) (src *source, status int, err error) {
+	for range peerAttempts {
+		if o.peers == nil || !o.viaPeer || f.sentUpstream() {
+			break
+		}
+		owner, ok := o.peers.set.Owner(f.d.String())
+		if !ok {
+			break
+		}
+		// sendUpstream ends the peer's request through this context, headers or body.
+		pctx, cancel := context.WithCancel(ctx)
+		f.mu.Lock()
+		upstream := f.toUpstream
+		f.cancelPeer = cancel
+		f.mu.Unlock()
+		if upstream {
+			cancel()
+			break
+		}
+		src, err := o.peers.open(pctx, owner, repo, f.d, f.manifest, from)
+		if err == nil {
+			return src, 0, nil
+		}
+		cancel()
+		if errors.Is(err, errNotFromPeer) || ctx.Err() != nil {
+			break
+		}
+	}
+	path := "blobs"
+	if f.manifest {
+		path = "manifests"
+	}
+	resp, err := o.remote.send(ctx, http.MethodGet, repo, path, f.d.String(), from)
+	if err != nil {
+		return nil, 0, fmt.Errorf("from the upstream: %w", err)
+	}
+	if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusPartialContent {
+		drain(resp)
+		return nil, resp.StatusCode, fmt.Errorf("from the upstream: %s", resp.Status)
+	}
+	size, err := bodyStart(resp, from)
+	if err != nil {
+		resp.Body.Close()
+		return nil, 0, fmt.Errorf("from the upstream: %w", err)
+	}
+	return &source{body: resp.Body, size: size, mediaType: resp.Header.Get("Content-Type")}, 0, nil
+}
+
+// reopen is open for a fill under way, whose content is size bytes long (-1 unknown): the new
+// source must agree.
+func (f *fill) reopen(ctx context.Context, o origins, repo string, from, size int64) (*source, int, error) {
+	src, status, err := f.open(ctx, o, repo, from)
+	if err == nil && size >= 0 && src.size >= 0 && src.size != size {
+		src.close()
+		return nil, 0, fmt.Errorf("%d bytes long, %d before", src.size, size)
+	}
+	return src, status, err
+}
+
+// peerAttempts bounds the owners one open tries before the upstream.
+const peerAttempts = 3
+
+// sendUpstream makes the fill read the rest from the upstream: a peer asked this cache for the
+// content, and a peer's request must not wait on another peer (two replicas that each think the
+// other owns a digest would wait on each other).
+func (f *fill) sendUpstream() {
+	f.mu.Lock()
+	f.toUpstream = true
+	cancel := f.cancelPeer
+	f.mu.Unlock()
+	if cancel != nil {
+		cancel()
+	}
+}
+
+// startAgain empties the fill's file for a new fetch when no response has been handed a byte
+// of it, and sends the fill to the upstream; false when one has.
+func (f *fill) startAgain(tmp *os.File) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.handedOut || tmp.Truncate(0) != nil {
+		return false
+	}
+	if _, err := tmp.Seek(0, io.SeekStart); err != nil {
+		return false
+	}
+	f.written, f.toUpstream = 0, true
+	return true
+}
+
+func (f *fill) sentUpstream() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.toUpstream
 }
 
 // storeFailed ends a fill the volume refused (full, read-only, …).
@@ -278,6 +431,9 @@ func (f *fill) tail(ctx context.Context, w http.ResponseWriter, from, to int64) 
 		f.mu.Lock()
 		f.waitLocked(ctx, func() bool { return limit() > pos || f.done || f.verified })
 		avail, ferr, verified := limit(), f.err, f.verified
+		if avail > pos {
+			f.handedOut = true
+		}
 		f.mu.Unlock()
 		if ctx.Err() != nil {
 			return ctx.Err()

@@ -334,7 +334,7 @@ func startCache(t *testing.T, f cacheFiles) *runningCache {
 	return startCacheWith(t, f, Options{})
 }
 
-// startCacheWith is startCache with the tests' options (clock, data path hook) set.
+// startCacheWith is startCache with the tests' options (peers, clock, data path hook) set.
 func startCacheWith(t *testing.T, f cacheFiles, extra Options) *runningCache {
 	t.Helper()
 	// distribution's documented override of a configuration value: the file stays as rendered,
@@ -351,7 +351,7 @@ func startCacheWith(t *testing.T, f cacheFiles, extra Options) *runningCache {
 	}
 	go func() {
 		c.done <- Run(ctx, Options{ConfigPath: f.config, CredentialsDir: f.credentials, Listener: ln, MetricsListener: mln, LogOutput: c.log,
-			now: extra.now, started: extra.started})
+			Peers: extra.Peers, now: extra.now, started: extra.started})
 	}()
 	t.Cleanup(func() { c.stop(t) })
 	deadline := time.Now().Add(20 * time.Second)

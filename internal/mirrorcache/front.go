@@ -25,6 +25,7 @@ import (
 type front struct {
 	next   http.Handler
 	remote *remote
+	peers  *peers // nil: no other replicas
 	store  *store
 	ttl    time.Duration
 
@@ -61,11 +62,11 @@ type tagLookup struct {
 	err    error
 }
 
-func newFront(next http.Handler, r *remote, s *store, ttl time.Duration) *front {
+func newFront(next http.Handler, r *remote, p *peers, s *store, ttl time.Duration) *front {
 	ctx, cancel := context.WithCancel(context.Background())
 	root := s.root
 	return &front{
-		next: next, remote: r, store: s, ttl: ttl, ctx: ctx, cancel: cancel,
+		next: next, remote: r, peers: p, store: s, ttl: ttl, ctx: ctx, cancel: cancel,
 		fills: map[digest.Digest]*fill{}, tags: map[string]*tagLookup{},
 		freeSpace: func() (uint64, error) {
 			var st syscall.Statfs_t
@@ -91,6 +92,11 @@ func (f *front) run() {
 		case <-sweep.C:
 			f.sweep()
 		case <-flush.C:
+			if f.peers != nil {
+				up, down := f.peers.set.Counts()
+				peersKnown.WithLabelValues("up").Set(float64(up))
+				peersKnown.WithLabelValues("down").Set(float64(down))
+			}
 			if err := f.store.flush(); err != nil {
 				logrus.WithError(err).Warn("writing the cache index")
 			}
@@ -116,14 +122,33 @@ func (f *front) close() error {
 var repoName = regexp.MustCompile(`^[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*$`)
 
 func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if r.Method != http.MethodGet && r.Method != http.MethodHead {
-		f.next.ServeHTTP(w, r)
-		return
-	}
-	rest, ok := strings.CutPrefix(r.URL.Path, "/v2/")
+	repo, kind, ref, ok := contentPath(r)
 	if !ok {
 		f.next.ServeHTTP(w, r)
 		return
+	}
+	w.Header().Set("Docker-Distribution-API-Version", "registry/2.0")
+	if kind == "/blobs/" {
+		d, err := digest.Parse(ref)
+		if err != nil {
+			registryError(w, http.StatusBadRequest, "DIGEST_INVALID", "invalid digest")
+			return
+		}
+		f.serve(w, r, repo, d, false, false, false)
+		return
+	}
+	f.serveManifest(w, r, repo, ref)
+}
+
+// contentPath reads a GET or HEAD of /v2/<repo>/blobs/<ref> or /v2/<repo>/manifests/<ref>; kind
+// is "/blobs/" or "/manifests/". Anything else is not the data path's.
+func contentPath(r *http.Request) (repo, kind, ref string, ok bool) {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		return "", "", "", false
+	}
+	rest, ok := strings.CutPrefix(r.URL.Path, "/v2/")
+	if !ok {
+		return "", "", "", false
 	}
 	for _, kind := range []string{"/blobs/", "/manifests/"} {
 		i := strings.LastIndex(rest, kind)
@@ -132,27 +157,16 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		repo, ref := rest[:i], rest[i+len(kind):]
 		if !repoName.MatchString(repo) || ref == "" || strings.Contains(ref, "/") {
-			break
+			return "", "", "", false
 		}
-		w.Header().Set("Docker-Distribution-API-Version", "registry/2.0")
-		if kind == "/blobs/" {
-			d, err := digest.Parse(ref)
-			if err != nil {
-				registryError(w, http.StatusBadRequest, "DIGEST_INVALID", "invalid digest")
-				return
-			}
-			f.serve(w, r, repo, d, false, false)
-		} else {
-			f.serveManifest(w, r, repo, ref)
-		}
-		return
+		return repo, kind, ref, true
 	}
-	f.next.ServeHTTP(w, r)
+	return "", "", "", false
 }
 
 func (f *front) serveManifest(w http.ResponseWriter, r *http.Request, repo, ref string) {
 	if d, err := digest.Parse(ref); err == nil {
-		f.serve(w, r, repo, d, true, false)
+		f.serve(w, r, repo, d, true, false, false)
 		return
 	}
 	if !tagName.MatchString(ref) {
@@ -178,7 +192,7 @@ func (f *front) serveManifest(w http.ResponseWriter, r *http.Request, repo, ref 
 		}
 		d = cached
 	}
-	f.serve(w, r, repo, d, true, confirmed)
+	f.serve(w, r, repo, d, true, confirmed, false)
 }
 
 var tagName = regexp.MustCompile(`^[\w][\w.-]{0,127}$`)
@@ -220,13 +234,13 @@ func (f *front) lookupTag(repo, tag string) *tagLookup {
 
 // serve answers a request for content d of repo: from the store when repo may have it, else
 // after the upstream confirms repo has it, else from a fill. confirmed: the upstream has just
-// said repo has d.
-func (f *front) serve(w http.ResponseWriter, r *http.Request, repo string, d digest.Digest, manifest, confirmed bool) {
+// said repo has d. fromPeer: another replica asks (on the peer port), so the content comes
+// from this cache or the upstream, never from a third replica.
+func (f *front) serve(w http.ResponseWriter, r *http.Request, repo string, d digest.Digest, manifest, confirmed, fromPeer bool) {
 	kind := kindOf(manifest)
 	known := confirmed || f.store.has(repo, d)
 	if known {
 		if f.serveStored(w, r, repo, d, manifest) {
-			cacheRequests.WithLabelValues(kind, resultHit).Inc()
 			return
 		}
 	}
@@ -249,15 +263,16 @@ func (f *front) serve(w http.ResponseWriter, r *http.Request, repo string, d dig
 			return
 		}
 		if stored && f.serveStored(w, r, repo, d, manifest) {
-			cacheRequests.WithLabelValues(kind, resultHit).Inc()
 			return
 		}
 	}
-	fl, leader := f.join(repo, d, manifest)
+	fl, leader := f.join(repo, d, manifest, !fromPeer)
+	if fromPeer && fl != nil && !leader {
+		fl.sendUpstream()
+	}
 	if fl == nil {
 		// Committed between the checks.
 		if f.serveStored(w, r, repo, d, manifest) {
-			cacheRequests.WithLabelValues(kind, resultHit).Inc()
 			return
 		}
 		registryError(w, http.StatusServiceUnavailable, "UNAVAILABLE", "content vanished; retry")
@@ -304,7 +319,8 @@ func (f *front) confirm(w http.ResponseWriter, r *http.Request, repo string, d d
 }
 
 // join returns d's fill, starting it when none runs (leader); nil when d was committed meanwhile.
-func (f *front) join(repo string, d digest.Digest, manifest bool) (fl *fill, leader bool) {
+// viaPeer: a fill started here may read from the digest's owner.
+func (f *front) join(repo string, d digest.Digest, manifest, viaPeer bool) (fl *fill, leader bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if fl := f.fills[d]; fl != nil {
@@ -321,7 +337,7 @@ func (f *front) join(repo string, d digest.Digest, manifest bool) (fl *fill, lea
 	f.wg.Add(1)
 	go func() {
 		defer f.wg.Done()
-		if fl.run(f.ctx, f.remote, f.store, repo, f.room) {
+		if fl.run(f.ctx, origins{remote: f.remote, peers: f.peers, viaPeer: viaPeer}, f.store, repo, f.room) {
 			f.refusedUntil.Store(time.Now().Add(refusedRetry).UnixNano())
 		}
 		f.mu.Lock()
@@ -331,12 +347,15 @@ func (f *front) join(repo string, d digest.Digest, manifest bool) (fl *fill, lea
 	return fl, true
 }
 
-// serveStored serves committed content; false when there is none (expired or never fetched).
+// serveStored serves committed content, a hit; false when there is none (expired or never
+// fetched).
 func (f *front) serveStored(w http.ResponseWriter, r *http.Request, repo string, d digest.Digest, manifest bool) bool {
 	file := f.store.open(d)
 	if file == nil {
 		return false
 	}
+	// Counted before the answer: a client that got it sees it counted.
+	cacheRequests.WithLabelValues(kindOf(manifest), resultHit).Inc()
 	defer file.Close()
 	meta := f.store.content(d)
 	if meta == nil {

@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"syscall"
 	"testing"
+
+	"github.com/quartermaster-dev/quartermaster/internal/mirrorcache/peerset"
 )
 
 // envChildCache makes the test binary run a cache as its own process (the configuration file
@@ -15,6 +17,10 @@ import (
 const (
 	envChildCache     = "QM_TEST_CHILD_CACHE_CONFIG"
 	envChildFileLimit = "QM_TEST_CHILD_FILE_SIZE_LIMIT"
+	// A replica: its name, its peer port's address and the fixed list of replicas.
+	envChildPeerName = "QM_TEST_CHILD_PEER_NAME"
+	envChildPeerAddr = "QM_TEST_CHILD_PEER_ADDR"
+	envChildPeers    = "QM_TEST_CHILD_PEERS"
 )
 
 // TestMain makes the test binary the cache's credential helper, as the quartermaster binary is in
@@ -35,8 +41,17 @@ func TestMain(m *testing.M) {
 				os.Exit(1)
 			}
 		}
+		opts := Options{ConfigPath: config, CredentialsDir: os.TempDir()}
+		if list := os.Getenv(envChildPeers); list != "" {
+			members, err := peerset.ParseList(list)
+			if err != nil {
+				fmt.Fprintln(os.Stderr, err)
+				os.Exit(1)
+			}
+			opts.Peers = &PeerOptions{Addr: os.Getenv(envChildPeerAddr), Set: peerset.New(os.Getenv(envChildPeerName), members)}
+		}
 		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
-		err := Run(ctx, Options{ConfigPath: config, CredentialsDir: os.TempDir()})
+		err := Run(ctx, opts)
 		stop()
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)

@@ -69,6 +69,30 @@ var (
 	})
 )
 
+// The replicas' metrics (peer.go): traffic between the cache pods of one mirror, never counted
+// as the upstream's.
+var (
+	peerRequests = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "quartermaster_mirror_peer_requests_total",
+		Help: "Content requests this cache sent to the replica owning the digest, by how they ended: ok (the whole content), " +
+			"refused (an answer without content, e.g. 404: the upstream is asked), error (5xx or a bad answer), unreachable (no connection), " +
+			"stalled (nothing for the stall timeout), cut (the body broke off), digest_mismatch (bytes of another digest: refused), " +
+			"canceled (the fill went to the upstream instead). All but ok, refused and canceled skip the replica for a while.",
+	}, []string{"result"})
+	peerBytes = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "quartermaster_mirror_peer_bytes_total",
+		Help: "Content bytes this cache read from other replicas, by type (blob, manifest).",
+	}, []string{"type"})
+	peerServed = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "quartermaster_mirror_peer_served_requests_total",
+		Help: "Content requests other replicas sent this cache on its peer port, by type (blob, manifest).",
+	}, []string{"type"})
+	peersKnown = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "quartermaster_mirror_peers",
+		Help: "Other replicas of the mirror this cache knows, by state: up, or down (failed lately: skipped, their digests go to the next owner).",
+	}, []string{"state"})
+)
+
 // Label values of the data path's metrics.
 const (
 	typeBlob     = "blob"
@@ -84,6 +108,15 @@ const (
 	resultFillMismatch = "digest_mismatch"
 	resultFillStore    = "store_error"
 	resultFillNoSpace  = "no_space"
+
+	resultPeerOK          = "ok"
+	resultPeerRefused     = "refused"
+	resultPeerError       = "error"
+	resultPeerUnreachable = "unreachable"
+	resultPeerStalled     = "stalled"
+	resultPeerCut         = "cut"
+	resultPeerMismatch    = "digest_mismatch"
+	resultPeerCanceled    = "canceled"
 )
 
 // Upstream results, the values of upstreamRequests' label.
@@ -109,8 +142,14 @@ var processSetup sync.Once
 // the upstream refuses falls back to the cache's copy or ends in a plain 404, with no log line.
 func setUpProcess() {
 	processSetup.Do(func() {
-		prometheus.MustRegister(servedRequests, upstreamRequests, upstreamBytes, cacheRequests, coalesced, fillsInFlight, fills, storeFull, storeErrors, expired)
+		prometheus.MustRegister(servedRequests, upstreamRequests, upstreamBytes, cacheRequests, coalesced, fillsInFlight, fills, storeFull, storeErrors, expired,
+			peerRequests, peerBytes, peerServed, peersKnown)
+		for _, r := range []string{resultPeerOK, resultPeerRefused, resultPeerError, resultPeerUnreachable, resultPeerStalled, resultPeerCut, resultPeerMismatch, resultPeerCanceled} {
+			peerRequests.WithLabelValues(r)
+		}
 		for _, t := range []string{typeBlob, typeManifest} {
+			peerBytes.WithLabelValues(t)
+			peerServed.WithLabelValues(t)
 			upstreamBytes.WithLabelValues(t)
 			coalesced.WithLabelValues(t)
 			for _, r := range []string{resultHit, resultMiss, resultCoalesced, resultPassThrough} {

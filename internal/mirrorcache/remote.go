@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -57,6 +58,11 @@ var manifestAccept = strings.Join([]string{
 // do sends method to /v2/<repo>/<kind>/<ref>, authenticating for pulls of repo. The caller
 // closes the body.
 func (r *remote) do(ctx context.Context, method, repo, kind, ref string) (*http.Response, error) {
+	return r.send(ctx, method, repo, kind, ref, 0)
+}
+
+// send is do asking for the content from byte from on (a Range request when from > 0).
+func (r *remote) send(ctx context.Context, method, repo, kind, ref string, from int64) (*http.Response, error) {
 	target := r.base.JoinPath("/v2/", repo, kind, ref).String()
 	scope := "repository:" + repo + ":pull"
 	for attempt := 0; ; attempt++ {
@@ -66,6 +72,9 @@ func (r *remote) do(ctx context.Context, method, repo, kind, ref string) (*http.
 		}
 		if kind == "manifests" {
 			req.Header.Set("Accept", manifestAccept)
+		}
+		if from > 0 {
+			req.Header.Set("Range", "bytes="+strconv.FormatInt(from, 10)+"-")
 		}
 		if err := r.authorize(ctx, req, scope); err != nil {
 			return nil, err

@@ -44,36 +44,57 @@ const (
 	cacheTag          = "v1"
 )
 
+// cacheBench is what the cache cases start from: a work folder, the quartermaster binary, the
+// paced upstream holding the bench image, and the floor's first part, one client pulling
+// straight from the upstream.
+type cacheBench struct {
+	work, bin string
+	up        *pacedUpstream
+	img       *benchImage
+	direct    time.Duration
+}
+
+func startCacheBench(ctx context.Context) (*cacheBench, error) {
+	b := &cacheBench{}
+	var err error
+	if b.work, err = os.MkdirTemp("", "qm-bench-cache"); err != nil {
+		return nil, err
+	}
+	if b.bin, err = managerBinary(); err == nil {
+		b.up, err = startPacedUpstream(filepath.Join(b.work, "upstream"))
+	}
+	if err == nil {
+		b.img, err = pushBenchImage(b.up.url, cacheRepo)
+	}
+	if err == nil {
+		if b.direct, err = pullers(ctx, 1, b.up.url, b.img); err != nil {
+			err = fmt.Errorf("pulling from the upstream: %w", err)
+		}
+	}
+	if err != nil {
+		b.close()
+		return nil, err
+	}
+	return b, nil
+}
+
+func (b *cacheBench) close() {
+	if b.up != nil {
+		b.up.close()
+	}
+	os.RemoveAll(b.work)
+}
+
 func cacheDataPathBench(ctx context.Context, _ *env) ([]result, error) {
-	work, err := os.MkdirTemp("", "qm-bench-cache")
+	b, err := startCacheBench(ctx)
 	if err != nil {
 		return nil, err
 	}
-	defer os.RemoveAll(work)
-	qm, err := managerBinary()
-	if err != nil {
-		return nil, err
-	}
+	defer b.close()
+	work, qm, up, img, direct := b.work, b.bin, b.up, b.img, b.direct
 	dist := filepath.Join(binDir, "distregistry")
 	if err := testenv.GoBuild(dist, "./test/bench/distregistry"); err != nil {
 		return nil, err
-	}
-
-	up, err := startPacedUpstream(filepath.Join(work, "upstream"))
-	if err != nil {
-		return nil, err
-	}
-	defer up.close()
-	img, err := pushBenchImage(up.url, cacheRepo)
-	if err != nil {
-		return nil, err
-	}
-
-	// Floor, part one: one client pulling straight from the paced upstream.
-	up.bytes.Store(0)
-	direct, err := pullers(ctx, 1, up.url, img)
-	if err != nil {
-		return nil, fmt.Errorf("pulling from the upstream: %w", err)
 	}
 
 	// The cache, cold: 50 pullers at once.
@@ -324,6 +345,15 @@ func put(client *http.Client, target, contentType string, b []byte) error {
 // connections; the manifest by tag, then the config and layers, three at a time), and returns
 // when the last one is done. Every byte count is checked.
 func pullers(ctx context.Context, n int, base string, img *benchImage) (time.Duration, error) {
+	took, failed := pullAll(ctx, n, base, img)
+	if len(failed) > 0 {
+		return 0, failed[0]
+	}
+	return took, nil
+}
+
+// pullAll is pullers returning every failed pull's error.
+func pullAll(ctx context.Context, n int, base string, img *benchImage) (time.Duration, []error) {
 	start := time.Now()
 	errs := make(chan error, n)
 	var wg sync.WaitGroup
@@ -333,34 +363,36 @@ func pullers(ctx context.Context, n int, base string, img *benchImage) (time.Dur
 	wg.Wait()
 	took := time.Since(start)
 	close(errs)
+	var failed []error
 	for err := range errs {
 		if err != nil {
-			return 0, err
+			failed = append(failed, err)
 		}
 	}
-	return took, nil
+	return took, failed
 }
+
+// pullRetries is how often a fetch is reopened without progress, as containerd's
+// (core/remotes/docker's httpReadSeeker: a body cut short is reopened at its offset).
+const pullRetries = 3
 
 func pullOnce(ctx context.Context, base string, img *benchImage) error {
 	client := &http.Client{Transport: &http.Transport{DisableCompression: true, MaxIdleConnsPerHost: 4}, Timeout: 10 * time.Minute}
 	defer client.CloseIdleConnections()
 	get := func(path string, accept string, want int64) error {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+path, nil)
-		if err != nil {
-			return err
+		var got int64
+		var err error
+		for tries := 0; tries <= pullRetries; tries++ {
+			var n int64
+			n, err = fetchFrom(ctx, client, base+path, accept, got)
+			got += n
+			if err == nil {
+				break
+			}
+			if n > 0 {
+				tries = 0 // progress: containerd counts only retries without any
+			}
 		}
-		if accept != "" {
-			req.Header.Set("Accept", accept)
-		}
-		resp, err := client.Do(req)
-		if err != nil {
-			return err
-		}
-		defer resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			return fmt.Errorf("GET %s: %s", path, resp.Status)
-		}
-		got, err := io.Copy(io.Discard, resp.Body)
 		if err == nil && got != want {
 			err = fmt.Errorf("GET %s: %d bytes, want %d", path, got, want)
 		}
@@ -389,6 +421,31 @@ func pullOnce(ctx context.Context, base string, img *benchImage) error {
 	return nil
 }
 
+// fetchFrom reads target from byte from on and returns how many bytes it read.
+func fetchFrom(ctx context.Context, client *http.Client, target, accept string, from int64) (int64, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, target, nil)
+	if err != nil {
+		return 0, err
+	}
+	if accept != "" {
+		req.Header.Set("Accept", accept)
+	}
+	want := http.StatusOK
+	if from > 0 {
+		req.Header.Set("Range", fmt.Sprintf("bytes=%d-", from))
+		want = http.StatusPartialContent
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != want {
+		return 0, fmt.Errorf("GET %s: %s", target, resp.Status)
+	}
+	return io.Copy(io.Discard, resp.Body)
+}
+
 // registryProcess is a registry (the cache, or distribution) run as its own process.
 type registryProcess struct {
 	cmd        *exec.Cmd
@@ -401,7 +458,7 @@ type registryProcess struct {
 
 // startCacheProcess runs `quartermaster registry-mirror` as the StatefulSet does, with the
 // rendered configuration, its ports and storage overridden by distribution's variables.
-func startCacheProcess(bin, upstream, dir string) (*registryProcess, error) {
+func startCacheProcess(bin, upstream, dir string, args ...string) (*registryProcess, error) {
 	conf, err := mirror.CacheConfig(mirror.CacheParams{UpstreamURL: upstream, TTL: mirror.DefaultTTL})
 	if err != nil {
 		return nil, err
@@ -422,7 +479,7 @@ func startCacheProcess(bin, upstream, dir string) (*registryProcess, error) {
 		return nil, err
 	}
 	p := &registryProcess{url: "http://" + addr, metricsURL: "http://" + maddr + mirror.MetricsPath}
-	return p, p.start(exec.Command(bin, "registry-mirror", "--config", config, "--credentials-dir", filepath.Join(dir, "credentials")),
+	return p, p.start(exec.Command(bin, append([]string{"registry-mirror", "--config", config, "--credentials-dir", filepath.Join(dir, "credentials")}, args...)...),
 		"REGISTRY_HTTP_ADDR="+addr, "REGISTRY_HTTP_DEBUG_ADDR="+maddr, "REGISTRY_STORAGE_FILESYSTEM_ROOTDIRECTORY="+filepath.Join(dir, "storage"),
 		"REGISTRY_LOG_LEVEL=warn")
 }

@@ -61,6 +61,7 @@ var cases = []benchCase{
 	{name: "intents/cluster-binding-500-namespaces", run: clusterBindingBench},
 	{name: "mirrors/50-mirrors", run: mirrorsBench},
 	{name: "mirrors/cache-data-path", run: cacheDataPathBench},
+	{name: "mirrors/cache-replicas", run: cacheReplicasBench},
 	{name: "manager/every-controller-unrelated-objects", run: cachesBench},
 	{name: "manager/failover-under-kill", run: failoverBench},
 }

@@ -30,7 +30,9 @@ type RegistryMirrorSpec struct {
 	// +optional
 	CredentialsSecret string `json:"credentialsSecret,omitempty"`
 
-	// Replicas is the number of cache pods. They share nothing: each caches what it served.
+	// Replicas is the number of cache pods. They act as one cache: a pod that lacks content
+	// asks the pod that owns its digest before the upstream, so the upstream serves each blob
+	// once per mirror; any pod down, the others fetch its share themselves.
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=20
 	// +kubebuilder:default=2

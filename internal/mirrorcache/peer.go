@@ -1,0 +1,241 @@
+package mirrorcache
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/opencontainers/go-digest"
+	"github.com/sirupsen/logrus"
+
+	"github.com/quartermaster-dev/quartermaster/internal/mirrorcache/peerset"
+)
+
+// The replicas of a mirror act as one cache (docs/mirrors.md, Replicas): a pod that lacks
+// content asks the pod that owns the digest (peerset's rendezvous hashing) before the upstream,
+// on the owner's peer port, and streams while the owner fills; the owner is the only one that
+// fetches from the upstream. A request on the peer port is never sent to another peer, so
+// requests cannot loop. A peer that fails to connect, answers 5xx, stalls, is cut, or sends bytes
+// of another digest is skipped for a while, and the fill goes on from the next owner or the
+// upstream, from the byte it had reached.
+
+// PeerOptions make a cache one of several replicas acting as one cache.
+type PeerOptions struct {
+	// Addr is the peer port's listen address (mirror.PeerPort); Listener, when set, replaces
+	// it (a test binds port 0). It serves content by digest to the other replicas.
+	Addr     string
+	Listener net.Listener
+	// Set is the replicas as this one sees them (peerset.New).
+	Set *peerset.Set
+	// Lookup, when set, finds the replicas now (peerset.LookupSRV): the cache asks it every
+	// peerLookupInterval. Without it Set stays as given.
+	Lookup func(context.Context) ([]peerset.Peer, error)
+	// Timeouts; zero means the defaults below (tests shorten them).
+	ConnectTimeout, StallTimeout time.Duration
+}
+
+// peerLookupInterval is how often the replicas are looked up: a pod that became ready or went
+// away is seen within it (until then, a gone one is skipped after its first failure).
+const peerLookupInterval = 5 * time.Second
+
+// Peer timeouts: in-cluster connections are quick, and an owner that sends nothing for
+// peerStallTimeout (headers or body) costs the pulls waiting on it no more than that before
+// the upstream serves them.
+const (
+	peerConnectTimeout = time.Second
+	peerStallTimeout   = 10 * time.Second
+)
+
+// peers is a cache's client of the other replicas: its own connections (never counted as the
+// upstream's) and the set it picks owners from.
+type peers struct {
+	set    *peerset.Set
+	client *http.Client
+	stall  time.Duration
+}
+
+func newPeers(o PeerOptions) *peers {
+	connect, stall := o.ConnectTimeout, o.StallTimeout
+	if connect <= 0 {
+		connect = peerConnectTimeout
+	}
+	if stall <= 0 {
+		stall = peerStallTimeout
+	}
+	return &peers{
+		set: o.Set,
+		client: &http.Client{Transport: &http.Transport{
+			DialContext:         (&net.Dialer{Timeout: connect, KeepAlive: 30 * time.Second}).DialContext,
+			MaxIdleConnsPerHost: 64,
+			IdleConnTimeout:     90 * time.Second,
+			DisableCompression:  true,
+		}},
+		stall: stall,
+	}
+}
+
+// source is an open body a fill reads: from the upstream or from a peer, starting at offset.
+type source struct {
+	body      io.ReadCloser
+	size      int64 // the whole content's length; -1 unknown
+	mediaType string
+	peer      string // the peer's name; "" for the upstream
+
+	// A peer's fetch: cancel ends it (a stall, or the fill sent upstream).
+	cancel  context.CancelFunc
+	stall   *time.Timer
+	mu      sync.Mutex
+	stalled bool
+}
+
+// progress tells a peer source that bytes arrived: the stall timer starts again.
+func (s *source) progress(d time.Duration) {
+	if s.stall != nil {
+		s.stall.Reset(d)
+	}
+}
+
+func (s *source) close() {
+	if s.stall != nil {
+		s.stall.Stop()
+	}
+	if s.cancel != nil {
+		s.cancel()
+	}
+	s.body.Close()
+}
+
+// why says why a peer's body ended early: it stalled, or it was cut.
+func (s *source) why() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stalled {
+		return resultPeerStalled
+	}
+	return resultPeerCut
+}
+
+// errNotFromPeer means the peer gave an answer that is not content (404, 401 …): the upstream
+// is asked, and the peer is not marked as failing.
+var errNotFromPeer = errors.New("the peer has no content to give")
+
+// open asks peer p for bytes [from, …) of d for repo. It gives up when p sends nothing for the
+// stall timeout; it marks p failing unless p answered with something else than content.
+func (p *peers) open(ctx context.Context, owner peerset.Peer, repo string, d digest.Digest, manifest bool, from int64) (*source, error) {
+	kind := "blobs"
+	if manifest {
+		kind = "manifests"
+	}
+	target := (&url.URL{Scheme: "http", Host: owner.Addr, Path: "/v2/" + repo + "/" + kind + "/" + d.String()}).String()
+	ctx, cancel := context.WithCancel(ctx)
+	src := &source{peer: owner.Name, cancel: cancel}
+	src.stall = time.AfterFunc(p.stall, func() {
+		src.mu.Lock()
+		src.stalled = true
+		src.mu.Unlock()
+		cancel()
+	})
+	fail := func(result string, err error) (*source, error) {
+		src.stall.Stop()
+		cancel()
+		p.ended(src, result, fmt.Errorf("%s: %w", d, err))
+		return nil, err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, target, nil)
+	if err != nil {
+		return fail(resultPeerError, err)
+	}
+	if from > 0 {
+		req.Header.Set("Range", "bytes="+strconv.FormatInt(from, 10)+"-")
+	}
+	resp, err := p.client.Do(req)
+	if err != nil {
+		result := resultPeerUnreachable
+		if src.why() == resultPeerStalled {
+			result = resultPeerStalled
+		} else if ctx.Err() != nil {
+			result = resultPeerCanceled
+		}
+		return fail(result, err)
+	}
+	src.body, src.mediaType = resp.Body, resp.Header.Get("Content-Type")
+	switch {
+	case resp.StatusCode >= 500:
+		drain(resp)
+		return fail(resultPeerError, fmt.Errorf("peer %s answered %s", owner.Name, resp.Status))
+	case resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusPartialContent:
+		drain(resp)
+		return fail(resultPeerRefused, fmt.Errorf("peer %s answered %s: %w", owner.Name, resp.Status, errNotFromPeer))
+	}
+	src.size, err = bodyStart(resp, from)
+	if err != nil {
+		resp.Body.Close()
+		return fail(resultPeerError, fmt.Errorf("peer %s: %w", owner.Name, err))
+	}
+	src.progress(p.stall)
+	return src, nil // counted when its body ends (fill.run)
+}
+
+// ended counts how a request to a peer ended, and skips the peer for a while when it failed.
+func (p *peers) ended(src *source, result string, err error) {
+	peerRequests.WithLabelValues(result).Inc()
+	switch result {
+	case resultPeerOK, resultPeerRefused, resultPeerCanceled:
+		return
+	}
+	p.set.Failed(src.peer)
+	logrus.WithError(err).WithFields(logrus.Fields{"peer": src.peer, "peer.result": result}).
+		Warn("peer failed: the next owner or the upstream serves instead")
+}
+
+// bodyStart checks that resp's body starts at byte from of the content (a 206 for that range,
+// or a 200 whose first bytes are skipped) and returns the content's whole length (-1 unknown).
+func bodyStart(resp *http.Response, from int64) (int64, error) {
+	if resp.StatusCode == http.StatusOK {
+		if from > 0 {
+			if _, err := io.CopyN(io.Discard, resp.Body, from); err != nil {
+				return 0, fmt.Errorf("skipping to byte %d: %w", from, err)
+			}
+		}
+		return resp.ContentLength, nil
+	}
+	// Content-Range: bytes from-last/size
+	spec, ok := strings.CutPrefix(resp.Header.Get("Content-Range"), "bytes ")
+	rng, total, ok2 := strings.Cut(spec, "/")
+	first, _, ok3 := strings.Cut(rng, "-")
+	start, err := strconv.ParseInt(first, 10, 64)
+	if !ok || !ok2 || !ok3 || err != nil || start != from {
+		return 0, fmt.Errorf("a partial answer %q, not from byte %d", resp.Header.Get("Content-Range"), from)
+	}
+	size, err := strconv.ParseInt(total, 10, 64)
+	if err != nil {
+		return -1, nil //nolint:nilerr // "*": the length is unknown
+	}
+	return size, nil
+}
+
+// servePeers answers the other replicas on the peer port: GET and HEAD of content by digest,
+// from the store or a fill of this cache, never sent on to another peer. It serves nothing the
+// registry port does not serve to any client (docs/mirrors.md, Replicas).
+func (f *front) servePeers() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		repo, kind, ref, ok := contentPath(r)
+		d, err := digest.Parse(ref)
+		if !ok || err != nil {
+			registryError(w, http.StatusNotFound, "NOT_FOUND", "the peer port serves content by digest only")
+			return
+		}
+		w.Header().Set("Docker-Distribution-API-Version", "registry/2.0")
+		manifest := kind == "/manifests/"
+		peerServed.WithLabelValues(kindOf(manifest)).Inc()
+		f.serve(w, r, repo, d, manifest, false, true)
+	})
+}
