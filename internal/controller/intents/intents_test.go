@@ -122,11 +122,13 @@ func testBinding(t *testing.T, f *fixture) {
 		if c := meta.FindStatusCondition(np.Status.Conditions, "Ready"); !strings.Contains(c.Message, "Kyverno") {
 			t.Errorf("Ready message %q does not name the missing engine", c.Message)
 		}
-		f.get(t, sib)
-		st := sib.Status
-		if st.Status != "Created" || st.NumberOfBoundIntents != 2 || !slices.Equal(st.BoundIntents, []string{"dns", "escape"}) || st.NimbusPolicy != "web" {
-			t.Errorf("binding status = %+v", st)
-		}
+		// The policy's report wakes the binding, whose status follows.
+		eventually(t, "the binding's status", func() (bool, string) {
+			f.get(t, sib)
+			st := sib.Status
+			return st.Status == "Created" && st.NumberOfBoundIntents == 2 && slices.Equal(st.BoundIntents, []string{"dns", "escape"}) && st.NimbusPolicy == "web",
+				fmt.Sprintf("%+v", st)
+		})
 	})
 
 	t.Run("engine policies owned by the NimbusPolicy, annotated as Nimbus does", func(t *testing.T) {
