@@ -12,7 +12,7 @@ K8S_BIN = $$(hack/k8s-bin.sh | tail -n1)
 K8S_MIN_BIN = $$(hack/k8s-bin.sh 1.30 | tail -n1)
 # The packages whose tests run envtest (a real kube-apiserver and etcd): make test-k8s-min runs them
 # against K8S_MIN_BIN.
-ENVTEST_PACKAGES := ./internal/controller/... ./internal/manager/... ./internal/nodeagent/...
+ENVTEST_PACKAGES := ./internal/controller/... ./internal/manager/... ./internal/nodeagent/... ./test/policies/...
 # The folder hack/kyverno-bin.sh builds Kyverno's admission and background controllers and copies its CRDs into
 # (the e2e runs them against the local cluster; QM_KYVERNO_BIN tells it where they are).
 KYVERNO_BIN = $$(hack/kyverno-bin.sh | tail -n1)
