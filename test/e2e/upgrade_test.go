@@ -43,8 +43,8 @@ const (
 )
 
 // TestHelmUpgradeAndRollbackLoseNothing installs the chart as the newest earlier commit whose
-// charts/ differs released it, and runs that commit's manager (built from its sources) as the
-// Deployment's pods say; creates an object of every kind; then, while a load generator keeps
+// charts/ differs released it, its CRDs included, and runs that commit's manager (built from its
+// sources) as the Deployment's pods say; creates an object of every kind; then, while a load generator keeps
 // creating namespace requests and IAMServiceAccounts and scaling a VmGroup, upgrades the release to
 // this commit's chart and rolls it back with Helm 3 (as most clusters are managed; it installed the
 // release too), then does both again with Helm 4 (a team moving to Helm 4). The Deployment
@@ -52,7 +52,8 @@ const (
 // old and the new manager overlap and leader election hands over. After each step nothing is lost:
 // every object Ready and none Stalled, every request's Namespace and Secret written once, one IAM
 // role per IAMServiceAccount created once, each VM cloned once and none removed, and the objects
-// stored before the upgrade read back with the spec they were stored with. The longest time an
+// stored before the upgrade read back with the spec they were stored with, the CRDs' stored
+// versions unchanged. The longest time an
 // object created during a rollout waited to be served is logged (never asserted).
 func TestHelmUpgradeAndRollbackLoseNothing(t *testing.T) {
 	ctx := context.Background()
@@ -71,7 +72,6 @@ func TestHelmUpgradeAndRollbackLoseNothing(t *testing.T) {
 	values := map[string]any{
 		"fullnameOverride": upRelease,
 		"image":            map[string]any{"repository": "registry.example.com/quartermaster", "tag": oldTag},
-		"crds":             map[string]any{"enabled": false},
 		"leaderElection":   map[string]any{"id": "qm-up-" + strings.ToLower(time.Now().Format("150405.000000"))},
 		"crdPollInterval":  "5s",
 		"namespaces":       map[string]any{"requestsNamespace": upRequests},
@@ -94,10 +94,10 @@ func TestHelmUpgradeAndRollbackLoseNothing(t *testing.T) {
 		}
 	}
 
-	// The CRDs are kept out of the release (crds.enabled=false) and applied first, as
-	// docs/install.md says for that case: the earlier commit's now, this commit's before the upgrade.
-	applyCRDs(t, filepath.Join(prev.dir, "config", "crd", "bases"))
-	t.Cleanup(func() { applyCRDs(t, filepath.Join(testenv.RepoRoot(), "config", "crd", "bases")) })
+	// The CRDs are the release's (crds.enabled, the default): each install, upgrade and rollback
+	// applies its chart's. config/local installed them with kubectl; the release adopts them, as
+	// Helm adopts objects that carry its ownership metadata. Afterwards they are config/local's again.
+	crds := adoptCRDs(t, h, filepath.Join(prev.dir, chart.Dir))
 	helm("install", upRelease, filepath.Join(prev.dir, chart.Dir), "--create-namespace", "-f", valuesFile, "--wait", "--timeout", "3m")
 	t.Cleanup(func() {
 		_, _ = h.Run("uninstall", upRelease, "--namespace", upNamespace, "--kubeconfig", cluster.Kubeconfig, "--wait")
@@ -232,6 +232,7 @@ func TestHelmUpgradeAndRollbackLoseNothing(t *testing.T) {
 	converged("installed (the earlier release)")
 	t.Logf("the earlier release served everything in %s", time.Since(began).Round(time.Second))
 	snapshot := readBack(t, stored)
+	versions := storedVersions(t, crds)
 
 	// A rollout under load: the load generator runs while helm upgrades (or rolls back) and the
 	// pods' managers follow the pods, until the Deployment has rolled and its managers run.
@@ -267,10 +268,11 @@ func TestHelmUpgradeAndRollbackLoseNothing(t *testing.T) {
 		if !equality.Semantic.DeepEqual(readBack(t, stored), snapshot) {
 			t.Errorf("%s: the objects stored before the upgrade read back changed:\nbefore: %v\nafter:  %v", phase, snapshot, readBack(t, stored))
 		}
+		if now := storedVersions(t, crds); !equality.Semantic.DeepEqual(now, versions) {
+			t.Errorf("%s: the CRDs' stored versions are %v, were %v (a storage version migration is due: docs/api-versions.md)", phase, now, versions)
+		}
 	}
-	// CRDs first, then the release; a rollback leaves them (they are not the release's). Helm 4 then
-	// upgrades and rolls back the release Helm 3 wrote, as a team moving to Helm 4 would.
-	applyCRDs(t, filepath.Join(testenv.RepoRoot(), "config", "crd", "bases"))
+	// Helm 4 then upgrades and rolls back the release Helm 3 wrote, as a team moving to Helm 4 would.
 	upgrade := []string{"upgrade", upRelease, chart.Dir, "-f", valuesFile, "--set", "image.tag=" + newTag}
 	rollout(testenv.Helm3, "upgraded to this commit", upgrade...)
 	rollout(testenv.Helm3, "rolled back", "rollback", upRelease)
@@ -317,10 +319,42 @@ func previousRelease(t *testing.T) release {
 	return r
 }
 
-// applyCRDs applies the CRDs of a folder (server-side, taking over the fields another apply set).
-func applyCRDs(t *testing.T, dir string) {
+// adoptCRDs marks the cluster's CRDs of the chart at dir as the release's, and when the test ends
+// applies config/crd/bases again and takes the marks off. It returns their names.
+func adoptCRDs(t *testing.T, h testenv.Helm, dir string) []string {
 	t.Helper()
-	kubectlOK(t, "apply", "--server-side", "--force-conflicts", "--field-manager=qm-up-e2e", "-f", dir)
+	out, err := h.Run("template", upRelease, dir, "--namespace", upNamespace)
+	must(t, err)
+	objs, err := chart.Objects(out)
+	must(t, err)
+	var names []string
+	for _, o := range objs {
+		if o.GetKind() == "CustomResourceDefinition" {
+			names = append(names, o.GetName())
+		}
+	}
+	mark := func(label string, annotations ...string) {
+		for _, n := range names {
+			kubectlOK(t, "label", "--overwrite", "crd", n, label)
+			kubectlOK(t, append([]string{"annotate", "--overwrite", "crd", n}, annotations...)...)
+		}
+	}
+	mark("app.kubernetes.io/managed-by=Helm", "meta.helm.sh/release-name="+upRelease, "meta.helm.sh/release-namespace="+upNamespace)
+	t.Cleanup(func() {
+		kubectlOK(t, "apply", "--server-side", "--force-conflicts", "-f", filepath.Join(testenv.RepoRoot(), "config", "crd", "bases"))
+		mark("app.kubernetes.io/managed-by-", "meta.helm.sh/release-name-", "meta.helm.sh/release-namespace-", "helm.sh/resource-policy-")
+	})
+	return names
+}
+
+// storedVersions reads each CRD's status.storedVersions: the versions its objects may be stored in.
+func storedVersions(t *testing.T, crds []string) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	for _, n := range crds {
+		out[n] = kubectlOK(t, "get", "crd", n, "-o", "jsonpath={.status.storedVersions}")
+	}
+	return out
 }
 
 // readBack reads each object as the API serves it now and keeps what a user wrote: its spec (or a
