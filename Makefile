@@ -8,6 +8,11 @@ GOLANGCI_LINT := $(GO) tool -modfile=hack/tools/go.mod golangci-lint
 CONTROLLER_GEN := $(GO) tool controller-gen
 # The folder hack/k8s-bin.sh builds the Kubernetes binaries into (evaluated per recipe, on demand).
 K8S_BIN = $$(hack/k8s-bin.sh | tail -n1)
+# The same for the oldest Kubernetes docs/install.md supports: kube-apiserver, etcd and kubectl only.
+K8S_MIN_BIN = $$(hack/k8s-bin.sh 1.30 | tail -n1)
+# The packages whose tests run envtest (a real kube-apiserver and etcd): make test-k8s-min runs them
+# against K8S_MIN_BIN.
+ENVTEST_PACKAGES := ./internal/controller/... ./internal/manager/... ./internal/nodeagent/... ./test/policies/...
 # The folder hack/kyverno-bin.sh builds Kyverno's admission and background controllers and copies its CRDs into
 # (the e2e runs them against the local cluster; QM_KYVERNO_BIN tells it where they are).
 KYVERNO_BIN = $$(hack/kyverno-bin.sh | tail -n1)
@@ -96,11 +101,15 @@ kyverno-bin: ## Build Kyverno's admission and background controllers (v1.19.1) f
 
 ##@ Test
 .PHONY: test
-test: lint verify-generated test-unit test-e2e ## Everything CI runs: lint, generated-file check, unit + envtest, e2e on the local cluster.
+test: lint verify-generated test-unit test-k8s-min test-e2e ## Everything CI runs: lint, generated-file check, unit + envtest, envtest on the oldest supported Kubernetes, e2e on the local cluster.
 
 .PHONY: test-unit
 test-unit: ## Unit and envtest integration tests (real kube-apiserver + etcd).
 	KUBEBUILDER_ASSETS="$(K8S_BIN)" $(GO) test $(TEST_FLAGS) -timeout 20m ./...
+
+.PHONY: test-k8s-min
+test-k8s-min: ## The envtest suites against the oldest Kubernetes docs/install.md supports (1.30, built from source once into the cache).
+	KUBEBUILDER_ASSETS="$(K8S_MIN_BIN)" $(GO) test -count=1 -timeout 20m $(ENVTEST_PACKAGES)
 
 .PHONY: test-stress
 test-stress: ## The unit + envtest suite twice at once, three rounds in a row (ROUNDS=n): flakes show here, not in CI.

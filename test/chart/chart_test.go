@@ -37,9 +37,11 @@ func valuesFile(name string) string {
 	return filepath.Join("test", "chart", "testdata", name+".values.yaml")
 }
 
+// render renders with Helm 4: what the chart renders is the same with Helm 3
+// (TestRendersAsTheGoldenFiles).
 func render(t *testing.T, extra ...string) []*unstructured.Unstructured {
 	t.Helper()
-	out, err := chart.Template(release, namespace, extra...)
+	out, err := chart.Template(testenv.Helm4, release, namespace, extra...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,39 +52,76 @@ func render(t *testing.T, extra ...string) []*unstructured.Unstructured {
 	return objs
 }
 
+// TestLint: helm lint --strict passes with each Helm major.
 func TestLint(t *testing.T) {
-	for _, set := range valueSets {
-		out, err := testenv.Helm("lint", "--strict", chart.Dir, "-f", valuesFile(set))
-		if err != nil {
-			t.Errorf("%s: %v\n%s", set, err, out)
+	for _, h := range testenv.Helms {
+		for _, set := range valueSets {
+			out, err := h.Run("lint", "--strict", chart.Dir, "-f", valuesFile(set))
+			if err != nil {
+				t.Errorf("%s, %s: %v\n%s", h, set, err, out)
+			}
 		}
 	}
 }
 
+// TestRendersAsTheGoldenFiles: Helm 4 renders each value set exactly as its golden file (-update
+// writes them), and Helm 3 renders the same objects (its text differs in blank lines only: Helm 3
+// trims each template's trailing whitespace).
 func TestRendersAsTheGoldenFiles(t *testing.T) {
-	for _, set := range valueSets {
-		t.Run(set, func(t *testing.T) {
-			rendered, err := chart.Template(release, namespace, "-f", valuesFile(set))
-			if err != nil {
-				t.Fatal(err)
-			}
-			got := withoutCRDSchemas(rendered)
-			path := filepath.Join("testdata", set+".golden.yaml")
-			if *update {
-				if err := os.WriteFile(path, got, 0o644); err != nil {
-					t.Fatal(err)
-				}
-				return
-			}
-			want, err := os.ReadFile(path)
-			if err != nil {
-				t.Fatalf("%v (go test ./test/chart -update writes it)", err)
-			}
-			if !bytes.Equal(got, want) {
-				t.Errorf("helm template with %s differs from %s (go test ./test/chart -update rewrites it; review the diff):\n%s",
-					valuesFile(set), path, firstDifference(string(want), string(got)))
-			}
-		})
+	for _, h := range testenv.Helms {
+		for _, set := range valueSets {
+			t.Run(h.String()+"/"+set, func(t *testing.T) { testRendersAsTheGoldenFile(t, h, set) })
+		}
+	}
+}
+
+func testRendersAsTheGoldenFile(t *testing.T, h testenv.Helm, set string) {
+	rendered, err := chart.Template(h, release, namespace, "-f", valuesFile(set))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := withoutCRDSchemas(rendered)
+	path := filepath.Join("testdata", set+".golden.yaml")
+	if *update && h == testenv.Helm4 {
+		if err := os.WriteFile(path, got, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (go test ./test/chart -update writes it)", err)
+	}
+	if h != testenv.Helm4 {
+		sameObjects(t, h, got, want)
+		return
+	}
+	if !bytes.Equal(got, want) {
+		t.Errorf("helm template with %s differs from %s (go test ./test/chart -update rewrites it; review the diff):\n%s",
+			valuesFile(set), path, firstDifference(string(want), string(got)))
+	}
+}
+
+// sameObjects fails unless the manifest h rendered holds the golden manifest's objects, in order.
+func sameObjects(t *testing.T, h testenv.Helm, got, golden []byte) {
+	t.Helper()
+	gotObjs, err := chart.Objects(got)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantObjs, err := chart.Objects(golden)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g, w := chart.Names(gotObjs), chart.Names(wantObjs); !slices.Equal(g, w) {
+		t.Fatalf("%s renders %v,\nHelm 4 (the golden file) %v", h, g, w)
+	}
+	for i := range gotObjs {
+		if !equality.Semantic.DeepEqual(gotObjs[i].Object, wantObjs[i].Object) {
+			a, _ := yaml.Marshal(gotObjs[i].Object)
+			b, _ := yaml.Marshal(wantObjs[i].Object)
+			t.Errorf("%s renders %s differently from Helm 4 (the golden file):\n%s", h, chart.Names(gotObjs[i : i+1])[0], firstDifference(string(b), string(a)))
+		}
 	}
 }
 
@@ -266,8 +305,15 @@ func TestRBACIsConfigRBAC(t *testing.T) {
 	}
 }
 
-// TestRefusesBadValues: values.schema.json makes helm fail before anything is installed.
+// TestRefusesBadValues: values.schema.json makes helm fail before anything is installed, with
+// each Helm major.
 func TestRefusesBadValues(t *testing.T) {
+	for _, h := range testenv.Helms {
+		t.Run(h.String(), func(t *testing.T) { testRefusesBadValues(t, h) })
+	}
+}
+
+func testRefusesBadValues(t *testing.T, h testenv.Helm) {
 	for _, tc := range []struct {
 		set, want string
 	}{
@@ -281,13 +327,13 @@ func TestRefusesBadValues(t *testing.T) {
 		{"metrics.port=70000", "/metrics/port"},
 		{"vmgroups.maxReplicas=1001", "/vmgroups/maxReplicas"},
 	} {
-		_, err := chart.Template(release, namespace, "--set", tc.set)
+		_, err := chart.Template(h, release, namespace, "--set", tc.set)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("--set %s: got %v, want an error naming %s", tc.set, err, tc.want)
 		}
 	}
 	// And no controller at all is refused by the template itself.
-	_, err := chart.Template(release, namespace, "--set", "namespaces.enabled=false", "--set", "mirrors.enabled=false", "--set", "intents.enabled=false")
+	_, err := chart.Template(h, release, namespace, "--set", "namespaces.enabled=false", "--set", "mirrors.enabled=false", "--set", "intents.enabled=false")
 	if err == nil || !strings.Contains(err.Error(), "enable at least one controller") {
 		t.Errorf("no controller: got %v, want refused", err)
 	}

@@ -93,7 +93,7 @@ func TestHelmChartAsInstalled(t *testing.T) {
 	// Every CRD template is accepted by the API server (a server-side dry run: config/local's CRDs
 	// are the same objects).
 	crdFile := filepath.Join(t.TempDir(), "crds.yaml")
-	all, err := chart.Template(chartRelease, chartNamespace, "-f", valuesFile, "--set", "crds.enabled=true")
+	all, err := chart.Template(testenv.Helm4, chartRelease, chartNamespace, "-f", valuesFile, "--set", "crds.enabled=true")
 	must(t, err)
 	objs, err := chart.Objects(all)
 	must(t, err)
@@ -112,14 +112,14 @@ func TestHelmChartAsInstalled(t *testing.T) {
 	kubectlOK(t, "apply", "--server-side", "--dry-run=server", "--field-manager=qm-chart-e2e", "-f", crdFile)
 
 	// helm install, as a platform admin would, waiting for the Deployment (kwok runs its pods).
-	if out, err := testenv.Helm("install", chartRelease, chart.Dir, "--namespace", chartNamespace, "--create-namespace",
+	if out, err := testenv.Helm4.Run("install", chartRelease, chart.Dir, "--namespace", chartNamespace, "--create-namespace",
 		"-f", valuesFile, "--kubeconfig", cluster.Kubeconfig, "--wait", "--timeout", "3m"); err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
 	uninstalled := false
 	t.Cleanup(func() {
 		if !uninstalled {
-			_, _ = testenv.Helm("uninstall", chartRelease, "--namespace", chartNamespace, "--kubeconfig", cluster.Kubeconfig, "--wait")
+			_, _ = testenv.Helm4.Run("uninstall", chartRelease, "--namespace", chartNamespace, "--kubeconfig", cluster.Kubeconfig, "--wait")
 		}
 		for _, ns := range []string{chartNamespace, chartRequests, chartMirrors} {
 			_ = admin.Delete(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
@@ -288,7 +288,7 @@ func TestHelmChartAsInstalled(t *testing.T) {
 	t.Run("a tenant with edit in one namespace", func(t *testing.T) { testTenantRoles(t, ns) })
 
 	mgr.stop(t)
-	if out, err := testenv.Helm("uninstall", chartRelease, "--namespace", chartNamespace, "--kubeconfig", cluster.Kubeconfig, "--wait"); err != nil {
+	if out, err := testenv.Helm4.Run("uninstall", chartRelease, "--namespace", chartNamespace, "--kubeconfig", cluster.Kubeconfig, "--wait"); err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
 	uninstalled = true

@@ -195,30 +195,37 @@ func TestFailoverUnderKillAcrossControllers(t *testing.T) {
 		if got := len(sim.VMs(t, "/DC0/vm/"+ns+"-ha")); got != vms {
 			t.Errorf("%d VMs in the group's folder, want %d", got, vms)
 		}
-		events, err := event.NewManager(sim.Admin.Client).QueryEvents(ctx, vimtypes.EventFilterSpec{
-			EventTypeId: []string{"VmBeingClonedEvent", "VmRemovedEvent"}, MaxCount: 1000,
-		})
-		must(t, err)
-		cloned := map[string]int{}
-		for _, e := range events {
-			switch e := e.(type) {
-			case *vimtypes.VmBeingClonedEvent:
-				if e.DestName != "ha-template" {
-					cloned[e.DestName]++
-				}
-			case *vimtypes.VmRemovedEvent:
-				t.Errorf("VM %s was removed", e.Vm.Name)
-			}
-		}
-		if len(cloned) != vms {
-			t.Errorf("%d VMs cloned, want %d: %v", len(cloned), vms, cloned)
-		}
-		for name, n := range cloned {
-			if n != 1 {
-				t.Errorf("%s cloned %d times", name, n)
-			}
-		}
+		clonedOnce(t, sim, []string{ns + "-ha"}, vms)
 	})
+}
+
+// clonedOnce checks vcsim's event log: want VMs cloned into the folders, each once, and none of
+// them removed.
+func clonedOnce(t *testing.T, sim *vsimtest.Sim, folders []string, want int) {
+	t.Helper()
+	events, err := event.NewManager(sim.Admin.Client).QueryEvents(context.Background(), vimtypes.EventFilterSpec{
+		EventTypeId: []string{"VmBeingClonedEvent", "VmRemovedEvent"}, MaxCount: 1000,
+	})
+	must(t, err)
+	cloned := map[string]int{}
+	for _, e := range events {
+		if e, ok := e.(*vimtypes.VmBeingClonedEvent); ok && slices.Contains(folders, e.DestFolder.Name) {
+			cloned[e.DestName]++
+		}
+	}
+	for _, e := range events {
+		if e, ok := e.(*vimtypes.VmRemovedEvent); ok && cloned[e.Vm.Name] > 0 {
+			t.Errorf("VM %s was removed", e.Vm.Name)
+		}
+	}
+	if len(cloned) != want {
+		t.Errorf("%d VMs cloned into %v, want %d: %v", len(cloned), folders, want, cloned)
+	}
+	for name, n := range cloned {
+		if n != 1 {
+			t.Errorf("%s cloned %d times", name, n)
+		}
+	}
 }
 
 // outsideSystems starts the IAM emulator and vcsim (with the template ha-template) for a manager

@@ -52,13 +52,19 @@ func startManager(t *testing.T, args ...string) *process {
 // with env added to the test's environment; it is stopped when the test ends.
 func startAs(t *testing.T, name, namespace, serviceAccount string, env []string, args ...string) *process {
 	t.Helper()
+	return startBinaryAs(t, managerBin, name, namespace, serviceAccount, env, args...)
+}
+
+// startBinaryAs is startAs for another build of the quartermaster binary (an earlier release's).
+func startBinaryAs(t *testing.T, bin, name, namespace, serviceAccount string, env []string, args ...string) *process {
+	t.Helper()
 	kubeconfig, _, err := cluster.ServiceAccountKubeconfig(context.Background(), namespace, serviceAccount, time.Hour)
 	must(t, err)
 	path := filepath.Join(t.TempDir(), name+".kubeconfig")
 	must(t, os.WriteFile(path, kubeconfig, 0o600))
 
 	p := &process{name: name, logs: &testenv.LogBuffer{}, done: make(chan error, 1)}
-	p.cmd = exec.Command(managerBin, args...)
+	p.cmd = exec.Command(bin, args...)
 	p.cmd.Env = append(append(os.Environ(), "KUBECONFIG="+path), env...)
 	p.cmd.Stdout, p.cmd.Stderr = p.logs, p.logs
 	must(t, p.cmd.Start())

@@ -1,5 +1,5 @@
-// Package chart renders the Helm chart charts/quartermaster with helm (testenv.Helm) for the
-// chart's tests and the e2e install, and turns the rendered manager Deployment into the process a
+// Package chart renders the Helm chart charts/quartermaster with helm (either testenv.Helm) for
+// the chart's tests and the e2e install, and turns the rendered manager Deployment into the process a
 // kubelet would run (kwok runs no containers).
 package chart
 
@@ -22,9 +22,9 @@ import (
 const Dir = "charts/quartermaster"
 
 // Template runs `helm template RELEASE charts/quartermaster --namespace NAMESPACE` with extra
-// arguments (-f FILE, --set K=V) and returns the manifest.
-func Template(release, namespace string, extra ...string) ([]byte, error) {
-	return testenv.Helm(append([]string{"template", release, Dir, "--namespace", namespace}, extra...)...)
+// arguments (-f FILE, --set K=V) with the given Helm and returns the manifest.
+func Template(h testenv.Helm, release, namespace string, extra ...string) ([]byte, error) {
+	return h.Run(append([]string{"template", release, Dir, "--namespace", namespace}, extra...)...)
 }
 
 // Objects splits a rendered manifest into its objects, in order.

@@ -1,0 +1,11 @@
+//go:build tools
+
+// Package k8sbin pins the commands hack/k8s-bin.sh 1.30 builds, so `go mod tidy` keeps their
+// dependencies in go.sum.
+package k8sbin
+
+import (
+	_ "go.etcd.io/etcd/server/v3"
+	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kubectl"
+)
