@@ -273,6 +273,22 @@ func fieldEnv(t *testing.T, vars []corev1.EnvVar, pod *corev1.Pod) []string {
 	return env
 }
 
+// expandVars replaces the $(NAME) references to env's variables in args, as the kubelet expands a
+// container's args.
+func expandVars(args, env []string) []string {
+	pairs := make([]string, 0, 2*len(env))
+	for _, kv := range env {
+		name, value, _ := strings.Cut(kv, "=")
+		pairs = append(pairs, "$("+name+")", value)
+	}
+	r := strings.NewReplacer(pairs...)
+	out := make([]string, 0, len(args))
+	for _, a := range args {
+		out = append(out, r.Replace(a))
+	}
+	return out
+}
+
 // waitNodeState waits until the agent's Pod reports configured (true/false) with reason.
 func waitNodeState(t *testing.T, c client.Client, pod *corev1.Pod, configured, reason string) *corev1.Pod {
 	t.Helper()
@@ -306,15 +322,13 @@ func newCachePod(t *testing.T, sts *appsv1.StatefulSet, secret *corev1.Secret) *
 		t.Fatalf("the cache StatefulSet has %d containers and %d claims, want one of each", len(spec.Containers), len(sts.Spec.VolumeClaimTemplates))
 	}
 	container := spec.Containers[0]
-	cp := &cachePod{owner: t, addr: freeLoopbackAddr(t), debug: freeLoopbackAddr(t), args: container.Args}
+	// The StatefulSet's first pod, as the kubelet would run it: its env resolved, and the args'
+	// $(VAR) references to it expanded.
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: sts.Namespace, Name: sts.Name + "-0"}}
+	env := fieldEnv(t, container.Env, pod)
+	cp := &cachePod{owner: t, addr: freeLoopbackAddr(t), debug: freeLoopbackAddr(t), args: expandVars(container.Args, env), env: env}
 	cp.URL = "http://" + cp.addr
 	cp.metricsURL = "http://" + cp.debug + mirror.MetricsPath
-	for _, v := range container.Env {
-		if v.ValueFrom != nil {
-			t.Fatalf("the cache's env %s comes from the API: not resolved here", v.Name)
-		}
-		cp.env = append(cp.env, v.Name+"="+v.Value)
-	}
 	cp.env = append(cp.env, "REGISTRY_HTTP_ADDR="+cp.addr, "REGISTRY_HTTP_DEBUG_ADDR="+cp.debug)
 	volumes := map[string]corev1.Volume{}
 	for _, v := range spec.Volumes {
