@@ -47,18 +47,7 @@ func TestFailoverUnderKillAcrossControllers(t *testing.T) {
 	must(t, err)
 
 	// Every write the test must see once, watched from before the first manager starts.
-	writes := newWriteLog()
-	for _, w := range []func() (watch.Interface, error){
-		func() (watch.Interface, error) {
-			return cs.CoreV1().Secrets(requestsNamespace).Watch(ctx, metav1.ListOptions{})
-		},
-		func() (watch.Interface, error) { return cs.CoreV1().Namespaces().Watch(ctx, metav1.ListOptions{}) },
-	} {
-		wi, err := w()
-		must(t, err)
-		t.Cleanup(wi.Stop)
-		go writes.follow(wi, prefix)
-	}
+	writes := watchRequestWrites(t, cs, requestsNamespace, prefix)
 
 	emu, sim, args := outsideSystems(t, "e2e-ha")
 	args = append(args, "--controllers=namespaces,iam,vmgroups", "--health-probe-bind-address=0",
@@ -265,6 +254,23 @@ type writeLog struct {
 }
 
 func newWriteLog() *writeLog { return &writeLog{events: map[string][]watch.EventType{}} }
+
+// watchRequestWrites logs, until the test ends, the writes of the Secrets in a requests namespace
+// and of the Namespaces whose names have prefix: what serving a namespace request writes.
+func watchRequestWrites(t *testing.T, cs kubernetes.Interface, requests, prefix string) *writeLog {
+	t.Helper()
+	ctx := context.Background()
+	writes := newWriteLog()
+	secrets, err := cs.CoreV1().Secrets(requests).Watch(ctx, metav1.ListOptions{})
+	must(t, err)
+	t.Cleanup(secrets.Stop)
+	namespaces, err := cs.CoreV1().Namespaces().Watch(ctx, metav1.ListOptions{})
+	must(t, err)
+	t.Cleanup(namespaces.Stop)
+	go writes.follow(secrets, prefix)
+	go writes.follow(namespaces, prefix)
+	return writes
+}
 
 func (l *writeLog) follow(w watch.Interface, prefix string) {
 	for e := range w.ResultChan() {

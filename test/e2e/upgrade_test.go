@@ -122,19 +122,8 @@ func TestHelmUpgradeAndRollbackLoseNothing(t *testing.T) {
 	// Every write that must happen once, watched from before the first manager starts.
 	cs, err := kubernetes.NewForConfig(cluster.Config)
 	must(t, err)
-	writes := newWriteLog()
+	writes := watchRequestWrites(t, cs, upRequests, upPrefix)
 	served := newFirstSeen()
-	for _, w := range []func() (watch.Interface, error){
-		func() (watch.Interface, error) {
-			return cs.CoreV1().Secrets(upRequests).Watch(ctx, metav1.ListOptions{})
-		},
-		func() (watch.Interface, error) { return cs.CoreV1().Namespaces().Watch(ctx, metav1.ListOptions{}) },
-	} {
-		wi, err := w()
-		must(t, err)
-		t.Cleanup(wi.Stop)
-		go writes.follow(wi, upPrefix)
-	}
 	requests, err := cs.CoreV1().ConfigMaps(upRequests).Watch(ctx, metav1.ListOptions{})
 	must(t, err)
 	t.Cleanup(requests.Stop)
