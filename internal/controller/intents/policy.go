@@ -291,13 +291,11 @@ func (b *base) report(obj client.Object, st *intentv1alpha1.NimbusPolicyStatus, 
 		o = status.Healthy("Generated", a.summary(unenforced), 0)
 	}
 	switch {
-	case status.ReadyReason(st.Conditions) == "" && onlyCreated(a.changes):
+	case (o.Ready || o.Quiet) && status.ReadyReason(st.Conditions) == "" && onlyCreated(a.changes):
 		// Its first generation, made with it (in force or waiting for its engine): the binding's
 		// Event (NimbusPolicyCreated, a cluster binding's Bound) says so, and
-		// status.adapterPolicies lists what was made. A failure still records its Warning.
-		if o.Ready || o.Quiet {
-			o = o.Silenced()
-		}
+		// status.adapterPolicies lists what was made.
+		o = o.Silenced()
 	case len(a.changes) > 0:
 		b.recorder.Eventf(obj, nil, corev1.EventTypeNormal, "PoliciesChanged", "Generate", "%s", strings.Join(a.changes, "; "))
 		if o.Ready {
