@@ -93,9 +93,11 @@ func (o *Options) validate() (config, error) {
 		if err := irsa.ValidEKSClusterName(eksCluster, "--eks-cluster-name"); err != nil {
 			return config{}, err
 		}
-	} else if eksCluster = o.ClusterName; irsa.ValidEKSClusterName(eksCluster, "--cluster-name") != nil {
-		eksClusterErr = fmt.Errorf("%w; set --eks-cluster-name to the EKS cluster's name for Pod Identity associations",
-			irsa.ValidEKSClusterName(eksCluster, "--cluster-name"))
+	} else {
+		eksCluster = o.ClusterName
+		if err := irsa.ValidEKSClusterName(eksCluster, "--cluster-name"); err != nil {
+			eksClusterErr = fmt.Errorf("%w; set --eks-cluster-name to the EKS cluster's name for Pod Identity associations", err)
+		}
 	}
 	// Optional: a cluster that uses only EKS Pod Identity has no OIDC provider to trust.
 	var issuer string

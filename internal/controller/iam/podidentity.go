@@ -3,6 +3,7 @@ package iam
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"k8s.io/utils/ptr"
 
@@ -58,7 +59,7 @@ func (r *ServiceAccountReconciler) ensureAssociation(ctx context.Context, sa *ia
 			// Made by someone else since the list (or not listed yet): the next reconcile finds it.
 			return ptr.To(status.Transient(ReasonConflict, awsiam.StatusMessage(err), err))
 		} else if err != nil {
-			return ptr.To(awsFailure(err, r.SlowRetry))
+			return ptr.To(associationFailure(err, r.SlowRetry))
 		}
 		rec.AssociationID, rec.AssociationARN = created.ID, created.ARN
 		ch.add("created EKS Pod Identity association %s in cluster %s", created.ID, cluster)
@@ -78,12 +79,26 @@ func (r *ServiceAccountReconciler) ensureAssociation(ctx context.Context, sa *ia
 	}
 	rec.AssociationID, rec.AssociationARN = a.ID, a.ARN
 	if a.RoleARN != roleARN {
-		if _, err := r.eks.SetRole(ctx, cluster, a.ID, roleARN); err != nil {
-			return ptr.To(awsFailure(err, r.SlowRetry))
+		if _, err := r.eks.SetRole(ctx, cluster, a.ID, roleARN); awseks.IsNotFound(err) {
+			// Deleted since it was read: the next attempt makes it anew.
+			return ptr.To(status.Transient(ReasonConflict, awsiam.StatusMessage(err), err))
+		} else if err != nil {
+			return ptr.To(associationFailure(err, r.SlowRetry))
 		}
 		ch.add("EKS Pod Identity association %s: set role %s (was %s)", a.ID, roleARN, a.RoleARN)
 	}
 	return nil
+}
+
+// associationFailure is the outcome of a failed create or update of an association. EKS checks the
+// role it names against its own view of IAM, which lags behind the role this reconcile has just
+// read, created or re-trusted: its InvalidParameterException is then retried with backoff, as
+// IAM's own NoSuchEntity after a read is, instead of stalling for the slow retry.
+func associationFailure(err error, slow time.Duration) status.Outcome {
+	if awseks.IsInvalidParameter(err) {
+		return propagating(err)
+	}
+	return awsFailure(err, slow)
 }
 
 // observeAssociation reads the association the record names, or else the one EKS lists for the

@@ -199,19 +199,15 @@ func writeEKSError(w http.ResponseWriter, requestID string, e *apiError) {
 	_, _ = w.Write(body)
 }
 
-func eksError(status int, code, format string, args ...any) *apiError {
-	return &apiError{status: status, code: code, msg: fmt.Sprintf(format, args...)}
-}
-
 func invalidParam(format string, args ...any) *apiError {
-	return eksError(http.StatusBadRequest, eksInvalidParam, format, args...)
+	return errorf(http.StatusBadRequest, eksInvalidParam, format, args...)
 }
 
 func (s *Server) dispatchEKSLocked(rt eksRoute, q url.Values, body []byte) (any, *apiError) {
 	if rt.op == "TagResource" || rt.op == "ListTagsForResource" {
 		a := s.associationByARNLocked(rt.resource)
 		if a == nil {
-			return nil, eksError(http.StatusNotFound, eksNotFound, "Resource %s not found", rt.resource)
+			return nil, errorf(http.StatusNotFound, eksNotFound, "Resource %s not found", rt.resource)
 		}
 		if rt.op == "ListTagsForResource" {
 			return map[string]map[string]string{"tags": nonNil(a.tags)}, nil
@@ -231,7 +227,7 @@ func (s *Server) dispatchEKSLocked(rt eksRoute, q url.Values, body []byte) (any,
 		return struct{}{}, nil
 	}
 	if !slices.Contains(s.clusters, rt.cluster) {
-		return nil, eksError(http.StatusNotFound, eksNotFound, "No cluster found for name: %s.", rt.cluster)
+		return nil, errorf(http.StatusNotFound, eksNotFound, "No cluster found for name: %s.", rt.cluster)
 	}
 	switch rt.op {
 	case "CreatePodIdentityAssociation":
@@ -241,7 +237,7 @@ func (s *Server) dispatchEKSLocked(rt eksRoute, q url.Values, body []byte) (any,
 	}
 	a := s.associations[rt.id]
 	if a == nil || a.cluster != rt.cluster {
-		return nil, eksError(http.StatusNotFound, eksNotFound, "No Pod Identity Association found for cluster %s with id %s", rt.cluster, rt.id)
+		return nil, errorf(http.StatusNotFound, eksNotFound, "No Pod Identity Association found for cluster %s with id %s", rt.cluster, rt.id)
 	}
 	switch rt.op {
 	case "UpdatePodIdentityAssociation":
@@ -321,7 +317,7 @@ func (s *Server) createAssociationLocked(cluster string, body []byte) (any, *api
 	}
 	for _, a := range s.associations {
 		if a.cluster == cluster && a.namespace == in.Namespace && a.serviceAccount == in.ServiceAccount {
-			return nil, eksError(http.StatusConflict, eksInUse, "Association already exists: %s", a.id)
+			return nil, errorf(http.StatusConflict, eksInUse, "Association already exists: %s", a.id)
 		}
 	}
 	now := s.now().UTC()

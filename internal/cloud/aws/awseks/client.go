@@ -134,6 +134,11 @@ func IsNotFound(err error) bool { return awsiam.ErrorCode(err) == "ResourceNotFo
 // association.
 func IsInUse(err error) bool { return awsiam.ErrorCode(err) == "ResourceInUseException" }
 
+// IsInvalidParameter reports whether err is EKS's InvalidParameterException, which is also its
+// answer for a role its view of IAM does not show yet ("Role provided in the request does not
+// exist", "Trust policy of the role provided is invalid").
+func IsInvalidParameter(err error) bool { return awsiam.ErrorCode(err) == "InvalidParameterException" }
+
 func eksErr(op string, err error, resource ...string) error {
 	if err == nil {
 		return nil
