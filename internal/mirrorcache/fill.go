@@ -75,6 +75,14 @@ func kindOf(manifest bool) string {
 	return typeBlob
 }
 
+// pathOf is the registry API's path segment of a manifest or a blob.
+func pathOf(manifest bool) string {
+	if manifest {
+		return "manifests"
+	}
+	return "blobs"
+}
+
 // origins are where a fill may read: the upstream, and first, when viaPeer, the peer that owns
 // the digest.
 type origins struct {
@@ -284,10 +292,7 @@ func (f *fill) open(ctx context.Context, o origins, repo string, from int64) (sr
 			break
 		}
 	}
-	path := "blobs"
-	if f.manifest {
-		path = "manifests"
-	}
+	path := pathOf(f.manifest)
 	resp, err := o.remote.send(ctx, http.MethodGet, repo, path, f.d.String(), from)
 	if err != nil {
 		return nil, 0, fmt.Errorf("from the upstream: %w", err)

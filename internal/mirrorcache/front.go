@@ -240,7 +240,7 @@ func (f *front) serve(w http.ResponseWriter, r *http.Request, repo string, d dig
 	kind := kindOf(manifest)
 	known := confirmed || f.store.has(repo, d)
 	if known {
-		if f.serveStored(w, r, repo, d, manifest) {
+		if f.serveStored(w, r, repo, d, manifest, fromPeer) {
 			return
 		}
 	}
@@ -262,7 +262,7 @@ func (f *front) serve(w http.ResponseWriter, r *http.Request, repo string, d dig
 		if !f.confirm(w, r, repo, d, manifest) {
 			return
 		}
-		if stored && f.serveStored(w, r, repo, d, manifest) {
+		if stored && f.serveStored(w, r, repo, d, manifest, fromPeer) {
 			return
 		}
 	}
@@ -272,15 +272,17 @@ func (f *front) serve(w http.ResponseWriter, r *http.Request, repo string, d dig
 	}
 	if fl == nil {
 		// Committed between the checks.
-		if f.serveStored(w, r, repo, d, manifest) {
+		if f.serveStored(w, r, repo, d, manifest, fromPeer) {
 			return
 		}
 		registryError(w, http.StatusServiceUnavailable, "UNAVAILABLE", "content vanished; retry")
 		return
 	}
-	if leader {
+	switch {
+	case fromPeer: // the asking replica counted its client's request (peer_served_requests_total counts this one)
+	case leader:
 		cacheRequests.WithLabelValues(kind, resultMiss).Inc()
-	} else {
+	default:
 		cacheRequests.WithLabelValues(kind, resultCoalesced).Inc()
 		coalesced.WithLabelValues(kind).Inc()
 	}
@@ -290,10 +292,7 @@ func (f *front) serve(w http.ResponseWriter, r *http.Request, repo string, d dig
 // confirm asks the upstream (HEAD, no body) whether repo has d. For a HEAD request it also
 // writes the answer. It reports whether the request goes on.
 func (f *front) confirm(w http.ResponseWriter, r *http.Request, repo string, d digest.Digest, manifest bool) bool {
-	path := "blobs"
-	if manifest {
-		path = "manifests"
-	}
+	path := pathOf(manifest)
 	ctx, cancel := context.WithTimeout(r.Context(), 30*time.Second)
 	defer cancel()
 	resp, err := f.remote.do(ctx, http.MethodHead, repo, path, d.String())
@@ -347,15 +346,17 @@ func (f *front) join(repo string, d digest.Digest, manifest, viaPeer bool) (fl *
 	return fl, true
 }
 
-// serveStored serves committed content, a hit; false when there is none (expired or never
-// fetched).
-func (f *front) serveStored(w http.ResponseWriter, r *http.Request, repo string, d digest.Digest, manifest bool) bool {
+// serveStored serves committed content, a hit (counted unless another replica asks: its client's
+// request is counted there); false when there is none (expired or never fetched).
+func (f *front) serveStored(w http.ResponseWriter, r *http.Request, repo string, d digest.Digest, manifest, fromPeer bool) bool {
 	file := f.store.open(d)
 	if file == nil {
 		return false
 	}
 	// Counted before the answer: a client that got it sees it counted.
-	cacheRequests.WithLabelValues(kindOf(manifest), resultHit).Inc()
+	if !fromPeer {
+		cacheRequests.WithLabelValues(kindOf(manifest), resultHit).Inc()
+	}
 	defer file.Close()
 	meta := f.store.content(d)
 	if meta == nil {
@@ -433,10 +434,7 @@ func (f *front) serveFill(w http.ResponseWriter, r *http.Request, repo string, f
 func (f *front) passThrough(w http.ResponseWriter, r *http.Request, repo string, d digest.Digest, manifest bool) {
 	kind := kindOf(manifest)
 	cacheRequests.WithLabelValues(kind, resultPassThrough).Inc()
-	path := "blobs"
-	if manifest {
-		path = "manifests"
-	}
+	path := pathOf(manifest)
 	resp, err := f.remote.do(r.Context(), r.Method, repo, path, d.String())
 	if err != nil {
 		upstreamFailed(w, 0, err)

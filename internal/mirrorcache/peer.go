@@ -130,11 +130,7 @@ var errNotFromPeer = errors.New("the peer has no content to give")
 // open asks peer p for bytes [from, …) of d for repo. It gives up when p sends nothing for the
 // stall timeout; it marks p failing unless p answered with something else than content.
 func (p *peers) open(ctx context.Context, owner peerset.Peer, repo string, d digest.Digest, manifest bool, from int64) (*source, error) {
-	kind := "blobs"
-	if manifest {
-		kind = "manifests"
-	}
-	target := (&url.URL{Scheme: "http", Host: owner.Addr, Path: "/v2/" + repo + "/" + kind + "/" + d.String()}).String()
+	target := (&url.URL{Scheme: "http", Host: owner.Addr, Path: "/v2/" + repo + "/" + pathOf(manifest) + "/" + d.String()}).String()
 	ctx, cancel := context.WithCancel(ctx)
 	src := &source{peer: owner.Name, cancel: cancel}
 	src.stall = time.AfterFunc(p.stall, func() {
@@ -168,6 +164,11 @@ func (p *peers) open(ctx context.Context, owner peerset.Peer, repo string, d dig
 	}
 	src.body, src.mediaType = resp.Body, resp.Header.Get("Content-Type")
 	switch {
+	case resp.StatusCode == http.StatusBadGateway:
+		// The owner is well but its upstream refused or did not answer (upstreamFailed): not the
+		// peer's fault, and no other owner would do better; this cache asks the upstream itself.
+		drain(resp)
+		return fail(resultPeerRefused, fmt.Errorf("peer %s answered %s: %w", owner.Name, resp.Status, errNotFromPeer))
 	case resp.StatusCode >= 500:
 		drain(resp)
 		return fail(resultPeerError, fmt.Errorf("peer %s answered %s", owner.Name, resp.Status))
