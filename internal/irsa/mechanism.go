@@ -26,16 +26,27 @@ func (p Parts) minus(q Parts) Parts {
 
 // String names the parts for messages: "annotation", "association", "annotation and association"
 // or "nothing".
-func (p Parts) String() string {
+func (p Parts) String() string { return p.join("annotation", "association", "nothing") }
+
+// Trusted names, for messages, what a trust policy admitting the parts trusts: "OIDC provider",
+// "pods.eks.amazonaws.com", both, or "nobody".
+func (p Parts) Trusted() string { return p.join("OIDC provider", PodIdentityPrincipal, "nobody") }
+
+// Mechanisms names the mechanisms the parts serve: "IRSA", "EKS Pod Identity", both, or "none".
+func (p Parts) Mechanisms() string { return p.join("IRSA", "EKS Pod Identity", "none") }
+
+// join says the parts in one vocabulary: the annotation's word first, "and" between, none for
+// neither. Every way of naming parts goes through it, so they never disagree.
+func (p Parts) join(annotation, association, none string) string {
 	switch {
 	case p.Annotation && p.Association:
-		return "annotation and association"
+		return annotation + " and " + association
 	case p.Annotation:
-		return "annotation"
+		return annotation
 	case p.Association:
-		return "association"
+		return association
 	}
-	return "nothing"
+	return none
 }
 
 // Needs is which parts a mechanism needs: the one place that says it. An empty mechanism (an object

@@ -78,6 +78,23 @@ func TestNeeds(t *testing.T) {
 	}
 }
 
+// TestPartsNames: each vocabulary names the same parts in the same order.
+func TestPartsNames(t *testing.T) {
+	for _, tc := range []struct {
+		p                          Parts
+		parts, trusted, mechanisms string
+	}{
+		{none, "nothing", "nobody", "none"},
+		{annotation, "annotation", "OIDC provider", "IRSA"},
+		{association, "association", "pods.eks.amazonaws.com", "EKS Pod Identity"},
+		{bothParts, "annotation and association", "OIDC provider and pods.eks.amazonaws.com", "IRSA and EKS Pod Identity"},
+	} {
+		if got := [3]string{tc.p.String(), tc.p.Trusted(), tc.p.Mechanisms()}; got != [3]string{tc.parts, tc.trusted, tc.mechanisms} {
+			t.Errorf("%#v: String, Trusted, Mechanisms = %q, want %q", tc.p, got, [3]string{tc.parts, tc.trusted, tc.mechanisms})
+		}
+	}
+}
+
 // TestNeedsIssuer: IRSA and Both need --oidc-issuer, PodIdentity does not, except while a change
 // away from IRSA keeps the role trusting the annotation still in place.
 func TestNeedsIssuer(t *testing.T) {

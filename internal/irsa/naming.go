@@ -10,6 +10,8 @@ import (
 	"encoding/hex"
 	"fmt"
 	"strings"
+
+	iamv1alpha1 "github.com/quartermaster-dev/quartermaster/api/iam/v1alpha1"
 )
 
 // Tag keys on every AWS object the operator creates. Names and paths can collide or be shortened,
@@ -87,6 +89,13 @@ func clusterNameChar(c rune) bool {
 // second pair gets a conflict rather than the first one's role.
 func RoleName(namespace, serviceAccount string) string {
 	return shorten("eks-sa-"+namespace+"-"+serviceAccount, namespace+"/"+serviceAccount, MaxRoleName)
+}
+
+// RoleDescription is the description of the role of ServiceAccount namespace/serviceAccount whose
+// pods get it through mechanism m, e.g. "EKS Pod Identity role of ServiceAccount team-a/app
+// (Quartermaster)". An IRSA role's is the one every role had before mechanisms existed.
+func RoleDescription(m iamv1alpha1.Mechanism, namespace, serviceAccount string) string {
+	return Needs(m).Mechanisms() + " role of ServiceAccount " + namespace + "/" + serviceAccount + " (Quartermaster)"
 }
 
 // PolicyName is the IAM policy name of the IAMPolicy namespace/name: "<namespace>-<name>",

@@ -4,6 +4,8 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+
+	iamv1alpha1 "github.com/quartermaster-dev/quartermaster/api/iam/v1alpha1"
 )
 
 func TestPath(t *testing.T) {
@@ -74,6 +76,21 @@ func TestRoleName(t *testing.T) {
 	got := RoleName("ns", sa+"x")
 	if len(got) != MaxRoleName || strings.HasSuffix(got, "sx") || !regexp.MustCompile(`-[0-9a-f]{10}$`).MatchString(got) {
 		t.Errorf("RoleName at 65 = %q, want 64 characters ending in a hash", got)
+	}
+}
+
+// TestRoleDescription: the description says the mechanism; an IRSA role's (also an object written
+// before spec.mechanism existed) is the one roles always had, so upgrading rewrites none of them.
+func TestRoleDescription(t *testing.T) {
+	for m, want := range map[iamv1alpha1.Mechanism]string{
+		iamv1alpha1.MechanismIRSA:        "IRSA role of ServiceAccount team-a/app (Quartermaster)",
+		"":                               "IRSA role of ServiceAccount team-a/app (Quartermaster)",
+		iamv1alpha1.MechanismPodIdentity: "EKS Pod Identity role of ServiceAccount team-a/app (Quartermaster)",
+		iamv1alpha1.MechanismBoth:        "IRSA and EKS Pod Identity role of ServiceAccount team-a/app (Quartermaster)",
+	} {
+		if got := RoleDescription(m, "team-a", "app"); got != want {
+			t.Errorf("RoleDescription(%q) = %q, want %q", m, got, want)
+		}
 	}
 }
 

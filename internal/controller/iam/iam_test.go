@@ -488,6 +488,13 @@ func testDrift(t *testing.T, f *fixture) {
 			return strings.Contains(d, "AssumeRoleWithWebIdentity"), d
 		})
 	})
+	t.Run("an edited description is restored", func(t *testing.T) {
+		must(t, f.aws.UpdateRole(ctx, role, "edited by hand", 3600))
+		testenv.Eventually(t, "the description restored", func() (bool, string) {
+			d := f.role(role).Description
+			return d == irsa.RoleDescription(iamv1alpha1.MechanismIRSA, ns, "app"), d
+		})
+	})
 	t.Run("a deleted role is re-created", func(t *testing.T) {
 		for _, arn := range f.role(role).AttachedPolicies {
 			must(t, f.aws.DetachPolicy(ctx, role, arn))

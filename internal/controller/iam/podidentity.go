@@ -66,12 +66,8 @@ func (r *ServiceAccountReconciler) ensureAssociation(ctx context.Context, sa *ia
 		return nil
 	}
 	if !irsa.OwnedBy(a.Tags, r.cfg.cluster, sa.Namespace, sa.Name) {
-		tags := a.Tags
-		if tags == nil {
-			tags = map[string]string{}
-		}
 		what := fmt.Sprintf("EKS Pod Identity association %s of ServiceAccount %s in cluster %s", a.ID, sa.Spec.ServiceAccountName, cluster)
-		adopted, o := r.adopt(sa, what, tags, func(t awsiam.Tags) error { return r.eks.Tag(ctx, a.ARN, t) })
+		adopted, o := r.adopt(sa, what, a.Tags, func(t awsiam.Tags) error { return r.eks.Tag(ctx, a.ARN, t) })
 		if !adopted {
 			return &o
 		}
@@ -102,7 +98,7 @@ func associationFailure(err error, slow time.Duration) status.Outcome {
 }
 
 // observeAssociation reads the association the record names, or else the one EKS lists for the
-// ServiceAccount (at most one exists); nil when there is none.
+// ServiceAccount; nil when there is none.
 func (r *ServiceAccountReconciler) observeAssociation(ctx context.Context, sa *iamv1alpha1.IAMServiceAccount,
 	rec *iamv1alpha1.PodIdentityAssociationStatus, ch *changes) (*awseks.Association, *status.Outcome) {
 	if rec.AssociationID != "" {
@@ -116,19 +112,27 @@ func (r *ServiceAccountReconciler) observeAssociation(ctx context.Context, sa *i
 		ch.add("EKS Pod Identity association %s was deleted", rec.AssociationID)
 		rec.AssociationID, rec.AssociationARN = "", ""
 	}
-	found, err := r.eks.Find(ctx, rec.ClusterName, sa.Namespace, sa.Spec.ServiceAccountName)
+	a, err := r.findAssociation(ctx, rec.ClusterName, sa)
 	if err != nil {
 		return nil, ptr.To(awsFailure(err, r.SlowRetry))
 	}
-	if len(found) == 0 {
+	return a, nil
+}
+
+// findAssociation lists the ServiceAccount's associations in cluster and reads the one there is
+// (EKS allows one per ServiceAccount and cluster), with its role and tags; nil when there is none.
+// One deleted between the list and the read is none. A NotFound error is the list's: no such
+// cluster.
+func (r *ServiceAccountReconciler) findAssociation(ctx context.Context, cluster string, sa *iamv1alpha1.IAMServiceAccount) (*awseks.Association, error) {
+	found, err := r.eks.Find(ctx, cluster, sa.Namespace, sa.Spec.ServiceAccountName)
+	if err != nil || len(found) == 0 {
+		return nil, err
+	}
+	a, err := r.eks.Describe(ctx, cluster, found[0].ID)
+	if awseks.IsNotFound(err) {
 		return nil, nil
 	}
-	a, err := r.eks.Describe(ctx, rec.ClusterName, found[0].ID)
-	if err != nil {
-		// A NotFound here is an association deleted since the list: retried, then created.
-		return nil, ptr.To(status.Transient(ReasonAWSError, awsiam.StatusMessage(err), err))
-	}
-	return a, nil
+	return a, err
 }
 
 // removeAssociation deletes the association the record names, or, when the record has no ID yet
@@ -141,20 +145,12 @@ func (r *ServiceAccountReconciler) removeAssociation(ctx context.Context, sa *ia
 	}
 	id := rec.AssociationID
 	if id == "" {
-		found, err := r.eks.Find(ctx, rec.ClusterName, sa.Namespace, sa.Spec.ServiceAccountName)
+		a, err := r.findAssociation(ctx, rec.ClusterName, sa)
 		if err != nil && !awseks.IsNotFound(err) { // NotFound: the cluster itself is gone
 			return ptr.To(awsFailure(err, r.SlowRetry))
 		}
-		for _, f := range found {
-			a, err := r.eks.Describe(ctx, rec.ClusterName, f.ID)
-			if awseks.IsNotFound(err) {
-				continue
-			} else if err != nil {
-				return ptr.To(awsFailure(err, r.SlowRetry))
-			}
-			if irsa.OwnedBy(a.Tags, r.cfg.cluster, sa.Namespace, sa.Name) {
-				id = a.ID
-			}
+		if a != nil && irsa.OwnedBy(a.Tags, r.cfg.cluster, sa.Namespace, sa.Name) {
+			id = a.ID
 		}
 	}
 	if id != "" {

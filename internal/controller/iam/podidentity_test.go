@@ -71,8 +71,8 @@ func trusted(doc string) irsa.Parts {
 }
 
 // assertMechanism checks that the ServiceAccount has exactly the parts mechanism m needs: the
-// annotation, one association of ours to the role, a role trusting exactly those mechanisms, and
-// the status naming the association.
+// annotation, one association of ours to the role, a role trusting exactly those mechanisms and
+// described by m, and the status naming the association.
 func assertMechanism(t *testing.T, f *fixture, sa *iamv1alpha1.IAMServiceAccount, m iamv1alpha1.Mechanism) {
 	t.Helper()
 	want := irsa.Needs(m)
@@ -92,8 +92,11 @@ func assertMechanism(t *testing.T, f *fixture, sa *iamv1alpha1.IAMServiceAccount
 	} else if len(assocs) != 0 || rec != nil {
 		t.Errorf("%s: associations %+v, status %+v, want none", m, assocs, rec)
 	}
-	if role := f.role(sa.Status.RoleName); role == nil || trusted(role.AssumeRolePolicyDocument) != want {
+	role := f.role(sa.Status.RoleName)
+	if role == nil || trusted(role.AssumeRolePolicyDocument) != want {
 		t.Errorf("%s: role %+v, want it trusting %v", m, role, want)
+	} else if d := irsa.RoleDescription(m, sa.Namespace, sa.Spec.ServiceAccountName); role.Description != d {
+		t.Errorf("%s: role description %q, want %q", m, role.Description, d)
 	}
 }
 
@@ -165,6 +168,16 @@ func testPodIdentity(t *testing.T, f *fixture) {
 				if sa.Status.PodIdentityAssociation.AssociationID != id || calls["CreatePodIdentityAssociation"] != 0 {
 					t.Errorf("%s→%s: association %s (was %s), calls %v", from, m, sa.Status.PodIdentityAssociation.AssociationID, id, calls)
 				}
+			}
+			// The description follows the mechanism in one write, and the next resync writes nothing.
+			if calls["UpdateRole"] != 1 {
+				t.Errorf("%s→%s: %d UpdateRole calls, want 1 (the description)", from, m, calls["UpdateRole"])
+			}
+			resync := f.emu.State().Calls
+			_, err := f.standaloneServiceAccount(t).Reconcile(ctx, request(sa))
+			must(t, err)
+			if w := writes(diffCalls(resync, f.emu.State().Calls)); len(w) != 0 {
+				t.Errorf("%s→%s: the resync after the change wrote %v", from, m, w)
 			}
 			if rec := sa.Status.PodIdentityAssociation; rec != nil {
 				id = rec.AssociationID

@@ -118,9 +118,6 @@ func (r *PolicyReconciler) sync(ctx context.Context, p *iamv1alpha1.IAMPolicy) s
 		return awsFailure(err, r.SlowRetry)
 	}
 	if !irsa.OwnedBy(pol.Tags, r.cfg.cluster, p.Namespace, p.Name) {
-		if pol.Tags == nil {
-			pol.Tags = map[string]string{}
-		}
 		adopted, o := r.adopt(p, "IAM policy "+arn, pol.Tags, func(tags awsiam.Tags) error { return r.aws.TagPolicy(ctx, arn, tags) })
 		if !adopted {
 			return o

@@ -164,12 +164,17 @@ func (c *changes) add(format string, args ...any) {
 // ServiceAccount's annotation, the Pod Identity association), noting changes in ch. The parts
 // change in the order irsa.Plan gives, so that pods never lack credentials.
 func (r *ServiceAccountReconciler) apply(ctx context.Context, sa *iamv1alpha1.IAMServiceAccount, refused []string, ch *changes) status.Outcome {
-	// A mechanism that needs the issuer stalls before any call when it is not set.
-	if o := r.withoutIssuer(sa, irsa.Needs(sa.Spec.Mechanism)); o != nil {
+	// The ServiceAccount says which parts are in place (nil: none; it does not exist or was not
+	// read), so the plan is known before any AWS call.
+	k8sSA, waiting := r.readServiceAccount(ctx, sa)
+	plan := irsa.Plan(sa.Spec.Mechanism, r.parts(sa, k8sSA))
+	// A role that must trust the OIDC provider (the mechanism's, or the annotation still in place
+	// during a change away from IRSA) stalls without --oidc-issuer, before the wait for the
+	// ServiceAccount, as a mechanism that needs the issuer always did.
+	if o := r.withoutIssuer(sa, plan.Trust); o != nil {
 		return *o
 	}
 	// A ServiceAccount to annotate must exist first: waiting for it costs one API read, no IAM call.
-	k8sSA, waiting := r.readServiceAccount(ctx, sa)
 	if waiting != nil {
 		return *waiting
 	}
@@ -178,11 +183,6 @@ func (r *ServiceAccountReconciler) apply(ctx context.Context, sa *iamv1alpha1.IA
 		return status.Transient(ReasonAWSError, err.Error(), err)
 	}
 	desired = slices.DeleteFunc(desired, func(arn string) bool { return slices.Contains(refused, arn) })
-	plan := irsa.Plan(sa.Spec.Mechanism, r.parts(sa, k8sSA))
-	// A change away from IRSA keeps trusting the annotation still in place, which needs the issuer too.
-	if o := r.withoutIssuer(sa, plan.Trust); o != nil {
-		return *o
-	}
 	role, o := r.ensureRole(ctx, sa, plan.Trust, ch)
 	if role == nil {
 		return o
@@ -213,10 +213,10 @@ func (r *ServiceAccountReconciler) apply(ctx context.Context, sa *iamv1alpha1.IA
 			return *o
 		}
 	}
-	if plan.FinalTrust != plan.Trust {
-		if o := r.setTrust(ctx, sa, role, plan.FinalTrust, ch); o != nil {
-			return *o
-		}
+	if narrowed, err := r.ensureTrust(ctx, sa, role, plan.FinalTrust); err != nil {
+		return awsFailure(err, r.SlowRetry)
+	} else if narrowed {
+		ch.add("IAM role %s: trust policy narrowed to the %s", role.ARN, plan.FinalTrust.Trusted())
 	}
 	if len(pending) > 0 {
 		// The policies' ARNs trigger a reconcile when they appear; the resync still repairs drift.
@@ -268,60 +268,49 @@ func describeParts(sa *iamv1alpha1.IAMServiceAccount, p irsa.Parts) string {
 	return "served through " + strings.Join(via, " and ")
 }
 
-// setTrust replaces the role's trust policy with the one admitting the mechanisms in trust.
-func (r *ServiceAccountReconciler) setTrust(ctx context.Context, sa *iamv1alpha1.IAMServiceAccount, role *awsiam.Role, trust irsa.Parts, ch *changes) *status.Outcome {
+// trustPolicy is the trust policy of the ServiceAccount's role admitting the mechanisms in trust.
+func (r *ServiceAccountReconciler) trustPolicy(ctx context.Context, sa *iamv1alpha1.IAMServiceAccount, trust irsa.Parts) (string, error) {
 	account, err := r.accountID(ctx)
 	if err != nil {
-		return ptr.To(awsFailure(err, r.SlowRetry))
+		return "", err
 	}
-	doc := irsa.TrustPolicy(r.cfg.partition, account, r.cfg.issuer, sa.Namespace, sa.Spec.ServiceAccountName, trust)
+	return irsa.TrustPolicy(r.cfg.partition, account, r.cfg.issuer, sa.Namespace, sa.Spec.ServiceAccountName, trust), nil
+}
+
+// ensureTrust makes the role's trust policy admit exactly the mechanisms in trust, writing it only
+// when it differs in meaning, and says whether it wrote. role.TrustPolicy is kept as written, so
+// that the narrowing at the end of a change compares with what IAM now holds.
+func (r *ServiceAccountReconciler) ensureTrust(ctx context.Context, sa *iamv1alpha1.IAMServiceAccount, role *awsiam.Role, trust irsa.Parts) (bool, error) {
+	doc, err := r.trustPolicy(ctx, sa, trust)
+	if err != nil {
+		return false, err
+	}
+	if same, err := irsa.Equivalent(role.TrustPolicy, doc); err == nil && same {
+		return false, nil
+	}
 	if err := r.aws.UpdateTrustPolicy(ctx, role.Name, doc); err != nil {
-		return ptr.To(awsFailure(err, r.SlowRetry))
+		return false, err
 	}
-	ch.add("IAM role %s: trust policy narrowed to the %s", role.ARN, trustedMechanisms(trust))
-	return nil
+	role.TrustPolicy = doc
+	return true, nil
 }
 
-func trustedMechanisms(p irsa.Parts) string {
-	switch {
-	case p.Annotation && p.Association:
-		return "OIDC provider and pods.eks.amazonaws.com"
-	case p.Association:
-		return "pods.eks.amazonaws.com"
-	}
-	return "OIDC provider"
-}
-
-// ensureRole gets or creates the role and repairs its trust policy, session duration and
-// boundary. A nil role comes with the outcome that stopped it.
+// ensureRole gets or creates the role and repairs its trust policy (to admit the mechanisms in
+// trusted), description, session duration and boundary. A nil role comes with the outcome that
+// stopped it.
 func (r *ServiceAccountReconciler) ensureRole(ctx context.Context, sa *iamv1alpha1.IAMServiceAccount, trusted irsa.Parts, ch *changes) (*awsiam.Role, status.Outcome) {
-	account, err := r.accountID(ctx)
+	trust, err := r.trustPolicy(ctx, sa, trusted)
 	if err != nil {
 		return nil, awsFailure(err, r.SlowRetry)
 	}
-	name := irsa.RoleName(sa.Namespace, sa.Spec.ServiceAccountName)
-	sa.Status.RoleName = name
-	trust := irsa.TrustPolicy(r.cfg.partition, account, r.cfg.issuer, sa.Namespace, sa.Spec.ServiceAccountName, trusted)
-	maxSession := int32(defaultMaxSessionDuration)
-	if sa.Spec.MaxSessionDuration != nil {
-		maxSession = *sa.Spec.MaxSessionDuration
-	}
-	boundary := sa.Spec.PermissionsBoundaryArn
-	if r.cfg.boundary != "" {
-		boundary = r.cfg.boundary
-	}
-	description := fmt.Sprintf("IRSA role of ServiceAccount %s/%s (Quartermaster)", sa.Namespace, sa.Spec.ServiceAccountName)
-
-	role, err := r.aws.GetRole(ctx, name)
+	want := r.desiredRole(sa, trust)
+	sa.Status.RoleName = want.Name
+	role, err := r.aws.GetRole(ctx, want.Name)
 	if awsiam.IsNotFound(err) {
-		role, err = r.aws.CreateRole(ctx, awsiam.NewRole{
-			Name: name, Path: irsa.Path(r.cfg.cluster), Description: description, TrustPolicy: trust,
-			MaxSessionDuration: maxSession, PermissionsBoundaryARN: boundary,
-			Tags: irsa.Tags(r.cfg.cluster, sa.Namespace, sa.Name),
-		})
+		role, err = r.aws.CreateRole(ctx, want)
 		if awsiam.IsAlreadyExists(err) {
 			// IAM is eventually consistent: look again before calling it someone else's.
-			role, err = r.aws.GetRole(ctx, name)
+			role, err = r.aws.GetRole(ctx, want.Name)
 		} else if err == nil {
 			ch.created = true
 			ch.add("created IAM role %s", role.ARN)
@@ -332,43 +321,77 @@ func (r *ServiceAccountReconciler) ensureRole(ctx context.Context, sa *iamv1alph
 		return nil, awsFailure(err, r.SlowRetry)
 	}
 	if !irsa.OwnedBy(role.Tags, r.cfg.cluster, sa.Namespace, sa.Name) {
-		if role.Tags == nil {
-			role.Tags = map[string]string{}
-		}
-		adopted, o := r.adopt(sa, "IAM role "+name, role.Tags, func(tags awsiam.Tags) error { return r.aws.TagRole(ctx, name, tags) })
+		adopted, o := r.adopt(sa, "IAM role "+want.Name, role.Tags, func(tags awsiam.Tags) error { return r.aws.TagRole(ctx, want.Name, tags) })
 		if !adopted {
 			return nil, o
 		}
 		ch.add("adopted IAM role %s", role.ARN)
 	}
-	var repaired []string
-	if same, err := irsa.Equivalent(role.TrustPolicy, trust); err != nil || !same {
-		if err := r.aws.UpdateTrustPolicy(ctx, name, trust); err != nil {
-			return nil, awsFailure(err, r.SlowRetry)
-		}
-		repaired = append(repaired, "trust policy")
-	}
-	if role.MaxSessionDuration != maxSession {
-		if err := r.aws.UpdateRole(ctx, name, description, maxSession); err != nil {
-			return nil, awsFailure(err, r.SlowRetry)
-		}
-		repaired = append(repaired, "max session duration")
-	}
-	if role.PermissionsBoundaryARN != boundary {
-		if boundary == "" {
-			err = r.aws.DeletePermissionsBoundary(ctx, name)
-		} else {
-			err = r.aws.PutPermissionsBoundary(ctx, name, boundary)
-		}
-		if err != nil {
-			return nil, awsFailure(err, r.SlowRetry)
-		}
-		repaired = append(repaired, "permissions boundary")
+	repaired, err := r.repairRole(ctx, sa, role, want, trusted)
+	if err != nil {
+		return nil, awsFailure(err, r.SlowRetry)
 	}
 	if len(repaired) > 0 {
 		ch.add("IAM role %s: set %s", role.ARN, strings.Join(repaired, ", "))
 	}
 	return role, status.Outcome{}
+}
+
+// desiredRole is the ServiceAccount's role as the spec and the flags say, with trust policy trust.
+func (r *ServiceAccountReconciler) desiredRole(sa *iamv1alpha1.IAMServiceAccount, trust string) awsiam.NewRole {
+	maxSession := int32(defaultMaxSessionDuration)
+	if sa.Spec.MaxSessionDuration != nil {
+		maxSession = *sa.Spec.MaxSessionDuration
+	}
+	boundary := sa.Spec.PermissionsBoundaryArn
+	if r.cfg.boundary != "" {
+		boundary = r.cfg.boundary
+	}
+	return awsiam.NewRole{
+		Name: irsa.RoleName(sa.Namespace, sa.Spec.ServiceAccountName), Path: irsa.Path(r.cfg.cluster),
+		Description: irsa.RoleDescription(sa.Spec.Mechanism, sa.Namespace, sa.Spec.ServiceAccountName), TrustPolicy: trust,
+		MaxSessionDuration: maxSession, PermissionsBoundaryARN: boundary,
+		Tags: irsa.Tags(r.cfg.cluster, sa.Namespace, sa.Name),
+	}
+}
+
+// repairRole writes what differs between the role as read and want (its trust policy admitting
+// trusted) and names what it set. Each setting is compared with what IAM answers, so a role that is
+// right is not written; a mechanism change rewrites the description once.
+func (r *ServiceAccountReconciler) repairRole(ctx context.Context, sa *iamv1alpha1.IAMServiceAccount, role *awsiam.Role, want awsiam.NewRole, trusted irsa.Parts) ([]string, error) {
+	var repaired []string
+	if set, err := r.ensureTrust(ctx, sa, role, trusted); err != nil {
+		return nil, err
+	} else if set {
+		repaired = append(repaired, "trust policy")
+	}
+	// One UpdateRole sets both the description and the session duration.
+	var settings []string
+	if role.Description != want.Description {
+		settings = append(settings, "description")
+	}
+	if role.MaxSessionDuration != want.MaxSessionDuration {
+		settings = append(settings, "max session duration")
+	}
+	if len(settings) > 0 {
+		if err := r.aws.UpdateRole(ctx, role.Name, want.Description, want.MaxSessionDuration); err != nil {
+			return nil, err
+		}
+		repaired = append(repaired, settings...)
+	}
+	if role.PermissionsBoundaryARN != want.PermissionsBoundaryARN {
+		var err error
+		if want.PermissionsBoundaryARN == "" {
+			err = r.aws.DeletePermissionsBoundary(ctx, role.Name)
+		} else {
+			err = r.aws.PutPermissionsBoundary(ctx, role.Name, want.PermissionsBoundaryARN)
+		}
+		if err != nil {
+			return nil, err
+		}
+		repaired = append(repaired, "permissions boundary")
+	}
+	return repaired, nil
 }
 
 // ensureAttachments attaches and detaches only the difference between the role's policies and

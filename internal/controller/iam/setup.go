@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"sync"
 	"time"
 
@@ -129,9 +128,10 @@ func (b *base) policyPath(p *iamv1alpha1.IAMPolicy) string {
 	return irsa.Path(b.cfg.cluster)
 }
 
-// adopt tags an AWS object found under the generated name without the object's tags, when the
-// object asks for it (AnnotationAdopt) and no other Quartermaster object owns it; otherwise it is
-// a Conflict, whose message says why. what is "IAM role NAME" or "IAM policy ARN".
+// adopt tags an AWS object found under the generated name without the object's tags (tags, as
+// read; nil for none), when the object asks for it (AnnotationAdopt) and no other Quartermaster
+// object owns it; otherwise it is a Conflict, whose message says why. what is "IAM role NAME" or
+// "IAM policy ARN". tags are only read: nothing after an adoption looks at them again.
 func (b *base) adopt(obj client.Object, what string, tags map[string]string, tag func(awsiam.Tags) error) (bool, status.Outcome) {
 	switch {
 	case irsa.TaggedByQuartermaster(tags):
@@ -143,11 +143,9 @@ func (b *base) adopt(obj client.Object, what string, tags map[string]string, tag
 			"%s exists without Quartermaster's tags; it is left alone (annotate %s=true to adopt it: the operator tags it and manages it from then on)",
 			what, iamv1alpha1.AnnotationAdopt), b.SlowRetry)
 	}
-	want := irsa.Tags(b.cfg.cluster, obj.GetNamespace(), obj.GetName())
-	if err := tag(want); err != nil {
+	if err := tag(irsa.Tags(b.cfg.cluster, obj.GetNamespace(), obj.GetName())); err != nil {
 		return false, awsFailure(err, b.SlowRetry)
 	}
-	maps.Copy(tags, want)
 	b.recorder.Eventf(obj, nil, corev1.EventTypeNormal, "Adopted", "Adopt", "adopted %s: tagged as this object's", what)
 	return true, status.Outcome{}
 }
