@@ -12,7 +12,6 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/aws/retry"
-	"github.com/aws/aws-sdk-go-v2/credentials"
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -48,18 +47,9 @@ func (d answerDelay) RoundTrip(req *http.Request) (*http.Response, error) {
 // slowFlakyConfig is an SDK configuration for the emulator whose answers arrive 10 ms late and
 // which tries each call only twice (5 ms apart), so injected faults reach the controller often.
 func (f *fixture) slowFlakyConfig() aws.Config {
-	return aws.Config{
-		Region:       "us-east-1",
-		Credentials:  credentials.NewStaticCredentialsProvider("AKIDEXAMPLE", "not-a-secret", ""),
-		BaseEndpoint: aws.String(f.url),
-		HTTPClient:   &http.Client{Transport: answerDelay{base: awsiam.HTTPClient().Transport, delay: 10 * time.Millisecond}, Timeout: awsiam.AttemptTimeout},
-		Retryer: func() aws.Retryer {
-			return awsiam.NewRetryer(func(o *retry.StandardOptions) {
-				o.MaxAttempts = 2
-				o.Backoff = retry.BackoffDelayerFunc(func(int, error) (time.Duration, error) { return 5 * time.Millisecond, nil })
-			})
-		},
-	}
+	cfg := iamemulator.SDKConfig(f.url, iamemulator.FixedBackoff(5*time.Millisecond), func(o *retry.StandardOptions) { o.MaxAttempts = 2 })
+	cfg.HTTPClient = &http.Client{Transport: answerDelay{base: iamemulator.HTTPClient().Transport, delay: 10 * time.Millisecond}, Timeout: awsiam.AttemptTimeout}
+	return cfg
 }
 
 // slowFlakyClient is an IAM client over slowFlakyConfig.

@@ -7,9 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/aws/retry"
-	"github.com/aws/aws-sdk-go-v2/credentials"
 	"go.uber.org/zap/zapcore"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -75,18 +72,8 @@ func start(t *testing.T) *fixture {
 	ts := httptest.NewServer(f.emu)
 	t.Cleanup(ts.Close)
 	f.url = ts.URL
-	awsCfg := aws.Config{
-		Region:       "us-east-1",
-		Credentials:  credentials.NewStaticCredentialsProvider("AKIDEXAMPLE", "not-a-secret", ""),
-		BaseEndpoint: aws.String(ts.URL),
-		HTTPClient:   awsiam.HTTPClient(),
-		// The SDK's retry decisions with short waits, so fault tests stay quick.
-		Retryer: func() aws.Retryer {
-			return awsiam.NewRetryer(func(o *retry.StandardOptions) {
-				o.Backoff = retry.BackoffDelayerFunc(func(int, error) (time.Duration, error) { return 5 * time.Millisecond, nil })
-			})
-		},
-	}
+	// The SDK's retry decisions with short waits, so fault tests stay quick.
+	awsCfg := iamemulator.SDKConfig(ts.URL, iamemulator.FixedBackoff(5*time.Millisecond))
 	f.aws, f.eks = awsiam.New(awsCfg), awseks.New(awsCfg)
 	f.opts = Options{
 		ClusterName: testCluster, OIDCIssuer: testIssuer, Partition: "aws", AllowedPolicyARNs: allowedARNs,

@@ -31,7 +31,7 @@ func newAWSCLI(t *testing.T, emu *iamemulator.Server) *awsCLI {
 	}
 	ts := httptest.NewServer(emu)
 	t.Cleanup(ts.Close)
-	env := []string{"AWS_ACCESS_KEY_ID=AKIDEXAMPLE", "AWS_SECRET_ACCESS_KEY=not-a-secret", "AWS_DEFAULT_REGION=us-east-1",
+	env := []string{"AWS_ACCESS_KEY_ID=" + iamemulator.AccessKeyID, "AWS_SECRET_ACCESS_KEY=" + iamemulator.SecretAccessKey, "AWS_DEFAULT_REGION=" + iamemulator.Region,
 		"AWS_CONFIG_FILE=" + os.DevNull, "AWS_SHARED_CREDENTIALS_FILE=" + os.DevNull, "AWS_EC2_METADATA_DISABLED=true", "AWS_PAGER=",
 		// Two attempts in the standard retry mode: the fault test sees the retry without long backoffs.
 		"AWS_RETRY_MODE=standard", "AWS_MAX_ATTEMPTS=2"}

@@ -9,7 +9,6 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/aws/retry"
-	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/iam"
 	"github.com/aws/smithy-go"
 
@@ -41,20 +40,8 @@ func newEnv(t *testing.T, opts iamemulator.Options, maxAttempts int) *env {
 	emu := iamemulator.New(opts)
 	ts := httptest.NewServer(emu)
 	t.Cleanup(ts.Close)
-	cfg := aws.Config{
-		Region:       "us-east-1",
-		Credentials:  credentials.NewStaticCredentialsProvider("AKID", "SECRET", ""),
-		BaseEndpoint: aws.String(ts.URL),
-		HTTPClient:   iamemulator.HTTPClient(),
-		Retryer: func() aws.Retryer {
-			return retry.NewStandard(func(o *retry.StandardOptions) {
-				o.MaxAttempts = maxAttempts
-				o.Backoff = retry.BackoffDelayerFunc(func(int, error) (time.Duration, error) {
-					return time.Millisecond, nil
-				})
-			})
-		},
-	}
+	cfg := iamemulator.SDKConfig(ts.URL, iamemulator.FixedBackoff(time.Millisecond),
+		func(o *retry.StandardOptions) { o.MaxAttempts = maxAttempts })
 	return &env{emu: emu, url: ts.URL, cfg: cfg, iam: iam.NewFromConfig(cfg)}
 }
 

@@ -6,9 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/aws/retry"
-	"github.com/aws/aws-sdk-go-v2/credentials"
 	dto "github.com/prometheus/client_model/go"
 	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
@@ -29,17 +26,7 @@ func newClient(t *testing.T, opts iamemulator.Options) (*awseks.Client, *iamemul
 	emu := iamemulator.New(opts)
 	ts := httptest.NewServer(emu)
 	t.Cleanup(ts.Close)
-	return awseks.New(aws.Config{
-		Region:       "us-east-1",
-		Credentials:  credentials.NewStaticCredentialsProvider("AKIDEXAMPLE", "not-a-secret", ""),
-		BaseEndpoint: aws.String(ts.URL),
-		HTTPClient:   awsiam.HTTPClient(),
-		Retryer: func() aws.Retryer {
-			return awsiam.NewRetryer(func(o *retry.StandardOptions) {
-				o.Backoff = retry.BackoffDelayerFunc(func(int, error) (time.Duration, error) { return time.Millisecond, nil })
-			})
-		},
-	}), emu
+	return awseks.New(iamemulator.SDKConfig(ts.URL, iamemulator.FixedBackoff(time.Millisecond))), emu
 }
 
 // externalCalls reads quartermaster_external_requests_total{service="eks",operation,result}.

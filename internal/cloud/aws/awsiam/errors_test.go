@@ -63,7 +63,7 @@ func TestErrorClassification(t *testing.T) {
 			if status := awsiam.StatusMessage(tc.err); strings.Contains(status, "request id") || !strings.HasPrefix(msg, strings.TrimSuffix(status, ")")) {
 				t.Errorf("StatusMessage %q: want the message without its request id", status)
 			}
-			if strings.Contains(msg, secretKey) || strings.Contains(msg, "AKIDEXAMPLE") {
+			if strings.Contains(msg, iamemulator.SecretAccessKey) || strings.Contains(msg, iamemulator.AccessKeyID) {
 				t.Errorf("message carries credentials: %q", msg)
 			}
 			var apiErr smithy.APIError

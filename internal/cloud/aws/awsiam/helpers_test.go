@@ -7,16 +7,13 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/aws/retry"
-	"github.com/aws/aws-sdk-go-v2/credentials"
 
 	"github.com/quartermaster-dev/quartermaster/internal/cloud/aws/awsiam"
 	"github.com/quartermaster-dev/quartermaster/internal/testing/iamemulator"
 )
 
 const (
-	secretKey = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
-	trustDoc  = `{"Version":"2012-10-17","Statement":[{"Effect":"Allow","Principal":{"Federated":"arn:aws:iam::000000000000:oidc-provider/oidc.example.com/id/ABC"},"Action":"sts:AssumeRoleWithWebIdentity","Condition":{"StringEquals":{"oidc.example.com/id/ABC:sub":"system:serviceaccount:team-a:app"}}}]}`
+	trustDoc = `{"Version":"2012-10-17","Statement":[{"Effect":"Allow","Principal":{"Federated":"arn:aws:iam::000000000000:oidc-provider/oidc.example.com/id/ABC"},"Action":"sts:AssumeRoleWithWebIdentity","Condition":{"StringEquals":{"oidc.example.com/id/ABC:sub":"system:serviceaccount:team-a:app"}}}]}`
 	// policyDoc has spaces, a newline, a plus, a percent sign, quotes, slashes and colons, so
 	// that only a correct decoding of IAM's percent-encoding gives it back.
 	policyDoc = "{\n  \"Version\": \"2012-10-17\",\n  \"Statement\": [{\"Effect\": \"Allow\", \"Action\": \"s3:GetObject\", \"Resource\": \"arn:aws:s3:::bucket/a b+c%20d\"}]\n}"
@@ -28,9 +25,7 @@ func docVersion(n string) string {
 
 // fastBackoff keeps the SDK's retry decisions and MaxAttempts but waits a millisecond
 // between attempts, so that fault tests stay fast.
-func fastBackoff(o *retry.StandardOptions) {
-	o.Backoff = retry.BackoffDelayerFunc(func(int, error) (time.Duration, error) { return time.Millisecond, nil })
-}
+var fastBackoff = iamemulator.FixedBackoff(time.Millisecond)
 
 // newClient starts the emulator in-process and returns an adapter pointed at it with
 // static credentials, the adapter's HTTP client and its retryer (with fastBackoff).
@@ -39,13 +34,7 @@ func newClient(t *testing.T, opts iamemulator.Options) (*awsiam.Client, *iamemul
 	emu := iamemulator.New(opts)
 	ts := httptest.NewServer(emu)
 	t.Cleanup(ts.Close)
-	cfg := aws.Config{
-		Region:       "us-east-1",
-		Credentials:  credentials.NewStaticCredentialsProvider("AKIDEXAMPLE", secretKey, ""),
-		BaseEndpoint: aws.String(ts.URL),
-		HTTPClient:   awsiam.HTTPClient(),
-		Retryer:      func() aws.Retryer { return awsiam.NewRetryer(fastBackoff) },
-	}
+	cfg := iamemulator.SDKConfig(ts.URL, fastBackoff)
 	return awsiam.New(cfg), emu, cfg
 }
 
