@@ -57,6 +57,7 @@ var cases = []benchCase{
 	{name: "namespaces/1000-requests", run: namespacesBench},
 	{name: "vmgroups/50-replicas", run: vmgroupsBench},
 	{name: "iam/500-serviceaccounts", run: iamBench},
+	{name: "iam/500-podidentity-serviceaccounts", run: iamPodIdentityBench},
 	{name: "intents/1000-bindings", run: intentsBench},
 	{name: "intents/cluster-binding-500-namespaces", run: clusterBindingBench},
 	{name: "mirrors/50-mirrors", run: mirrorsBench},
