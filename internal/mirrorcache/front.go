@@ -413,12 +413,12 @@ func (f *front) serveFill(w http.ResponseWriter, r *http.Request, repo string, f
 	if to >= 0 {
 		w.Header().Set("Content-Length", strconv.FormatInt(to-from, 10))
 	}
+	code := http.StatusOK
 	if partial {
 		w.Header().Set("Content-Range", fmt.Sprintf("bytes %d-%d/%d", from, to-1, size))
-		w.WriteHeader(http.StatusPartialContent)
-	} else {
-		w.WriteHeader(http.StatusOK)
+		code = http.StatusPartialContent
 	}
+	sendHeader(w, code)
 	if r.Method == http.MethodHead {
 		return
 	}
@@ -449,7 +449,7 @@ func (f *front) passThrough(w http.ResponseWriter, r *http.Request, repo string,
 	if resp.ContentLength >= 0 {
 		w.Header().Set("Content-Length", strconv.FormatInt(resp.ContentLength, 10))
 	}
-	w.WriteHeader(http.StatusOK)
+	sendHeader(w, http.StatusOK)
 	if r.Method == http.MethodHead {
 		return
 	}
@@ -463,6 +463,14 @@ func (f *front) passThrough(w http.ResponseWriter, r *http.Request, repo string,
 	if err := held.release(); err != nil {
 		panic(http.ErrAbortHandler)
 	}
+}
+
+// sendHeader sends the status and headers now, before the body: a response aborted before its
+// first byte (its fill failed just after the status was chosen) is then a 200 the client sees
+// cut, not a connection closed with no answer at all (net/http holds the headers until a write).
+func sendHeader(w http.ResponseWriter, status int) {
+	w.WriteHeader(status)
+	_ = http.NewResponseController(w).Flush()
 }
 
 // holdLast writes all but the last byte it was given; release writes that one.
