@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -18,6 +20,7 @@ import (
 	registryv1alpha1 "github.com/quartermaster-dev/quartermaster/api/registry/v1alpha1"
 	"github.com/quartermaster-dev/quartermaster/internal/manager"
 	"github.com/quartermaster-dev/quartermaster/internal/mirror"
+	"github.com/quartermaster-dev/quartermaster/internal/mirrorcache/peerset"
 	"github.com/quartermaster-dev/quartermaster/internal/nsclient"
 	"github.com/quartermaster-dev/quartermaster/internal/testing/chart"
 	"github.com/quartermaster-dev/quartermaster/internal/testing/testenv"
@@ -130,9 +133,14 @@ func TestEveryShippedCommandLineStillParses(t *testing.T) {
 			t.Errorf("registry-mirror %q: %+v, %v", args, o, err)
 		}
 		// The replicas find each other through the headless Service; the pod's name (expanded
-		// by the kubelet) is its own among them.
-		if err == nil && (o.Peers == nil || o.Peers.Lookup == nil || o.Peers.Set.Self() != "$(POD_NAME)" || o.Peers.Addr != ":"+strconv.Itoa(mirror.PeerPort)) {
+		// by the kubelet) is its own among them: it keeps its share of the digests.
+		if err == nil && (o.Peers == nil || o.Peers.Lookup == nil || o.Peers.Addr != ":"+strconv.Itoa(mirror.PeerPort)) {
 			t.Errorf("registry-mirror %q: peers %+v", args, o.Peers)
+		} else if err == nil {
+			o.Peers.Set.Replace([]peerset.Peer{{Name: "$(POD_NAME)", Addr: "x:1"}, {Name: "other", Addr: "y:1"}})
+			if got := ownerAddrs(o.Peers.Set); !maps.Equal(got, map[string]bool{"": true, "y:1": true}) {
+				t.Errorf("registry-mirror %q: digests go to %v, want some kept by $(POD_NAME) and the rest to the other pod", args, got)
+			}
 		}
 	}
 	for _, args := range [][]string{agent[1:], singleDash(agent[1:])} {
@@ -150,8 +158,10 @@ func TestEveryShippedCommandLineStillParses(t *testing.T) {
 		t.Errorf("registry-mirror with an argument: %v", err)
 	}
 	mo, err := registryMirrorFlags([]string{"--peers=b=127.0.0.1:2,a=127.0.0.1:1", "--peer-name=a", "--peer-address=127.0.0.1:0"}, io.Discard)
-	if err != nil || mo.Peers == nil || mo.Peers.Lookup != nil || len(mo.Peers.Set.Members()) != 2 || mo.Peers.Set.Self() != "a" {
+	if err != nil || mo.Peers == nil || mo.Peers.Lookup != nil {
 		t.Errorf("registry-mirror with a fixed peer list: %+v, %v", mo.Peers, err)
+	} else if got := ownerAddrs(mo.Peers.Set); !maps.Equal(got, map[string]bool{"": true, "127.0.0.1:2": true}) {
+		t.Errorf("registry-mirror with a fixed peer list: digests go to %v, want some kept by a and the rest to b", got)
 	}
 	for _, bad := range [][]string{{"--peers=a", "--peer-name=a"}, {"--peers=a=h:1", "--peers-service=s"}} {
 		if _, err := registryMirrorFlags(bad, io.Discard); err == nil {
@@ -178,6 +188,17 @@ func singleDash(args []string) []string {
 	out := make([]string, len(args))
 	for i, a := range args {
 		out[i] = strings.Replace(a, "--", "-", 1)
+	}
+	return out
+}
+
+// ownerAddrs is where set sends the digests of 100 keys: the peer addresses of the other pods
+// owning some, and "" when it keeps some itself (its own name is among the members).
+func ownerAddrs(set *peerset.Set) map[string]bool {
+	out := map[string]bool{}
+	for i := range 100 {
+		owner, _ := set.Owner(fmt.Sprintf("sha256:%064x", i))
+		out[owner.Addr] = true
 	}
 	return out
 }

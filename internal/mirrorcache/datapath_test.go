@@ -318,9 +318,14 @@ func TestFillFaults(t *testing.T) {
 			assertNotStored(t, files, g.d)
 
 			// The next request fetches again: the right bytes, or for a mismatching upstream
-			// the same refusal (nothing was cached).
+			// the same refusal (nothing was cached). Its GET is gated too: the client has the
+			// headers before the mismatching rest fails the fill (an ungated fill may fail first,
+			// and the client is rightly answered 502).
 			if mode == serveMismatch {
+				again := newGate(layer, mode)
+				up.setFault(again.fault)
 				resp := getFrom(context.Background(), t, blobURL, "", http.StatusOK)
+				close(again.release)
 				if resp != nil {
 					if _, err := io.ReadAll(resp.Body); err == nil {
 						t.Error("a mismatching blob was served in full")

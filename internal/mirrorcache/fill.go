@@ -41,10 +41,10 @@ type fill struct {
 	status    int  // the upstream's status when it refused the fill (404 …)
 	noSpace   bool // the volume has no room: each request goes to the upstream itself
 	committed string
-	// Whether a peer's request sent the fill to the upstream, and how it ends the request to a
-	// peer in flight.
+	// Whether the fill reads only from the upstream (peerSource), and how sendUpstream ends
+	// the request to a peer in flight.
 	toUpstream bool
-	cancelPeer context.CancelFunc
+	cancelPeer context.CancelCauseFunc
 	handedOut  bool // a response was given bytes of the file
 }
 
@@ -62,8 +62,10 @@ const reserveBytes = 64 << 20
 // maxManifestBytes bounds a manifest the cache parses (distribution's own limit is 4 MiB).
 const maxManifestBytes = 4 << 20
 
-func newFill(d digest.Digest, repo string, manifest bool) *fill {
-	f := &fill{d: d, repo: repo, manifest: manifest, size: -1}
+// newFill starts a fill's state; toUpstream: a peer asked for the content, so the fill never
+// reads from another peer.
+func newFill(d digest.Digest, repo string, manifest, toUpstream bool) *fill {
+	f := &fill{d: d, repo: repo, manifest: manifest, size: -1, toUpstream: toUpstream}
 	f.cond = sync.NewCond(&f.mu)
 	return f
 }
@@ -83,18 +85,16 @@ func pathOf(manifest bool) string {
 	return "blobs"
 }
 
-// origins are where a fill may read: the upstream, and first, when viaPeer, the peer that owns
-// the digest.
+// origins are where a fill may read: the upstream, and first the peer that owns the digest
+// (peerSource says when).
 type origins struct {
-	remote  *remote
-	peers   *peers // nil: this cache has no peers
-	viaPeer bool   // false for a fill a peer asked for: it reads the upstream
+	remote *remote
+	peers  *peers // nil: this cache has no peers
 }
 
 // run fetches the content for repo and commits it to s; it returns when the fill ends, and
 // whether the volume refused a write.
 func (f *fill) run(ctx context.Context, o origins, s *store, repo string, freeSpace func() (uint64, error)) (refused bool) {
-	kind := kindOf(f.manifest)
 	fillsInFlight.Inc()
 	defer fillsInFlight.Dec()
 	ctx, cancel := context.WithCancel(ctx)
@@ -134,15 +134,11 @@ func (f *fill) run(ctx context.Context, o origins, s *store, repo string, freeSp
 	var n, woken int64
 	for {
 		for {
-			m, rerr := src.body.Read(buf)
+			m, rerr := src.Read(buf)
 			if m > 0 {
 				idle.Reset(fillIdleTimeout)
-				if src.peer == "" {
-					upstreamBytes.WithLabelValues(kind).Add(float64(m))
-				} else {
-					src.progress(o.peers.stall)
-					peerBytes.WithLabelValues(kind).Add(float64(m))
-					fromPeers[src.peer] = true
+				if src.peer.Name != "" {
+					fromPeers[src.peer.Name] = true
 				}
 				if _, werr := tmp.Write(buf[:m]); werr != nil {
 					tmp.Close()
@@ -164,14 +160,10 @@ func (f *fill) run(ctx context.Context, o origins, s *store, repo string, freeSp
 			if errors.Is(rerr, io.EOF) {
 				break
 			}
-			if rerr != nil && src.peer != "" && ctx.Err() == nil {
+			if rerr != nil && src.peer.Name != "" && ctx.Err() == nil {
 				// The peer failed, stalled or was given up mid-body: the rest from the next owner
 				// or the upstream, from byte n (the digest check covers both parts).
-				result := src.why()
-				if f.sentUpstream() {
-					result = resultPeerCanceled
-				}
-				o.peers.ended(src, result, rerr)
+				o.peers.ended(src.peer.Name, src.why(resultPeerCut), rerr)
 				next, status, err := f.reopen(ctx, o, repo, n, size)
 				if err != nil {
 					tmp.Close()
@@ -202,7 +194,7 @@ func (f *fill) run(ctx context.Context, o origins, s *store, repo string, freeSp
 			break
 		}
 		for p := range fromPeers {
-			o.peers.ended(&source{peer: p}, resultPeerMismatch, errors.New("its bytes have another digest"))
+			o.peers.ended(p, resultPeerMismatch, errors.New("its bytes have another digest"))
 		}
 		if len(fromPeers) == 0 || !f.startAgain(tmp) {
 			tmp.Close()
@@ -222,8 +214,8 @@ func (f *fill) run(ctx context.Context, o origins, s *store, repo string, freeSp
 		verifier, n, woken = f.d.Verifier(), 0, 0
 		clear(fromPeers)
 	}
-	if src.peer != "" {
-		peerRequests.WithLabelValues(resultPeerOK).Inc()
+	if src.peer.Name != "" {
+		o.peers.ended(src.peer.Name, resultPeerOK, nil)
 	}
 	var meta *contentMeta
 	if f.manifest {
@@ -261,33 +253,19 @@ func (f *fill) run(ctx context.Context, o origins, s *store, repo string, freeSp
 	return false
 }
 
-// open starts reading the content at byte from: from the digest's owner when the fill may ask
-// one and a working owner other than this cache is left (at most peerAttempts of them), else
-// from the upstream. status is the upstream's refusal (404 …) when it has no content to give.
+// open starts reading the content at byte from: from the digest's owner while peerSource names
+// one (at most peerAttempts of them), else from the upstream. status is the upstream's refusal
+// (404 …) when it has no content to give.
 func (f *fill) open(ctx context.Context, o origins, repo string, from int64) (src *source, status int, err error) {
 	for range peerAttempts {
-		if o.peers == nil || !o.viaPeer || f.sentUpstream() {
+		src := f.peerSource(ctx, o.peers)
+		if src == nil {
 			break
 		}
-		owner, ok := o.peers.set.Owner(f.d.String())
-		if !ok {
-			break
-		}
-		// sendUpstream ends the peer's request through this context, headers or body.
-		pctx, cancel := context.WithCancel(ctx)
-		f.mu.Lock()
-		upstream := f.toUpstream
-		f.cancelPeer = cancel
-		f.mu.Unlock()
-		if upstream {
-			cancel()
-			break
-		}
-		src, err := o.peers.open(pctx, owner, repo, f.d, f.manifest, from)
+		err := o.peers.open(src, repo, f.d, f.manifest, from)
 		if err == nil {
 			return src, 0, nil
 		}
-		cancel()
 		if errors.Is(err, errNotFromPeer) || ctx.Err() != nil {
 			break
 		}
@@ -301,12 +279,31 @@ func (f *fill) open(ctx context.Context, o origins, repo string, from int64) (sr
 		drain(resp)
 		return nil, resp.StatusCode, fmt.Errorf("from the upstream: %s", resp.Status)
 	}
-	size, err := bodyStart(resp, from)
-	if err != nil {
-		resp.Body.Close()
+	src = &source{bytes: upstreamBytes.WithLabelValues(kindOf(f.manifest))}
+	if err := src.start(resp, from); err != nil {
 		return nil, 0, fmt.Errorf("from the upstream: %w", err)
 	}
-	return &source{body: resp.Body, size: size, mediaType: resp.Header.Get("Content-Type")}, 0, nil
+	return src, 0, nil
+}
+
+// peerSource is the one rule for whether a fill reads from a peer: from the digest's owner,
+// unless the fill reads only from the upstream (a peer asked for the content, or a peer's bytes
+// had another digest), this cache has no peers, or it owns the digest itself. It returns the
+// request to the owner, not yet opened, whose context sendUpstream ends; nil for the upstream.
+func (f *fill) peerSource(ctx context.Context, p *peers) *source {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.toUpstream || p == nil {
+		return nil
+	}
+	owner, ok := p.set.Owner(f.d.String())
+	if !ok {
+		return nil
+	}
+	src := &source{peer: owner}
+	src.ctx, src.cancel = context.WithCancelCause(ctx)
+	f.cancelPeer = src.cancel
+	return src
 }
 
 // reopen is open for a fill under way, whose content is size bytes long (-1 unknown): the new
@@ -332,7 +329,7 @@ func (f *fill) sendUpstream() {
 	cancel := f.cancelPeer
 	f.mu.Unlock()
 	if cancel != nil {
-		cancel()
+		cancel(errSentUpstream)
 	}
 }
 
@@ -349,12 +346,6 @@ func (f *fill) startAgain(tmp *os.File) bool {
 	}
 	f.written, f.toUpstream = 0, true
 	return true
-}
-
-func (f *fill) sentUpstream() bool {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.toUpstream
 }
 
 // storeFailed ends a fill the volume refused (full, read-only, …).

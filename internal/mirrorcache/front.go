@@ -266,7 +266,7 @@ func (f *front) serve(w http.ResponseWriter, r *http.Request, repo string, d dig
 			return
 		}
 	}
-	fl, leader := f.join(repo, d, manifest, !fromPeer)
+	fl, leader := f.join(repo, d, manifest, fromPeer)
 	if fromPeer && fl != nil && !leader {
 		fl.sendUpstream()
 	}
@@ -318,8 +318,8 @@ func (f *front) confirm(w http.ResponseWriter, r *http.Request, repo string, d d
 }
 
 // join returns d's fill, starting it when none runs (leader); nil when d was committed meanwhile.
-// viaPeer: a fill started here may read from the digest's owner.
-func (f *front) join(repo string, d digest.Digest, manifest, viaPeer bool) (fl *fill, leader bool) {
+// fromPeer: another replica asks, so a fill started here reads only from the upstream.
+func (f *front) join(repo string, d digest.Digest, manifest, fromPeer bool) (fl *fill, leader bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if fl := f.fills[d]; fl != nil {
@@ -331,12 +331,12 @@ func (f *front) join(repo string, d digest.Digest, manifest, viaPeer bool) (fl *
 		file.Close()
 		return nil, false
 	}
-	fl = newFill(d, repo, manifest)
+	fl = newFill(d, repo, manifest, fromPeer)
 	f.fills[d] = fl
 	f.wg.Add(1)
 	go func() {
 		defer f.wg.Done()
-		if fl.run(f.ctx, origins{remote: f.remote, peers: f.peers, viaPeer: viaPeer}, f.store, repo, f.room) {
+		if fl.run(f.ctx, origins{remote: f.remote, peers: f.peers}, f.store, repo, f.room) {
 			f.refusedUntil.Store(time.Now().Add(refusedRetry).UnixNano())
 		}
 		f.mu.Lock()
@@ -413,12 +413,12 @@ func (f *front) serveFill(w http.ResponseWriter, r *http.Request, repo string, f
 	if to >= 0 {
 		w.Header().Set("Content-Length", strconv.FormatInt(to-from, 10))
 	}
+	code := http.StatusOK
 	if partial {
 		w.Header().Set("Content-Range", fmt.Sprintf("bytes %d-%d/%d", from, to-1, size))
-		w.WriteHeader(http.StatusPartialContent)
-	} else {
-		w.WriteHeader(http.StatusOK)
+		code = http.StatusPartialContent
 	}
+	sendHeader(w, code)
 	if r.Method == http.MethodHead {
 		return
 	}
@@ -449,20 +449,28 @@ func (f *front) passThrough(w http.ResponseWriter, r *http.Request, repo string,
 	if resp.ContentLength >= 0 {
 		w.Header().Set("Content-Length", strconv.FormatInt(resp.ContentLength, 10))
 	}
-	w.WriteHeader(http.StatusOK)
+	sendHeader(w, http.StatusOK)
 	if r.Method == http.MethodHead {
 		return
 	}
 	// As from a fill, the last byte goes only once the digest is checked.
 	verifier := d.Verifier()
 	held := &holdLast{w: w}
-	n, err := io.Copy(io.MultiWriter(held, verifier), countingReader{resp.Body, kind})
+	n, err := io.Copy(io.MultiWriter(held, verifier), &source{body: resp.Body, bytes: upstreamBytes.WithLabelValues(kind)})
 	if err != nil || (resp.ContentLength >= 0 && n != resp.ContentLength) || !verifier.Verified() {
 		panic(http.ErrAbortHandler)
 	}
 	if err := held.release(); err != nil {
 		panic(http.ErrAbortHandler)
 	}
+}
+
+// sendHeader sends the status and headers now, before the body: a response aborted before its
+// first byte (its fill failed just after the status was chosen) is then a 200 the client sees
+// cut, not a connection closed with no answer at all (net/http holds the headers until a write).
+func sendHeader(w http.ResponseWriter, status int) {
+	w.WriteHeader(status)
+	_ = http.NewResponseController(w).Flush()
 }
 
 // holdLast writes all but the last byte it was given; release writes that one.
@@ -490,17 +498,6 @@ func (h *holdLast) Write(p []byte) (int, error) {
 func (h *holdLast) release() error {
 	_, err := h.w.Write(h.last)
 	return err
-}
-
-type countingReader struct {
-	r    io.Reader
-	kind string
-}
-
-func (c countingReader) Read(p []byte) (int, error) {
-	n, err := c.r.Read(p)
-	upstreamBytes.WithLabelValues(c.kind).Add(float64(n))
-	return n, err
 }
 
 // parseRange reads one "bytes=a-b", "bytes=a-" or "bytes=-n" range as [from, to); anything

@@ -10,10 +10,10 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/opencontainers/go-digest"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/sirupsen/logrus"
 
 	"github.com/quartermaster-dev/quartermaster/internal/mirrorcache/peerset"
@@ -87,20 +87,45 @@ type source struct {
 	body      io.ReadCloser
 	size      int64 // the whole content's length; -1 unknown
 	mediaType string
-	peer      string // the peer's name; "" for the upstream
+	bytes     prometheus.Counter // the content's bytes read: upstream_bytes_total or peer_bytes_total
 
-	// A peer's fetch: cancel ends it (a stall, or the fill sent upstream).
-	cancel  context.CancelFunc
-	stall   *time.Timer
-	mu      sync.Mutex
-	stalled bool
+	// A peer's request (peer.Name "" for the upstream): one context, ended by a stall
+	// (errPeerStalled), by sendUpstream (errSentUpstream) or by the fill's own end.
+	peer       peerset.Peer
+	ctx        context.Context
+	cancel     context.CancelCauseFunc
+	stall      *time.Timer // cancels ctx when the peer sends nothing for stallAfter
+	stallAfter time.Duration
 }
 
-// progress tells a peer source that bytes arrived: the stall timer starts again.
-func (s *source) progress(d time.Duration) {
-	if s.stall != nil {
-		s.stall.Reset(d)
+// Why a peer's request was ended by this cache.
+var (
+	errPeerStalled  = errors.New("the peer sent nothing for the stall timeout")
+	errSentUpstream = errors.New("the fill went to the upstream")
+)
+
+// Read reads the body, counting its bytes: the one place content bytes are counted, the
+// upstream's and the peers' alike. A peer's bytes start its stall timer again.
+func (s *source) Read(b []byte) (int, error) {
+	n, err := s.body.Read(b)
+	if n > 0 {
+		s.bytes.Add(float64(n))
+		if s.stall != nil {
+			s.stall.Reset(s.stallAfter)
+		}
 	}
+	return n, err
+}
+
+// start takes resp's body as the source's, from byte from on (bodyStart).
+func (s *source) start(resp *http.Response, from int64) error {
+	size, err := bodyStart(resp, from)
+	if err != nil {
+		resp.Body.Close()
+		return err
+	}
+	s.body, s.size, s.mediaType = resp.Body, size, resp.Header.Get("Content-Type")
+	return nil
 }
 
 func (s *source) close() {
@@ -108,44 +133,42 @@ func (s *source) close() {
 		s.stall.Stop()
 	}
 	if s.cancel != nil {
-		s.cancel()
+		s.cancel(nil)
 	}
 	s.body.Close()
 }
 
-// why says why a peer's body ended early: it stalled, or it was cut.
-func (s *source) why() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.stalled {
+// why says how a peer's request ended early: stalled, canceled (the fill went to the upstream,
+// or ended), or otherwise when this cache did not end it (the peer failed on its own).
+func (s *source) why(otherwise string) string {
+	switch {
+	case errors.Is(context.Cause(s.ctx), errPeerStalled):
 		return resultPeerStalled
+	case s.ctx.Err() != nil:
+		return resultPeerCanceled
+	default:
+		return otherwise
 	}
-	return resultPeerCut
 }
 
 // errNotFromPeer means the peer gave an answer that is not content (404, 401 …): the upstream
 // is asked, and the peer is not marked as failing.
 var errNotFromPeer = errors.New("the peer has no content to give")
 
-// open asks peer p for bytes [from, …) of d for repo. It gives up when p sends nothing for the
-// stall timeout; it marks p failing unless p answered with something else than content.
-func (p *peers) open(ctx context.Context, owner peerset.Peer, repo string, d digest.Digest, manifest bool, from int64) (*source, error) {
-	target := (&url.URL{Scheme: "http", Host: owner.Addr, Path: "/v2/" + repo + "/" + pathOf(manifest) + "/" + d.String()}).String()
-	ctx, cancel := context.WithCancel(ctx)
-	src := &source{peer: owner.Name, cancel: cancel}
-	src.stall = time.AfterFunc(p.stall, func() {
-		src.mu.Lock()
-		src.stalled = true
-		src.mu.Unlock()
-		cancel()
-	})
-	fail := func(result string, err error) (*source, error) {
+// open asks src's peer (fill.peerSource) for bytes [from, …) of d for repo. It gives up when the
+// peer sends nothing for the stall timeout; it counts a failed request (ended), and src's request
+// is counted when its body ends (fill.run).
+func (p *peers) open(src *source, repo string, d digest.Digest, manifest bool, from int64) error {
+	target := (&url.URL{Scheme: "http", Host: src.peer.Addr, Path: "/v2/" + repo + "/" + pathOf(manifest) + "/" + d.String()}).String()
+	src.stallAfter = p.stall
+	src.stall = time.AfterFunc(p.stall, func() { src.cancel(errPeerStalled) })
+	fail := func(result string, err error) error {
 		src.stall.Stop()
-		cancel()
-		p.ended(src, result, fmt.Errorf("%s: %w", d, err))
-		return nil, err
+		src.cancel(nil)
+		p.ended(src.peer.Name, result, fmt.Errorf("%s: %w", d, err))
+		return err
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, target, nil)
+	req, err := http.NewRequestWithContext(src.ctx, http.MethodGet, target, nil)
 	if err != nil {
 		return fail(resultPeerError, err)
 	}
@@ -154,46 +177,40 @@ func (p *peers) open(ctx context.Context, owner peerset.Peer, repo string, d dig
 	}
 	resp, err := p.client.Do(req)
 	if err != nil {
-		result := resultPeerUnreachable
-		if src.why() == resultPeerStalled {
-			result = resultPeerStalled
-		} else if ctx.Err() != nil {
-			result = resultPeerCanceled
-		}
-		return fail(result, err)
+		return fail(src.why(resultPeerUnreachable), err)
 	}
-	src.body, src.mediaType = resp.Body, resp.Header.Get("Content-Type")
+	name := src.peer.Name
 	switch {
 	case resp.StatusCode == http.StatusBadGateway:
 		// The owner is well but its upstream refused or did not answer (upstreamFailed): not the
 		// peer's fault, and no other owner would do better; this cache asks the upstream itself.
 		drain(resp)
-		return fail(resultPeerRefused, fmt.Errorf("peer %s answered %s: %w", owner.Name, resp.Status, errNotFromPeer))
+		return fail(resultPeerRefused, fmt.Errorf("peer %s answered %s: %w", name, resp.Status, errNotFromPeer))
 	case resp.StatusCode >= 500:
 		drain(resp)
-		return fail(resultPeerError, fmt.Errorf("peer %s answered %s", owner.Name, resp.Status))
+		return fail(resultPeerError, fmt.Errorf("peer %s answered %s", name, resp.Status))
 	case resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusPartialContent:
 		drain(resp)
-		return fail(resultPeerRefused, fmt.Errorf("peer %s answered %s: %w", owner.Name, resp.Status, errNotFromPeer))
+		return fail(resultPeerRefused, fmt.Errorf("peer %s answered %s: %w", name, resp.Status, errNotFromPeer))
 	}
-	src.size, err = bodyStart(resp, from)
-	if err != nil {
-		resp.Body.Close()
-		return fail(resultPeerError, fmt.Errorf("peer %s: %w", owner.Name, err))
+	if err := src.start(resp, from); err != nil {
+		return fail(resultPeerError, fmt.Errorf("peer %s: %w", name, err))
 	}
-	src.progress(p.stall)
-	return src, nil // counted when its body ends (fill.run)
+	src.bytes = peerBytes.WithLabelValues(kindOf(manifest))
+	src.stall.Reset(p.stall)
+	return nil
 }
 
-// ended counts how a request to a peer ended, and skips the peer for a while when it failed.
-func (p *peers) ended(src *source, result string, err error) {
+// ended counts how a request to peer ended, and skips the peer for a while when it failed: the
+// one place requests to peers are counted.
+func (p *peers) ended(peer, result string, err error) {
 	peerRequests.WithLabelValues(result).Inc()
 	switch result {
 	case resultPeerOK, resultPeerRefused, resultPeerCanceled:
 		return
 	}
-	p.set.Failed(src.peer)
-	logrus.WithError(err).WithFields(logrus.Fields{"peer": src.peer, "peer.result": result}).
+	p.set.Failed(peer)
+	logrus.WithError(err).WithFields(logrus.Fields{"peer": peer, "peer.result": result}).
 		Warn("peer failed: the next owner or the upstream serves instead")
 }
 

@@ -44,9 +44,6 @@ func New(self string, members []Peer) *Set {
 	return s
 }
 
-// Self is this pod's name.
-func (s *Set) Self() string { return s.self }
-
 // Replace sets the members (a new lookup's answer); the failure marks of members that stay are kept.
 func (s *Set) Replace(members []Peer) {
 	m := slices.Clone(members)
@@ -60,13 +57,6 @@ func (s *Set) Replace(members []Peer) {
 			delete(s.down, name)
 		}
 	}
-}
-
-// Members returns the members, sorted by name.
-func (s *Set) Members() []Peer {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return slices.Clone(s.members)
 }
 
 // Owner is the member that owns key among those not failing. ok is false when this pod should
