@@ -303,6 +303,7 @@ func (r *clusterBindingReconciler) ensureNamespacePolicies(ctx context.Context, 
 	}
 	results := make([]nsResult, len(selected))
 	deleted := make([]error, len(stale))
+	defer r.deferred.writingFor(csib.UID)() // their reports wait for the pass (reports.go)
 	var g errgroup.Group
 	g.SetLimit(namespaceWriters)
 	for i, np := range stale {

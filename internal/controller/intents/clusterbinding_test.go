@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -123,4 +124,62 @@ func TestClusterBindingFailingNamespace(t *testing.T) {
 		f.waitPolicyStatus(t, &intentv1alpha1.NimbusPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: refused, Name: name}},
 			"Generated", "NetworkPolicy/"+name+"-denyexternalnetworkaccess")
 	})
+}
+
+// TestClusterBindingEnforcesFirst: the reports of a cluster binding's NimbusPolicies wait for the
+// binding's pass over its namespaces (reports.go): in the API server's order of writes, every
+// NimbusPolicy is created before any reports. (That each reports once, make bench counts: 3 writes
+// per namespace.)
+func TestClusterBindingEnforcesFirst(t *testing.T) {
+	f := start(t)
+	ctx := context.Background()
+	const binding = "first"
+	name := intent.ClusterPolicyNamePrefix + binding
+	var namespaces []string
+	for i := range 20 {
+		namespaces = append(namespaces, fmt.Sprintf("ef-%02d", i))
+		f.namespace(t, namespaces[i])
+	}
+	f.intent(t, "first-egress", intent.DenyExternalNetworkAccess, nil)
+
+	wc, err := client.NewWithWatch(f.env.Config, client.Options{Scheme: f.scheme})
+	must(t, err)
+	w, err := wc.Watch(ctx, &intentv1alpha1.NimbusPolicyList{}, client.MatchingFields{"metadata.name": name})
+	must(t, err)
+	defer w.Stop()
+
+	must(t, f.c.Create(ctx, &intentv1alpha1.ClusterSecurityIntentBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: binding},
+		Spec: intentv1alpha1.ClusterSecurityIntentBindingSpec{
+			Intents: []intentv1alpha1.MatchIntent{{Name: "first-egress"}},
+			Selector: intentv1alpha1.ClusterMatchWorkloads{
+				NsSelector:       intentv1alpha1.NamespaceSelector{MatchNames: namespaces},
+				WorkloadSelector: intentv1alpha1.LabelSelector{MatchLabels: map[string]string{"app": "web"}},
+			},
+		},
+	}))
+
+	created, reports := map[string]bool{}, map[string]bool{}
+	var order []string // what the watch saw, for the failure message
+	for len(reports) < len(namespaces) {
+		select {
+		case ev := <-w.ResultChan():
+			np, ok := ev.Object.(*intentv1alpha1.NimbusPolicy)
+			if !ok {
+				t.Fatalf("watch: %+v", ev)
+			}
+			order = append(order, string(ev.Type)+" "+np.Namespace)
+			switch {
+			case ev.Type == "ADDED":
+				created[np.Namespace] = true
+			case meta.IsStatusConditionTrue(np.Status.Conditions, "Ready"):
+				if len(created) < len(namespaces) {
+					t.Fatalf("NimbusPolicy %s reported with %d of %d NimbusPolicies created; the watch saw %v", np.Namespace, len(created), len(namespaces), order)
+				}
+				reports[np.Namespace] = true
+			}
+		case <-time.After(time.Minute):
+			t.Fatalf("the watch saw %v within a minute, want every NimbusPolicy created and reported", order)
+		}
+	}
 }

@@ -10,6 +10,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -59,14 +60,22 @@ func (r *policyReconciler) setup(mgr ctrl.Manager, opts controller.Options) (con
 		Named("nimbuspolicy").
 		For(&intentv1alpha1.NimbusPolicy{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		WatchesRawSource(source.Channel(r.all, &handler.EnqueueRequestForObject{})).
+		WatchesRawSource(source.Channel(r.deferred.release, r.deferred.released())).
 		// A node's pod range is in the NetworkPolicies.
 		WatchesRawSource(source.Kind[client.Object](r.nodes, &corev1.Node{},
 			handler.EnqueueRequestsFromMapFunc(r.needing(needsNodes)), podCIDRChanged())).
 		// A Deployment that appears, goes or changes labels is or is no longer a cocoWorkload target.
 		WatchesRawSource(source.Kind[client.Object](r.deployments, deploymentMetadata(),
 			handler.EnqueueRequestsFromMapFunc(r.needing(needsDeployments)), predicate.Or[client.Object](predicate.LabelChangedPredicate{}, createOrDelete()))).
-		WithOptions(opts).
+		// Its report passes wait behind the passes that enforce (reports.go). The other
+		// controllers keep the plain queue the manager configures.
+		WithOptions(withPriorityQueue(opts)).
 		Build(r)
+}
+
+func withPriorityQueue(opts controller.Options) controller.Options {
+	opts.UsePriorityQueue = new(true)
+	return opts
 }
 
 // engineWatch is how a policy reconciler follows the engines: it watches the kinds it generates
@@ -202,6 +211,9 @@ func needsNodes(rules []intentv1alpha1.NimbusRules) bool {
 func (r *policyReconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	np := &intentv1alpha1.NimbusPolicy{}
 	if err := r.client.Get(ctx, req.NamespacedName, np); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.deferred.forget(req.NamespacedName)
+		}
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
 	if !np.DeletionTimestamp.IsZero() {
@@ -211,11 +223,18 @@ func (r *policyReconciler) Reconcile(ctx context.Context, req reconcile.Request)
 		return reconcile.Result{}, nil // hand-made: as Nimbus's adapters, generate nothing for it
 	}
 	before := np.DeepCopy()
+	earlier := r.deferred.unreported(np)
 	in, err := r.inputs(ctx, np.Namespace, np.Spec.NimbusRules)
 	var a applied
 	if err == nil {
-		a, err = r.applyPolicies(ctx, np.UID, intent.ForNimbusPolicy(np, in), np.Status.Policies, np.Namespace, namespacedKinds)
+		a, err = r.applyPolicies(ctx, np.UID, intent.ForNimbusPolicy(np, in), slices.Concat(np.Status.Policies, earlier.entries), np.Namespace, namespacedKinds)
 	}
+	if err == nil {
+		if result, later := r.deferred.later(np, earlier, a); later {
+			return result, nil // enforcement first (reports.go)
+		}
+	}
+	a.changes = slices.Concat(earlier.changes, a.changes)
 	o := r.report(np, &np.Status, np.Generation, a, err, unenforced(np.Spec.NimbusRules, intent.ClusterGenerated(np)))
 	if err := r.writeStatus(ctx, np, !equality.Semantic.DeepEqual(before.Status, np.Status)); err != nil {
 		return reconcile.Result{}, err

@@ -60,6 +60,7 @@ type base struct {
 	objects     cache.Cache // the engines' policies, a cache of the controller's own
 	recorder    events.EventRecorder
 	engines     *engines
+	deferred    *deferredReports // NimbusPolicies' status reports, after their enforcement
 	now         func() metav1.Time
 }
 
@@ -98,6 +99,7 @@ func setup(mgr ctrl.Manager, o Options, engineInterval time.Duration) (*base, er
 			&intentv1alpha1.NimbusPolicy{}, &intentv1alpha1.ClusterNimbusPolicy{}),
 		apiReader: mgr.GetAPIReader(),
 		recorder:  status.NewRecorder(mgr, "quartermaster-intents"),
+		deferred:  newDeferredReports(),
 		now:       metav1.Now,
 	}
 	// Caches of the controller's own: the shared cache may be narrowed to another controller's
