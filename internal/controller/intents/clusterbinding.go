@@ -320,7 +320,9 @@ func (r *clusterBindingReconciler) ensureNamespacePolicies(ctx context.Context, 
 			}
 			did, err := owned.Unchanged, controllerutil.SetControllerReference(csib, want, r.client.Scheme())
 			if err == nil {
+				created := r.deferred.creating(csib.UID, client.ObjectKeyFromObject(want))
 				did, _, err = r.ensurePolicy(ctx, want, listed[ns])
+				created(err == nil && did == owned.Created)
 			}
 			switch {
 			case apierrors.IsNotFound(err) || did == owned.Terminating:

@@ -10,7 +10,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -60,22 +59,15 @@ func (r *policyReconciler) setup(mgr ctrl.Manager, opts controller.Options) (con
 		Named("nimbuspolicy").
 		For(&intentv1alpha1.NimbusPolicy{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		WatchesRawSource(source.Channel(r.all, &handler.EnqueueRequestForObject{})).
-		WatchesRawSource(source.Channel(r.deferred.release, r.deferred.released())).
+		WatchesRawSource(source.Channel(r.deferred.release, &handler.EnqueueRequestForObject{})).
 		// A node's pod range is in the NetworkPolicies.
 		WatchesRawSource(source.Kind[client.Object](r.nodes, &corev1.Node{},
 			handler.EnqueueRequestsFromMapFunc(r.needing(needsNodes)), podCIDRChanged())).
 		// A Deployment that appears, goes or changes labels is or is no longer a cocoWorkload target.
 		WatchesRawSource(source.Kind[client.Object](r.deployments, deploymentMetadata(),
 			handler.EnqueueRequestsFromMapFunc(r.needing(needsDeployments)), predicate.Or[client.Object](predicate.LabelChangedPredicate{}, createOrDelete()))).
-		// Its report passes wait behind the passes that enforce (reports.go). The other
-		// controllers keep the plain queue the manager configures.
-		WithOptions(withPriorityQueue(opts)).
+		WithOptions(opts).
 		Build(r)
-}
-
-func withPriorityQueue(opts controller.Options) controller.Options {
-	opts.UsePriorityQueue = new(true)
-	return opts
 }
 
 // engineWatch is how a policy reconciler follows the engines: it watches the kinds it generates
@@ -210,17 +202,12 @@ func needsNodes(rules []intentv1alpha1.NimbusRules) bool {
 // Reconcile brings one NimbusPolicy's engine policies to what its rules generate.
 func (r *policyReconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	np := &intentv1alpha1.NimbusPolicy{}
-	if err := r.client.Get(ctx, req.NamespacedName, np); err != nil {
-		if apierrors.IsNotFound(err) {
-			r.deferred.forget(req.NamespacedName)
-		}
+	err := r.client.Get(ctx, req.NamespacedName, np)
+	if err != nil || !np.DeletionTimestamp.IsZero() || !madeByBinding(np, "SecurityIntentBinding", "ClusterSecurityIntentBinding") {
+		// Gone, going (its policies go with it: garbage collection), or hand-made (as Nimbus's
+		// adapters, generate nothing for it): nothing to report, nothing to wait for.
+		r.deferred.forget(req.NamespacedName)
 		return reconcile.Result{}, client.IgnoreNotFound(err)
-	}
-	if !np.DeletionTimestamp.IsZero() {
-		return reconcile.Result{}, nil // its policies go with it (garbage collection)
-	}
-	if !madeByBinding(np, "SecurityIntentBinding", "ClusterSecurityIntentBinding") {
-		return reconcile.Result{}, nil // hand-made: as Nimbus's adapters, generate nothing for it
 	}
 	before := np.DeepCopy()
 	earlier := r.deferred.unreported(np)
@@ -229,10 +216,8 @@ func (r *policyReconciler) Reconcile(ctx context.Context, req reconcile.Request)
 	if err == nil {
 		a, err = r.applyPolicies(ctx, np.UID, intent.ForNimbusPolicy(np, in), slices.Concat(np.Status.Policies, earlier.entries), np.Namespace, namespacedKinds)
 	}
-	if err == nil {
-		if result, later := r.deferred.later(np, earlier, a); later {
-			return result, nil // enforcement first (reports.go)
-		}
+	if r.deferred.passed(np, earlier, a, err) {
+		return reconcile.Result{}, nil // enforcement first: reported once its binding is enforced (reports.go)
 	}
 	a.changes = slices.Concat(earlier.changes, a.changes)
 	o := r.report(np, &np.Status, np.Generation, a, err, unenforced(np.Spec.NimbusRules, intent.ClusterGenerated(np)))

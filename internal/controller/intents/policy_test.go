@@ -67,21 +67,7 @@ func testEvents(t *testing.T, f *fixture) {
 	expect("the binding's reconcile", bindings.Reconcile, sib, "NimbusPolicyCreated")
 	np := &intentv1alpha1.NimbusPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: sib.Name}}
 	eventually(t, "the NimbusPolicy in the cache", cached(np, mgr.GetCache()))
-	// Enforcement first (reports.go): the pass that makes the engine policies leaves the report
-	// to a pass of its own, queued behind every pass that enforces.
-	res, err := policies.Reconcile(ctx, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(np)})
-	must(t, err)
-	if res.RequeueAfter == 0 || res.Priority == nil || *res.Priority != reportPriority {
-		t.Fatalf("the NimbusPolicy's first generation: result %+v, want its report queued at priority %d", res, reportPriority)
-	}
-	if got := testenv.EventReasons(rec); len(got) > 0 {
-		t.Errorf("the NimbusPolicy's first generation: Events %v, want none", got)
-	}
-	f.get(t, np)
-	if len(np.Status.Conditions) != 0 {
-		t.Fatalf("NimbusPolicy status %+v after the pass that enforces, want none yet", np.Status)
-	}
-	expect("the NimbusPolicy's report", policies.Reconcile, np)
+	expect("the NimbusPolicy's first generation", policies.Reconcile, np)
 	f.get(t, np)
 	if r := status.ReadyReason(np.Status.Conditions); r != "Generated" || len(np.Status.Policies) != 2 {
 		t.Fatalf("NimbusPolicy Ready %s with %v, want Generated with its 2 policies", r, np.Status.Policies)
@@ -114,8 +100,7 @@ func testEvents(t *testing.T, f *fixture) {
 		err := built.objects.Get(ctx, client.ObjectKeyFromObject(netpol), netpol.DeepCopy())
 		return apierrors.IsNotFound(err), testenv.ErrString(err)
 	})
-	expect("a deleted policy made again", policies.Reconcile, np)
-	expect("its report", policies.Reconcile, np, "PoliciesChanged")
+	expect("a deleted policy made again", policies.Reconcile, np, "PoliciesChanged")
 	eventually(t, "the policy made again in the cache", cached(netpol, built.objects))
 	expect("a reconcile of what is right", policies.Reconcile, np)
 	expect("a reconcile of a bound binding", bindings.Reconcile, sib)
@@ -152,11 +137,8 @@ func testEngineCacheBehind(t *testing.T, f *fixture) {
 		err := mgr.GetCache().Get(ctx, client.ObjectKeyFromObject(np), &intentv1alpha1.NimbusPolicy{})
 		return err == nil, testenv.ErrString(err)
 	})
-	made := &policyReconciler{base: &b}
-	for range 2 { // the pass that enforces, then its report
-		_, err = made.Reconcile(ctx, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(np)})
-		must(t, err)
-	}
+	_, err = (&policyReconciler{base: &b}).Reconcile(ctx, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(np)})
+	must(t, err)
 	f.get(t, np)
 	if r := status.ReadyReason(np.Status.Conditions); r != "Generated" || len(np.Status.Policies) != 2 {
 		t.Fatalf("NimbusPolicy Ready %s with %v, want Generated with its 2 policies", r, np.Status.Policies)

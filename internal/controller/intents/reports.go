@@ -1,53 +1,52 @@
 package intents
 
 import (
-	"context"
 	"slices"
 	"sync"
-	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/util/workqueue"
-	"sigs.k8s.io/controller-runtime/pkg/controller/priorityqueue"
 	"sigs.k8s.io/controller-runtime/pkg/event"
-	"sigs.k8s.io/controller-runtime/pkg/handler"
-	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	intentv1alpha1 "github.com/quartermaster-dev/quartermaster/api/intent/v1alpha1"
 )
 
-// Enforcement first: a NimbusPolicy's pass that writes engine policies leaves its status report to
-// a later pass, so that the API server, which is what limits a burst, takes the engine policies of
-// every NimbusPolicy before anyone's report. A NimbusPolicy's status update costs the API server
-// about as much as the two creates that enforce it (itself and its engine policy): written as they
-// came, the reports of a cluster binding over 500 namespaces delayed the last namespace's
-// NetworkPolicy by half (make bench, intents/cluster-binding-500-namespaces: 3.2 s, now 1.7 s; the
-// last report comes when it did).
+// Enforcement first: a cluster binding's NimbusPolicies report once the binding is enforced in
+// every namespace it was written to. Over hundreds of namespaces the API server is what limits a
+// cluster binding, and a NimbusPolicy's status update costs it about as much as the two creates
+// that enforce a namespace (the NimbusPolicy and its engine policy): written as they came, the
+// reports delayed the last namespace's NetworkPolicy by half (make bench,
+// intents/cluster-binding-500-namespaces: 3.2 s, now 1.6–1.9 s; the last report comes when it did).
 //
-//   - While the NimbusPolicy's cluster binding is writing (its pass over the namespaces), the report
-//     is held until that pass ends.
-//   - Otherwise it is queued at reportPriority: behind every NimbusPolicy waiting to be enforced.
+// A policy pass that wrote engine policies for a cluster binding's NimbusPolicy does not write its
+// status while the binding is not yet enforced: its pass over the namespaces is running, or a
+// NimbusPolicy it created has not had its first pass. The report is held; when the binding is
+// enforced, every held NimbusPolicy is reconciled again and reports, reading from the cache, what
+// the passes before it did (their changes make its Event; what they made counts as made, so a
+// cache that has not seen it yet is not taken for its absence).
 //
-// Either way the report pass runs once more, reading from the cache, and reports what the passes
-// before it did (their changes make its Event; the policies they made count as made, so a cache
-// that has not seen them yet is not taken for their absence). The pass after a deferral reports,
-// whatever it finds: a report is never put off twice.
-//
-// What is deferred lives in memory: a restart loses only the Event, as the next start reads every
-// policy from a synced cache and reports.
+// Every NimbusPolicy the binding created is reconciled (its creation is watched), and each of the
+// policy controller's passes either marks it passed or forgets it, so a binding's enforcement
+// always completes. What is held lives in memory: a restart loses only the Event, as the next start
+// reads every policy from a synced cache and reports.
 type deferredReports struct {
-	release chan event.GenericEvent // the held NimbusPolicies, when their binding's pass ends
+	release chan event.GenericEvent // the held NimbusPolicies, once their binding is enforced
 
-	mu      sync.Mutex
-	writing map[types.UID][]types.NamespacedName // by cluster binding writing now: the reports held
-	pending map[types.NamespacedName]pendingReport
+	mu       sync.Mutex
+	bindings map[types.UID]*enforcement // cluster bindings not yet enforced
+	pending  map[types.NamespacedName]pendingReport
 }
 
-// reportPriority ranks a report pass behind every other, those of the start included.
-const reportPriority = handler.LowPriority - 1
+// enforcement is how far a cluster binding's enforcement is.
+type enforcement struct {
+	writing  int                           // its passes over the namespaces running (0 or 1)
+	awaiting map[types.NamespacedName]bool // NimbusPolicies it created whose first pass has not run
+	held     []types.NamespacedName        // the reports waiting
+}
 
-// pendingReport is what a NimbusPolicy's passes wrote and its status does not say yet.
+func (e *enforcement) enforced() bool { return e.writing == 0 && len(e.awaiting) == 0 }
+
+// pendingReport is what a held NimbusPolicy's passes wrote and its status does not say yet.
 type pendingReport struct {
 	uid     types.UID // of the NimbusPolicy: one made anew under the same name reports its own
 	entries []string  // the policies made, as status.adapterPolicies lists them
@@ -56,46 +55,98 @@ type pendingReport struct {
 
 func newDeferredReports() *deferredReports {
 	return &deferredReports{
-		release: make(chan event.GenericEvent, 64),
-		writing: map[types.UID][]types.NamespacedName{},
-		pending: map[types.NamespacedName]pendingReport{},
+		release:  make(chan event.GenericEvent, 64),
+		bindings: map[types.UID]*enforcement{},
+		pending:  map[types.NamespacedName]pendingReport{},
 	}
 }
 
-// writingFor marks the cluster binding's pass as writing, until the returned func is called.
+// locked returns the binding's enforcement, made when missing; d.mu is held.
+func (d *deferredReports) locked(binding types.UID) *enforcement {
+	e := d.bindings[binding]
+	if e == nil {
+		e = &enforcement{awaiting: map[types.NamespacedName]bool{}}
+		d.bindings[binding] = e
+	}
+	return e
+}
+
+// writingFor marks the cluster binding's pass over its namespaces as running, until the returned
+// func is called.
 func (d *deferredReports) writingFor(binding types.UID) (done func()) {
 	d.mu.Lock()
-	d.writing[binding] = nil
+	d.locked(binding).writing++
 	d.mu.Unlock()
 	return func() {
 		d.mu.Lock()
-		held := d.writing[binding]
-		delete(d.writing, binding)
-		d.mu.Unlock()
-		if len(held) == 0 {
-			return
-		}
-		go func() { // the binding's reconcile does not wait on the policy controller
-			for _, key := range held {
-				d.release <- event.GenericEvent{Object: &intentv1alpha1.NimbusPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name}}}
-			}
-		}()
+		defer d.mu.Unlock()
+		d.locked(binding).writing--
+		d.releaseIfEnforced(binding)
 	}
 }
 
-// released enqueues a held NimbusPolicy's report pass at reportPriority.
-func (d *deferredReports) released() handler.EventHandler {
-	return handler.Funcs{GenericFunc: func(_ context.Context, e event.GenericEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
-		req := reconcile.Request{NamespacedName: types.NamespacedName{Namespace: e.Object.GetNamespace(), Name: e.Object.GetName()}}
-		if pq, ok := q.(priorityqueue.PriorityQueue[reconcile.Request]); ok {
-			pq.AddWithOpts(priorityqueue.AddOpts{Priority: new(reportPriority)}, req)
-			return
+// creating tells that the binding's pass is about to write its NimbusPolicy key; the returned func
+// says whether it created it (only a creation is sure to be reconciled: its watch passes it).
+func (d *deferredReports) creating(binding types.UID, key types.NamespacedName) (created func(bool)) {
+	d.mu.Lock()
+	awaiting := d.locked(binding).awaiting
+	before := awaiting[key] // created by an earlier pass, its first pass yet to come
+	awaiting[key] = true
+	d.mu.Unlock()
+	return func(made bool) {
+		if made || before {
+			return // its first pass clears it (passed), before or after this
 		}
-		q.Add(req)
-	}}
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		delete(d.locked(binding).awaiting, key)
+		d.releaseIfEnforced(binding)
+	}
 }
 
-// unreported takes what np's earlier passes did and did not report (nothing when none deferred).
+// passed records np's pass (a, err) and holds its report when it or an earlier held pass wrote
+// engine policies and np's cluster binding is not yet enforced, keeping what np's passes did
+// (earlier and a); it reports whether it held it.
+func (d *deferredReports) passed(np *intentv1alpha1.NimbusPolicy, earlier pendingReport, a applied, err error) bool {
+	ref := metav1.GetControllerOfNoCopy(np)
+	if ref == nil {
+		return false
+	}
+	key := types.NamespacedName{Namespace: np.Namespace, Name: np.Name}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	e := d.bindings[ref.UID]
+	if e == nil {
+		return false // enforced: no pass of the binding is running, and nothing it created awaits
+	}
+	delete(e.awaiting, key)
+	if err != nil || len(earlier.changes)+len(a.changes) == 0 || e.enforced() {
+		d.releaseIfEnforced(ref.UID)
+		return false
+	}
+	changes := make([]string, 0, len(earlier.changes)+len(a.changes))
+	d.pending[key] = pendingReport{uid: np.UID, entries: a.entries, changes: append(append(changes, earlier.changes...), a.changes...)}
+	if !slices.Contains(e.held, key) {
+		e.held = append(e.held, key)
+	}
+	return true
+}
+
+// forget drops a NimbusPolicy that is gone (or no longer generates anything) from everything
+// waiting for it.
+func (d *deferredReports) forget(key types.NamespacedName) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	delete(d.pending, key)
+	for binding, e := range d.bindings {
+		if e.awaiting[key] {
+			delete(e.awaiting, key)
+			d.releaseIfEnforced(binding)
+		}
+	}
+}
+
+// unreported takes what np's held passes did (nothing when none was held).
 func (d *deferredReports) unreported(np *intentv1alpha1.NimbusPolicy) pendingReport {
 	key := types.NamespacedName{Namespace: np.Namespace, Name: np.Name}
 	d.mu.Lock()
@@ -108,36 +159,19 @@ func (d *deferredReports) unreported(np *intentv1alpha1.NimbusPolicy) pendingRep
 	return p
 }
 
-// forget drops what is pending for a NimbusPolicy that is gone.
-func (d *deferredReports) forget(key types.NamespacedName) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	delete(d.pending, key)
-}
-
-// later defers np's report when this pass wrote (a) and the report was not deferred before
-// (earlier), keeping what the passes did; it returns whether it did and how the pass ends then.
-func (d *deferredReports) later(np *intentv1alpha1.NimbusPolicy, earlier pendingReport, a applied) (reconcile.Result, bool) {
-	if len(a.changes) == 0 {
-		return reconcile.Result{}, false
+// releaseIfEnforced reconciles the binding's held NimbusPolicies once it is enforced; d.mu is held.
+func (d *deferredReports) releaseIfEnforced(binding types.UID) {
+	e := d.bindings[binding]
+	if e == nil || !e.enforced() {
+		return
 	}
-	key := types.NamespacedName{Namespace: np.Namespace, Name: np.Name}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	var held []types.NamespacedName
-	writing := false
-	if ref := metav1.GetControllerOfNoCopy(np); ref != nil {
-		held, writing = d.writing[ref.UID]
+	delete(d.bindings, binding)
+	if len(e.held) == 0 {
+		return
 	}
-	if !writing && len(earlier.changes) > 0 {
-		return reconcile.Result{}, false // deferred once already: this pass reports
-	}
-	d.pending[key] = pendingReport{uid: np.UID, entries: a.entries, changes: slices.Concat(earlier.changes, a.changes)}
-	if !writing {
-		return reconcile.Result{RequeueAfter: time.Millisecond, Priority: new(reportPriority)}, true
-	}
-	if !slices.Contains(held, key) {
-		d.writing[metav1.GetControllerOfNoCopy(np).UID] = append(held, key)
-	}
-	return reconcile.Result{}, true // its binding's pass releases it
+	go func() { // neither the binding's reconcile nor a policy's waits on the policy controller's queue
+		for _, key := range e.held {
+			d.release <- event.GenericEvent{Object: &intentv1alpha1.NimbusPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name}}}
+		}
+	}()
 }

@@ -1,6 +1,8 @@
 package intents
 
 import (
+	"errors"
+	"slices"
 	"testing"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -9,9 +11,10 @@ import (
 	intentv1alpha1 "github.com/quartermaster-dev/quartermaster/api/intent/v1alpha1"
 )
 
-// TestDeferredReports: a pass that wrote engine policies leaves its report to the next pass, at
-// reportPriority, or, while its cluster binding writes, until the binding's pass ends; the report
-// pass gets what the passes before it made and changed, and is never put off again.
+// TestDeferredReports: a pass that wrote engine policies for a cluster binding's NimbusPolicy
+// holds its report until the binding is enforced (its pass over the namespaces ended, every
+// NimbusPolicy it created passed once); the held ones are then reconciled again, and that pass
+// gets what the passes before it made and changed.
 func TestDeferredReports(t *testing.T) {
 	const binding = types.UID("binding-uid")
 	np := func(name string, uid types.UID) *intentv1alpha1.NimbusPolicy {
@@ -19,61 +22,128 @@ func TestDeferredReports(t *testing.T) {
 			OwnerReferences: []metav1.OwnerReference{{APIVersion: intentv1alpha1.GroupVersion.String(), Kind: "ClusterSecurityIntentBinding",
 				Name: "b", UID: binding, Controller: new(true)}}}}
 	}
+	key := func(p *intentv1alpha1.NimbusPolicy) types.NamespacedName {
+		return types.NamespacedName{Namespace: p.Namespace, Name: p.Name}
+	}
 	wrote := applied{entries: []string{"NetworkPolicy/p"}, changes: []string{"created NetworkPolicy p"}}
+	released := func(d *deferredReports, n int) []string {
+		var names []string
+		for range n {
+			names = append(names, (<-d.release).Object.GetName())
+		}
+		select {
+		case ev := <-d.release:
+			t.Errorf("released %s too", ev.Object.GetName())
+		default:
+		}
+		return names
+	}
 
-	t.Run("a pass that wrote nothing reports", func(t *testing.T) {
+	t.Run("no binding writing: reports at once", func(t *testing.T) {
 		d := newDeferredReports()
-		if _, later := d.later(np("a", "1"), pendingReport{}, applied{entries: wrote.entries}); later {
-			t.Fatal("deferred a pass that wrote nothing")
+		if d.passed(np("a", "1"), pendingReport{}, wrote, nil) {
+			t.Fatal("held a report with no binding writing")
 		}
 	})
 
-	t.Run("queued behind enforcement, once", func(t *testing.T) {
+	t.Run("held until the pass ends and what it created has passed", func(t *testing.T) {
 		d := newDeferredReports()
+		done := d.writingFor(binding)
+		a, b, c := np("a", "1"), np("b", "2"), np("c", "3")
+		for _, p := range []*intentv1alpha1.NimbusPolicy{a, b, c} {
+			created := d.creating(binding, key(p))
+			created(p != c) // c existed: not created
+		}
+		if !d.passed(a, d.unreported(a), wrote, nil) {
+			t.Fatal("a's pass during the binding's: not held")
+		}
+		if !d.passed(a, d.unreported(a), wrote, nil) { // a again: held once, both passes kept
+			t.Fatal("a's second pass: not held")
+		}
+		if d.passed(c, d.unreported(c), applied{entries: wrote.entries}, nil) {
+			t.Fatal("a pass that wrote nothing: held")
+		}
+		done()
+		select {
+		case ev := <-d.release:
+			t.Fatalf("released %s with b's first pass still to come", ev.Object.GetName())
+		default:
+		}
+		if d.passed(b, d.unreported(b), wrote, nil) {
+			t.Fatal("b's pass, the last the binding awaited, enforces it: held")
+		}
+		if got := released(d, 1); !slices.Equal(got, []string{"a"}) {
+			t.Errorf("released %v, want [a] (held once though it passed twice)", got)
+		}
+		if got := d.unreported(a); len(got.changes) != 2 || len(got.entries) != 1 {
+			t.Errorf("a's report pass got %+v, want both passes' changes and what they made", got)
+		}
+		if d.passed(a, pendingReport{}, wrote, nil) {
+			t.Error("a pass after the binding is enforced: held")
+		}
+		if len(d.bindings) != 0 || len(d.pending) != 0 {
+			t.Errorf("left: bindings %v, pending %v", d.bindings, d.pending)
+		}
+	})
+
+	t.Run("a second pass of the binding waits for what the first created", func(t *testing.T) {
+		d := newDeferredReports()
+		a, b := np("a", "1"), np("b", "2")
+		done := d.writingFor(binding)
+		d.creating(binding, key(a))(true)
+		d.creating(binding, key(b))(true)
+		done()
+		done = d.writingFor(binding)
+		d.creating(binding, key(a))(false) // found as the first pass made it
+		d.creating(binding, key(b))(false)
+		done()
+		if !d.passed(a, pendingReport{}, wrote, nil) {
+			t.Fatal("a's first pass, with b's to come: not held")
+		}
+		if d.passed(b, pendingReport{}, wrote, nil) {
+			t.Fatal("b's first pass, the last awaited: held")
+		}
+		if got := released(d, 1); !slices.Equal(got, []string{"a"}) {
+			t.Errorf("released %v, want [a]", got)
+		}
+	})
+
+	t.Run("a failed pass reports, and counts as passed", func(t *testing.T) {
+		d := newDeferredReports()
+		done := d.writingFor(binding)
 		a := np("a", "1")
-		res, later := d.later(a, d.unreported(a), wrote)
-		if !later || res.RequeueAfter == 0 || res.Priority == nil || *res.Priority != reportPriority {
-			t.Fatalf("first pass: %+v, %v; want its report queued at priority %d", res, later, reportPriority)
+		d.creating(binding, key(a))(true)
+		done()
+		if d.passed(a, pendingReport{}, wrote, errors.New("the API server is away")) {
+			t.Fatal("a failed pass: held")
 		}
-		earlier := d.unreported(a)
-		if len(earlier.entries) != 1 || len(earlier.changes) != 1 {
-			t.Fatalf("the report pass got %+v, want what the first pass made and changed", earlier)
-		}
-		// The report pass writes again (someone deleted the policy meanwhile): it reports anyway.
-		if _, later := d.later(a, earlier, wrote); later {
-			t.Fatal("a report put off twice")
+		if len(d.bindings) != 0 {
+			t.Errorf("the binding is not enforced after its only NimbusPolicy's pass: %+v", d.bindings[binding])
 		}
 	})
 
-	t.Run("held while its binding writes, released when the pass ends", func(t *testing.T) {
+	t.Run("a NimbusPolicy gone is not waited for", func(t *testing.T) {
 		d := newDeferredReports()
 		done := d.writingFor(binding)
 		a, b := np("a", "1"), np("b", "2")
-		for _, p := range []*intentv1alpha1.NimbusPolicy{a, b, a} { // a twice: held once
-			res, later := d.later(p, d.unreported(p), wrote)
-			if !later || res.RequeueAfter != 0 || res.Priority != nil {
-				t.Fatalf("pass of %s while its binding writes: %+v, %v; want held, no requeue", p.Name, res, later)
-			}
-		}
-		if got := d.unreported(a); len(got.changes) != 2 {
-			t.Errorf("a's two held passes left %+v, want both changes", got)
+		d.creating(binding, key(a))(true)
+		d.creating(binding, key(b))(true)
+		if !d.passed(a, pendingReport{}, wrote, nil) {
+			t.Fatal("a's pass: not held")
 		}
 		done()
-		var released []string
-		for range 2 {
-			released = append(released, (<-d.release).Object.GetName())
-		}
-		if len(released) != 2 || released[0] != "a" || released[1] != "b" {
-			t.Errorf("released %v, want [a b]", released)
-		}
-		if len(d.writing) != 0 {
-			t.Errorf("the binding still marked writing: %v", d.writing)
+		d.forget(key(b))
+		if got := released(d, 1); !slices.Equal(got, []string{"a"}) {
+			t.Errorf("released %v, want [a]", got)
 		}
 	})
 
 	t.Run("a NimbusPolicy made anew under the same name reports its own", func(t *testing.T) {
 		d := newDeferredReports()
-		_, _ = d.later(np("a", "1"), pendingReport{}, wrote)
+		done := d.writingFor(binding)
+		_ = d.passed(np("a", "1"), pendingReport{}, wrote, nil)
+		done()
+		<-d.release
 		if got := d.unreported(np("a", "2")); len(got.entries) != 0 || len(got.changes) != 0 {
 			t.Errorf("the new NimbusPolicy got %+v, the old one's", got)
 		}
