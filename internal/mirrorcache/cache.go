@@ -115,7 +115,8 @@ func Run(ctx context.Context, opts Options) error {
 	if opts.Peers != nil {
 		pc = newPeers(*opts.Peers)
 		if opts.Peers.Lookup != nil {
-			go opts.Peers.Set.Watch(appCtx, opts.Peers.Lookup, pc.lookupInterval, logPeers, func(err error) {
+			// Nothing is served before the first lookup ended: until then this pod knows no other.
+			opts.Peers.Set.Watch(appCtx, opts.Peers.Lookup, pc.lookupInterval, logPeers, func(err error) {
 				logrus.WithError(err).Warn("looking up the cache's peers: keeping the last ones")
 			})
 		}

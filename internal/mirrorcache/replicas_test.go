@@ -3,12 +3,15 @@ package mirrorcache
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -471,4 +474,54 @@ func TestPeerRequestSendsItsFillToTheUpstream(t *testing.T) {
 	if up, down := set.Counts(); up != 1 || down != 0 {
 		t.Errorf("the owner was skipped (up %d, down %d): it did not fail, the fill was moved", up, down)
 	}
+}
+
+// A replica serves nothing before its first lookup of the replicas ended: until then it knows no
+// other, and would fetch every pull it served from the upstream itself, owner or not. Here that
+// lookup hangs until its deadline (a DNS server that does not answer): the registry port must not
+// serve meanwhile (its listener is not yet accepting), and serves once the lookup gave up.
+func TestReplicaServesOnceItLookedUpTheOthers(t *testing.T) {
+	up := startUpstream(t, authNone, "", false)
+	files := newCacheFiles(t, up.URL, "", "")
+	serving := make(chan struct{})
+	lookupEnded := make(chan struct{})
+	var early atomic.Bool
+	ln := &acceptHook{Listener: listenLoopback(t), first: func() {
+		select {
+		case <-lookupEnded:
+		default:
+			early.Store(true)
+		}
+		close(serving)
+	}}
+	var lookups atomic.Int32
+	lookup := func(ctx context.Context) ([]peerset.Peer, error) {
+		if lookups.Add(1) > 1 {
+			return nil, nil
+		}
+		defer close(lookupEnded)
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-serving:
+			return nil, errors.New("served before the first lookup ended")
+		}
+	}
+	startCacheWith(t, files, Options{Listener: ln, Peers: &PeerOptions{Listener: listenLoopback(t),
+		Set: peerset.New("mirror-test-0", nil), Lookup: lookup, LookupInterval: 200 * time.Millisecond}})
+	if early.Load() {
+		t.Error("the registry port served while the first lookup of the replicas was under way")
+	}
+}
+
+// acceptHook is a listener that calls first when it is first asked to accept: a server serves.
+type acceptHook struct {
+	net.Listener
+	first func()
+	once  sync.Once
+}
+
+func (l *acceptHook) Accept() (net.Conn, error) {
+	l.once.Do(l.first)
+	return l.Listener.Accept()
 }

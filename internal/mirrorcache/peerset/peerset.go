@@ -171,11 +171,11 @@ func LookupSRV(r *net.Resolver, port, service string) func(context.Context) ([]P
 
 // Watch replaces the members with lookup's answer now and every interval until ctx ends, and
 // tells onChange the new members when they changed. A lookup that fails keeps the members it had
-// (told to onError).
+// (told to onError). It returns once the first lookup ended, answered or not, and looks up again
+// in the background: a pod that served before it knew the others would fetch all it misses
+// itself.
 func (s *Set) Watch(ctx context.Context, lookup func(context.Context) ([]Peer, error), interval time.Duration, onChange func([]Peer), onError func(error)) {
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
+	refresh := func() {
 		lctx, cancel := context.WithTimeout(ctx, interval)
 		members, err := lookup(lctx)
 		cancel()
@@ -185,10 +185,18 @@ func (s *Set) Watch(ctx context.Context, lookup func(context.Context) ([]Peer, e
 		case err == nil && s.Replace(members):
 			onChange(members)
 		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
 	}
+	refresh()
+	go func() {
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				refresh()
+			}
+		}
+	}()
 }

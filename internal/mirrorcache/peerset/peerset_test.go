@@ -129,9 +129,9 @@ func TestParseList(t *testing.T) {
 
 // The members come from the SRV records of the headless Service's peer port, as a cluster's DNS
 // serves them for a StatefulSet's ready pods, through Go's own resolver against a DNS server
-// on loopback; a pod becoming ready or going away changes them (and only a change is reported);
-// a name that does not exist (no pod ready) means no member, and a lookup that fails keeps the
-// last members.
+// on loopback: in place when Watch returns, then changed as a pod becomes ready or goes away
+// (and only a change is reported); a name that does not exist (no pod ready) means no member,
+// and a lookup that fails keeps the last members.
 func TestWatchReadsSRVRecords(t *testing.T) {
 	const service = "mirror-hub-headless.mirrors.svc.cluster.local"
 	dns := dnstest.Start(t)
@@ -146,13 +146,12 @@ func TestWatchReadsSRVRecords(t *testing.T) {
 	resolver := dnstest.Resolver(dns.Addr)
 	s := New("mirror-hub-0", nil)
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
 	changes := make(chan []Peer, 10)
 	errs := make(chan error, 10)
-	go func() {
-		defer close(done)
-		s.Watch(ctx, LookupSRV(resolver, "peer", service), 10*time.Millisecond, func(m []Peer) { changes <- m }, func(err error) { errs <- err })
-	}()
+	s.Watch(ctx, LookupSRV(resolver, "peer", service), 10*time.Millisecond, func(m []Peer) { changes <- m }, func(err error) { errs <- err })
+	if !slices.Equal(s.Members(), []Peer{peer0, peer1}) {
+		t.Fatalf("Watch returned with the members %v, before its first lookup's were in place", s.Members())
+	}
 	next := func(want ...Peer) {
 		t.Helper()
 		select {
@@ -173,15 +172,12 @@ func TestWatchReadsSRVRecords(t *testing.T) {
 	dns.SetSRV("_peer._tcp." + service) // none ready
 	next()
 	cancel()
-	<-done
 
 	failing := New("x", []Peer{peer0, peer1})
 	ctx, cancel = context.WithCancel(context.Background())
 	failed := make(chan error, 1)
-	go func() {
-		failing.Watch(ctx, func(context.Context) ([]Peer, error) { return nil, fmt.Errorf("dns down") }, time.Hour,
-			func([]Peer) { t.Error("a failed lookup reported a change") }, func(err error) { failed <- err; cancel() })
-	}()
+	failing.Watch(ctx, func(context.Context) ([]Peer, error) { return nil, fmt.Errorf("dns down") }, time.Hour,
+		func([]Peer) { t.Error("a failed lookup reported a change") }, func(err error) { failed <- err; cancel() })
 	if err := <-failed; err == nil {
 		t.Fatal("the failing lookup reported no error")
 	}
