@@ -525,3 +525,58 @@ func (l *acceptHook) Accept() (net.Conn, error) {
 	l.once.Do(l.first)
 	return l.Listener.Accept()
 }
+
+// A cache told to stop (SIGTERM, a scale-down) while it serves a pull on its registry port and
+// another replica's on its peer port refuses new connections on both at once, and lets both
+// responses finish, whole, within the drain. (The ports were drained one after the other: the
+// peer port went on accepting the other replicas' requests while the registry port drained,
+// then had no drain left and cut what it served.)
+func TestStoppedCacheDrainsEveryPort(t *testing.T) {
+	up := startUpstream(t, authNone, "", false)
+	layer := randomBytes(2 << 20)
+	up.pushImage(t, "team/app", []byte(`{}`), layer)
+	g := newGate(layer, serveWhole)
+	up.setFault(g.fault)
+	files := newCacheFiles(t, up.URL, "", "")
+	peerLn := listenLoopback(t)
+	self := peerset.Peer{Name: "mirror-test-0", Addr: peerLn.Addr().String()}
+	cache := startCacheWith(t, files, Options{Peers: &PeerOptions{Listener: peerLn, Set: peerset.New(self.Name, []peerset.Peer{self})}})
+
+	registry, peer := strings.TrimPrefix(cache.URL, "http://"), self.Addr
+	var bodies []io.ReadCloser
+	for _, addr := range []string{registry, peer} {
+		resp := getFrom(context.Background(), t, "http://"+addr+"/v2/team/app/blobs/"+g.d.String(), "", http.StatusOK)
+		if resp == nil {
+			t.FailNow()
+		}
+		defer resp.Body.Close()
+		if _, err := io.ReadFull(resp.Body, make([]byte, gateFirst/2)); err != nil {
+			t.Fatalf("%s: the first bytes did not arrive while the upstream held the rest: %v", addr, err)
+		}
+		bodies = append(bodies, resp.Body)
+	}
+	cache.cancel()
+	for _, addr := range []string{registry, peer} {
+		for {
+			c, err := net.DialTimeout("tcp", addr, time.Second)
+			if err != nil {
+				break
+			}
+			c.Close()
+			select {
+			case err := <-cache.done:
+				t.Fatalf("the cache stopped (%v) before %s refused connections: it drained its ports one after the other", err, addr)
+			default:
+			}
+			time.Sleep(5 * time.Millisecond) // polling interval
+		}
+	}
+	close(g.release)
+	for i, body := range bodies {
+		rest, err := io.ReadAll(body)
+		if err != nil || !bytes.Equal(rest, layer[gateFirst/2:]) {
+			t.Errorf("the response on the %s port under way when the cache was told to stop: %d more bytes (%v), not the rest of the blob", []string{"registry", "peer"}[i], len(rest), err)
+		}
+	}
+	cache.stop(t) // Run returns no error: everything drained
+}
