@@ -117,7 +117,7 @@ func Run(ctx context.Context, opts Options) error {
 		pc = newPeers(*opts.Peers)
 		if opts.Peers.Lookup != nil {
 			// Nothing is served before the first lookup ended: until then this pod knows no other.
-			opts.Peers.Set.Watch(appCtx, opts.Peers.Lookup, pc.lookupInterval, logPeers, func(err error) {
+			opts.Peers.Set.Watch(appCtx, opts.Peers.Lookup, pc.lookupInterval, pc.lookupTimeout, logPeers, func(err error) {
 				logrus.WithError(err).Warn("looking up the cache's peers: keeping the last ones")
 			})
 		}

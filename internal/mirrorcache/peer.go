@@ -37,15 +37,20 @@ type PeerOptions struct {
 	// Set is the replicas as this one sees them (peerset.New).
 	Set *peerset.Set
 	// Lookup, when set, finds the replicas now (peerset.LookupSRV): the cache asks it every
-	// LookupInterval. Without it Set stays as given.
+	// LookupInterval, each time for at most LookupTimeout. Without it Set stays as given.
 	Lookup func(context.Context) ([]peerset.Peer, error)
 	// Timeouts and the lookup's interval; zero means the defaults below (tests shorten them).
-	ConnectTimeout, StallTimeout, LookupInterval time.Duration
+	ConnectTimeout, StallTimeout, LookupInterval, LookupTimeout time.Duration
 }
 
 // peerLookupInterval is how often the replicas are looked up: a pod that became ready or went
-// away is seen within it (until then, a gone one is skipped after its first failure).
-const peerLookupInterval = 5 * time.Second
+// away is seen within it (until then, a gone one is skipped after its first failure). A lookup
+// that takes longer than peerLookupTimeout (the DNS does not answer) keeps the replicas known;
+// at start, the cache serves once the first lookup ended.
+const (
+	peerLookupInterval = 5 * time.Second
+	peerLookupTimeout  = 5 * time.Second
+)
 
 // Peer timeouts: in-cluster connections are quick, and an owner that sends nothing for
 // peerStallTimeout (headers or body) costs the pulls waiting on it no more than that before
@@ -58,22 +63,25 @@ const (
 // peers is a cache's client of the other replicas: its own connections (never counted as the
 // upstream's) and the set it picks owners from.
 type peers struct {
-	set            *peerset.Set
-	client         *http.Client
-	stall          time.Duration
-	lookupInterval time.Duration
+	set                           *peerset.Set
+	client                        *http.Client
+	stall                         time.Duration
+	lookupInterval, lookupTimeout time.Duration
 }
 
 func newPeers(o PeerOptions) *peers {
-	connect, stall, lookup := o.ConnectTimeout, o.StallTimeout, o.LookupInterval
+	connect, stall, every, lookup := o.ConnectTimeout, o.StallTimeout, o.LookupInterval, o.LookupTimeout
 	if connect <= 0 {
 		connect = peerConnectTimeout
 	}
 	if stall <= 0 {
 		stall = peerStallTimeout
 	}
+	if every <= 0 {
+		every = peerLookupInterval
+	}
 	if lookup <= 0 {
-		lookup = peerLookupInterval
+		lookup = peerLookupTimeout
 	}
 	return &peers{
 		set: o.Set,
@@ -84,7 +92,8 @@ func newPeers(o PeerOptions) *peers {
 			DisableCompression:  true,
 		}},
 		stall:          stall,
-		lookupInterval: lookup,
+		lookupInterval: every,
+		lookupTimeout:  lookup,
 	}
 }
 

@@ -508,7 +508,7 @@ func TestReplicaServesOnceItLookedUpTheOthers(t *testing.T) {
 		}
 	}
 	startCacheWith(t, files, Options{Listener: ln, Peers: &PeerOptions{Listener: listenLoopback(t),
-		Set: peerset.New("mirror-test-0", nil), Lookup: lookup, LookupInterval: 200 * time.Millisecond}})
+		Set: peerset.New("mirror-test-0", nil), Lookup: lookup, LookupTimeout: 200 * time.Millisecond}})
 	if early.Load() {
 		t.Error("the registry port served while the first lookup of the replicas was under way")
 	}

@@ -170,13 +170,13 @@ func LookupSRV(r *net.Resolver, port, service string) func(context.Context) ([]P
 }
 
 // Watch replaces the members with lookup's answer now and every interval until ctx ends, and
-// tells onChange the new members when they changed. A lookup that fails keeps the members it had
-// (told to onError). It returns once the first lookup ended, answered or not, and looks up again
-// in the background: a pod that served before it knew the others would fetch all it misses
-// itself.
-func (s *Set) Watch(ctx context.Context, lookup func(context.Context) ([]Peer, error), interval time.Duration, onChange func([]Peer), onError func(error)) {
+// tells onChange the new members when they changed. A lookup that fails or takes longer than
+// timeout keeps the members it had (told to onError). It returns once the first lookup ended,
+// answered or not, and looks up again in the background: a pod that served before it knew the
+// others would fetch all it misses itself.
+func (s *Set) Watch(ctx context.Context, lookup func(context.Context) ([]Peer, error), interval, timeout time.Duration, onChange func([]Peer), onError func(error)) {
 	refresh := func() {
-		lctx, cancel := context.WithTimeout(ctx, interval)
+		lctx, cancel := context.WithTimeout(ctx, timeout)
 		members, err := lookup(lctx)
 		cancel()
 		switch {

@@ -148,7 +148,7 @@ func TestWatchReadsSRVRecords(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	changes := make(chan []Peer, 10)
 	errs := make(chan error, 10)
-	s.Watch(ctx, LookupSRV(resolver, "peer", service), 10*time.Millisecond, func(m []Peer) { changes <- m }, func(err error) { errs <- err })
+	s.Watch(ctx, LookupSRV(resolver, "peer", service), 10*time.Millisecond, time.Minute, func(m []Peer) { changes <- m }, func(err error) { errs <- err })
 	if !slices.Equal(s.Members(), []Peer{peer0, peer1}) {
 		t.Fatalf("Watch returned with the members %v, before its first lookup's were in place", s.Members())
 	}
@@ -176,7 +176,7 @@ func TestWatchReadsSRVRecords(t *testing.T) {
 	failing := New("x", []Peer{peer0, peer1})
 	ctx, cancel = context.WithCancel(context.Background())
 	failed := make(chan error, 1)
-	failing.Watch(ctx, func(context.Context) ([]Peer, error) { return nil, fmt.Errorf("dns down") }, time.Hour,
+	failing.Watch(ctx, func(context.Context) ([]Peer, error) { return nil, fmt.Errorf("dns down") }, time.Hour, time.Minute,
 		func([]Peer) { t.Error("a failed lookup reported a change") }, func(err error) { failed <- err; cancel() })
 	if err := <-failed; err == nil {
 		t.Fatal("the failing lookup reported no error")
