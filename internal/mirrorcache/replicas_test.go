@@ -27,19 +27,34 @@ type replica struct {
 	files          cacheFiles
 }
 
+// newReplicas names n cache pods of up (mirror-test-<ordinal>) and gives each a peer port and a
+// volume; none runs yet.
+func newReplicas(t *testing.T, up *upstream, n int) []*replica {
+	t.Helper()
+	var rs []*replica
+	for i := range n {
+		rs = append(rs, &replica{name: fmt.Sprintf("mirror-test-%d", i), peerAddr: freeAddr(t), files: newCacheFiles(t, up.URL, "", "")})
+	}
+	return rs
+}
+
+// start runs r as its own process; env says how it finds the other replicas.
+func (r *replica) start(t *testing.T, env ...string) {
+	t.Helper()
+	r.childCache = startChild(t, r.files, append(env, envChildPeerName+"="+r.name, envChildPeerAddr+"="+r.peerAddr)...)
+}
+
 // startReplicas runs n caches of up as processes that know each other as one mirror's replicas:
 // a fixed list, as the headless Service's SRV records give it in a cluster.
 func startReplicas(t *testing.T, up *upstream, n int) []*replica {
 	t.Helper()
-	var rs []*replica
+	rs := newReplicas(t, up, n)
 	var list []string
-	for i := range n {
-		r := &replica{name: fmt.Sprintf("mirror-test-%d", i), peerAddr: freeAddr(t), files: newCacheFiles(t, up.URL, "", "")}
+	for _, r := range rs {
 		list = append(list, r.name+"="+r.peerAddr)
-		rs = append(rs, r)
 	}
 	for _, r := range rs {
-		r.childCache = startChild(t, r.files, envChildPeers+"="+strings.Join(list, ","), envChildPeerName+"="+r.name, envChildPeerAddr+"="+r.peerAddr)
+		r.start(t, envChildPeers+"="+strings.Join(list, ","))
 	}
 	return rs
 }
@@ -556,21 +571,15 @@ func TestStoppedCacheDrainsEveryPort(t *testing.T) {
 		bodies = append(bodies, resp.Body)
 	}
 	cache.cancel()
-	for _, addr := range []string{registry, peer} {
-		for {
-			c, err := net.DialTimeout("tcp", addr, time.Second)
-			if err != nil {
-				break
-			}
-			c.Close()
-			select {
-			case err := <-cache.done:
-				t.Fatalf("the cache stopped (%v) before %s refused connections: it drained its ports one after the other", err, addr)
-			default:
-			}
-			time.Sleep(5 * time.Millisecond) // polling interval
+	waitRefusing(t, func() bool {
+		select {
+		case err := <-cache.done:
+			cache.done <- err
+			return true
+		default:
+			return false
 		}
-	}
+	}, registry, peer)
 	close(g.release)
 	for i, body := range bodies {
 		rest, err := io.ReadAll(body)
@@ -579,4 +588,33 @@ func TestStoppedCacheDrainsEveryPort(t *testing.T) {
 		}
 	}
 	cache.stop(t) // Run returns no error: everything drained
+}
+
+// waitRefusing waits until every addr refuses connections: the cache told to stop closed its
+// ports. It fails when the cache ended first (ended): it kept a port open through the drain.
+func waitRefusing(t *testing.T, ended func() bool, addrs ...string) {
+	t.Helper()
+	for _, addr := range addrs {
+		for {
+			c, err := net.DialTimeout("tcp", addr, time.Second)
+			if ended() {
+				t.Fatalf("the cache ended before %s refused connections: it kept that port open while it drained", addr)
+			}
+			if err != nil {
+				break
+			}
+			c.Close()
+			time.Sleep(5 * time.Millisecond) // polling interval
+		}
+	}
+}
+
+// isClosed says whether ch is closed.
+func isClosed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
 }
