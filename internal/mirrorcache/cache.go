@@ -17,6 +17,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/distribution/distribution/v3/configuration"
@@ -115,7 +116,8 @@ func Run(ctx context.Context, opts Options) error {
 	if opts.Peers != nil {
 		pc = newPeers(*opts.Peers)
 		if opts.Peers.Lookup != nil {
-			go opts.Peers.Set.Watch(appCtx, opts.Peers.Lookup, peerLookupInterval, func(err error) {
+			// Nothing is served before the first lookup ended: until then this pod knows no other.
+			opts.Peers.Set.Watch(appCtx, opts.Peers.Lookup, pc.lookupInterval, pc.lookupTimeout, logPeers, func(err error) {
 				logrus.WithError(err).Warn("looking up the cache's peers: keeping the last ones")
 			})
 		}
@@ -204,7 +206,8 @@ type server struct {
 	ln   net.Listener
 }
 
-// serve runs the servers until ctx ends or one fails, then drains them all.
+// serve runs the servers until ctx ends or one fails, then drains them all at once: every port
+// refuses new connections from then on, and what each one serves has the whole drain to finish.
 func serve(ctx context.Context, servers []server, drain time.Duration) error {
 	served := make(chan error, len(servers))
 	for _, s := range servers {
@@ -219,13 +222,18 @@ func serve(ctx context.Context, servers []server, drain time.Duration) error {
 	logrus.WithField("draintimeout", drain.String()).Info("registry mirror cache stopping")
 	shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), drain)
 	defer cancel()
-	for _, s := range servers {
-		if serr := s.srv.Shutdown(shutdownCtx); serr != nil {
-			s.srv.Close()
-			err = errors.Join(err, fmt.Errorf("draining: %w", serr))
-		}
+	drained := make([]error, len(servers))
+	var wg sync.WaitGroup
+	for i, s := range servers {
+		wg.Go(func() {
+			if serr := s.srv.Shutdown(shutdownCtx); serr != nil {
+				s.srv.Close()
+				drained[i] = fmt.Errorf("draining %s: %w", s.name, serr)
+			}
+		})
 	}
-	return err
+	wg.Wait()
+	return errors.Join(append([]error{err}, drained...)...)
 }
 
 func loadConfig(path string) (*configuration.Configuration, error) {

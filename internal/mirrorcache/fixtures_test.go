@@ -334,13 +334,17 @@ func startCache(t *testing.T, f cacheFiles) *runningCache {
 	return startCacheWith(t, f, Options{})
 }
 
-// startCacheWith is startCache with the tests' options (peers, clock, data path hook) set.
+// startCacheWith is startCache with the tests' options (registry port listener, peers, clock,
+// data path hook) set.
 func startCacheWith(t *testing.T, f cacheFiles, extra Options) *runningCache {
 	t.Helper()
 	// distribution's documented override of a configuration value: the file stays as rendered,
 	// the storage is the test's.
 	t.Setenv("REGISTRY_STORAGE_FILESYSTEM_ROOTDIRECTORY", f.storage)
-	ln, mln := listenLoopback(t), listenLoopback(t)
+	ln, mln := extra.Listener, listenLoopback(t)
+	if ln == nil {
+		ln = listenLoopback(t)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	c := &runningCache{
 		URL:        "http://" + ln.Addr().String(),

@@ -3,13 +3,17 @@ package mirrorcache
 import (
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"os/signal"
 	"strconv"
 	"syscall"
 	"testing"
+	"time"
 
+	"github.com/quartermaster-dev/quartermaster/internal/mirror"
 	"github.com/quartermaster-dev/quartermaster/internal/mirrorcache/peerset"
+	"github.com/quartermaster-dev/quartermaster/internal/testing/dnstest"
 )
 
 // envChildCache makes the test binary run a cache as its own process (the configuration file
@@ -21,7 +25,16 @@ const (
 	envChildPeerName = "QM_TEST_CHILD_PEER_NAME"
 	envChildPeerAddr = "QM_TEST_CHILD_PEER_ADDR"
 	envChildPeers    = "QM_TEST_CHILD_PEERS"
+	// Or the replicas looked up as the registry-mirror subcommand's --peers-service does: the
+	// headless Service's name and the DNS server the process resolves every name with (the
+	// test's, in place of the system's).
+	envChildPeersService = "QM_TEST_CHILD_PEERS_SERVICE"
+	envChildDNS          = "QM_TEST_CHILD_DNS"
 )
+
+// childLookupInterval is how often a child looks its peers up (5 s in a pod): a test waits
+// for every replica to see a change of the replicas.
+const childLookupInterval = 100 * time.Millisecond
 
 // TestMain makes the test binary the cache's credential helper, as the quartermaster binary is in
 // a pod: a cache runs os.Executable(), here this binary, with "get".
@@ -49,6 +62,13 @@ func TestMain(m *testing.M) {
 				os.Exit(1)
 			}
 			opts.Peers = &PeerOptions{Addr: os.Getenv(envChildPeerAddr), Set: peerset.New(os.Getenv(envChildPeerName), members)}
+		}
+		if service := os.Getenv(envChildPeersService); service != "" {
+			// As registry-mirror wires --peers-service, with the process's resolver (which also
+			// finds the peers' host names when the cache dials them) sent to the test's DNS.
+			net.DefaultResolver = dnstest.Resolver(os.Getenv(envChildDNS))
+			opts.Peers = &PeerOptions{Addr: os.Getenv(envChildPeerAddr), Set: peerset.New(os.Getenv(envChildPeerName), nil),
+				Lookup: peerset.LookupSRV(net.DefaultResolver, mirror.PeerPortName, service), LookupInterval: childLookupInterval}
 		}
 		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 		err := Run(ctx, opts)

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -36,15 +37,20 @@ type PeerOptions struct {
 	// Set is the replicas as this one sees them (peerset.New).
 	Set *peerset.Set
 	// Lookup, when set, finds the replicas now (peerset.LookupSRV): the cache asks it every
-	// peerLookupInterval. Without it Set stays as given.
+	// LookupInterval, each time for at most LookupTimeout. Without it Set stays as given.
 	Lookup func(context.Context) ([]peerset.Peer, error)
-	// Timeouts; zero means the defaults below (tests shorten them).
-	ConnectTimeout, StallTimeout time.Duration
+	// Timeouts and the lookup's interval; zero means the defaults below (tests shorten them).
+	ConnectTimeout, StallTimeout, LookupInterval, LookupTimeout time.Duration
 }
 
 // peerLookupInterval is how often the replicas are looked up: a pod that became ready or went
-// away is seen within it (until then, a gone one is skipped after its first failure).
-const peerLookupInterval = 5 * time.Second
+// away is seen within it (until then, a gone one is skipped after its first failure). A lookup
+// that takes longer than peerLookupTimeout (the DNS does not answer) keeps the replicas known;
+// at start, the cache serves once the first lookup ended.
+const (
+	peerLookupInterval = 5 * time.Second
+	peerLookupTimeout  = 5 * time.Second
+)
 
 // Peer timeouts: in-cluster connections are quick, and an owner that sends nothing for
 // peerStallTimeout (headers or body) costs the pulls waiting on it no more than that before
@@ -57,18 +63,25 @@ const (
 // peers is a cache's client of the other replicas: its own connections (never counted as the
 // upstream's) and the set it picks owners from.
 type peers struct {
-	set    *peerset.Set
-	client *http.Client
-	stall  time.Duration
+	set                           *peerset.Set
+	client                        *http.Client
+	stall                         time.Duration
+	lookupInterval, lookupTimeout time.Duration
 }
 
 func newPeers(o PeerOptions) *peers {
-	connect, stall := o.ConnectTimeout, o.StallTimeout
+	connect, stall, every, lookup := o.ConnectTimeout, o.StallTimeout, o.LookupInterval, o.LookupTimeout
 	if connect <= 0 {
 		connect = peerConnectTimeout
 	}
 	if stall <= 0 {
 		stall = peerStallTimeout
+	}
+	if every <= 0 {
+		every = peerLookupInterval
+	}
+	if lookup <= 0 {
+		lookup = peerLookupTimeout
 	}
 	return &peers{
 		set: o.Set,
@@ -78,8 +91,21 @@ func newPeers(o PeerOptions) *peers {
 			IdleConnTimeout:     90 * time.Second,
 			DisableCompression:  true,
 		}},
-		stall: stall,
+		stall:          stall,
+		lookupInterval: every,
+		lookupTimeout:  lookup,
 	}
+}
+
+// logPeers says who the replicas are now, by name: a scale up or down, a pod becoming ready or
+// going away shows in each pod's log.
+func logPeers(members []peerset.Peer) {
+	names := make([]string, 0, len(members))
+	for _, p := range members {
+		names = append(names, p.Name)
+	}
+	slices.Sort(names)
+	logrus.WithField("peers", strings.Join(names, ",")).Info("cache peers changed")
 }
 
 // source is an open body a fill reads: from the upstream or from a peer, starting at offset.

@@ -3,12 +3,15 @@ package mirrorcache
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -24,19 +27,34 @@ type replica struct {
 	files          cacheFiles
 }
 
+// newReplicas names n cache pods of up (mirror-test-<ordinal>) and gives each a peer port and a
+// volume; none runs yet.
+func newReplicas(t *testing.T, up *upstream, n int) []*replica {
+	t.Helper()
+	var rs []*replica
+	for i := range n {
+		rs = append(rs, &replica{name: fmt.Sprintf("mirror-test-%d", i), peerAddr: freeAddr(t), files: newCacheFiles(t, up.URL, "", "")})
+	}
+	return rs
+}
+
+// start runs r as its own process; env says how it finds the other replicas.
+func (r *replica) start(t *testing.T, env ...string) {
+	t.Helper()
+	r.childCache = startChild(t, r.files, append(env, envChildPeerName+"="+r.name, envChildPeerAddr+"="+r.peerAddr)...)
+}
+
 // startReplicas runs n caches of up as processes that know each other as one mirror's replicas:
 // a fixed list, as the headless Service's SRV records give it in a cluster.
 func startReplicas(t *testing.T, up *upstream, n int) []*replica {
 	t.Helper()
-	var rs []*replica
+	rs := newReplicas(t, up, n)
 	var list []string
-	for i := range n {
-		r := &replica{name: fmt.Sprintf("mirror-test-%d", i), peerAddr: freeAddr(t), files: newCacheFiles(t, up.URL, "", "")}
+	for _, r := range rs {
 		list = append(list, r.name+"="+r.peerAddr)
-		rs = append(rs, r)
 	}
 	for _, r := range rs {
-		r.childCache = startChild(t, r.files, envChildPeers+"="+strings.Join(list, ","), envChildPeerName+"="+r.name, envChildPeerAddr+"="+r.peerAddr)
+		r.start(t, envChildPeers+"="+strings.Join(list, ","))
 	}
 	return rs
 }
@@ -470,5 +488,133 @@ func TestPeerRequestSendsItsFillToTheUpstream(t *testing.T) {
 	}
 	if up, down := set.Counts(); up != 1 || down != 0 {
 		t.Errorf("the owner was skipped (up %d, down %d): it did not fail, the fill was moved", up, down)
+	}
+}
+
+// A replica serves nothing before its first lookup of the replicas ended: until then it knows no
+// other, and would fetch every pull it served from the upstream itself, owner or not. Here that
+// lookup hangs until its deadline (a DNS server that does not answer): the registry port must not
+// serve meanwhile (its listener is not yet accepting), and serves once the lookup gave up.
+func TestReplicaServesOnceItLookedUpTheOthers(t *testing.T) {
+	up := startUpstream(t, authNone, "", false)
+	files := newCacheFiles(t, up.URL, "", "")
+	serving := make(chan struct{})
+	lookupEnded := make(chan struct{})
+	var early atomic.Bool
+	ln := &acceptHook{Listener: listenLoopback(t), first: func() {
+		select {
+		case <-lookupEnded:
+		default:
+			early.Store(true)
+		}
+		close(serving)
+	}}
+	var lookups atomic.Int32
+	lookup := func(ctx context.Context) ([]peerset.Peer, error) {
+		if lookups.Add(1) > 1 {
+			return nil, nil
+		}
+		defer close(lookupEnded)
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-serving:
+			return nil, errors.New("served before the first lookup ended")
+		}
+	}
+	startCacheWith(t, files, Options{Listener: ln, Peers: &PeerOptions{Listener: listenLoopback(t),
+		Set: peerset.New("mirror-test-0", nil), Lookup: lookup, LookupTimeout: 200 * time.Millisecond}})
+	if early.Load() {
+		t.Error("the registry port served while the first lookup of the replicas was under way")
+	}
+}
+
+// acceptHook is a listener that calls first when it is first asked to accept: a server serves.
+type acceptHook struct {
+	net.Listener
+	first func()
+	once  sync.Once
+}
+
+func (l *acceptHook) Accept() (net.Conn, error) {
+	l.once.Do(l.first)
+	return l.Listener.Accept()
+}
+
+// A cache told to stop (SIGTERM, a scale-down) while it serves a pull on its registry port and
+// another replica's on its peer port refuses new connections on both at once, and lets both
+// responses finish, whole, within the drain. (The ports were drained one after the other: the
+// peer port went on accepting the other replicas' requests while the registry port drained,
+// then had no drain left and cut what it served.)
+func TestStoppedCacheDrainsEveryPort(t *testing.T) {
+	up := startUpstream(t, authNone, "", false)
+	layer := randomBytes(2 << 20)
+	up.pushImage(t, "team/app", []byte(`{}`), layer)
+	g := newGate(layer, serveWhole)
+	up.setFault(g.fault)
+	files := newCacheFiles(t, up.URL, "", "")
+	peerLn := listenLoopback(t)
+	self := peerset.Peer{Name: "mirror-test-0", Addr: peerLn.Addr().String()}
+	cache := startCacheWith(t, files, Options{Peers: &PeerOptions{Listener: peerLn, Set: peerset.New(self.Name, []peerset.Peer{self})}})
+
+	registry, peer := strings.TrimPrefix(cache.URL, "http://"), self.Addr
+	var bodies []io.ReadCloser
+	for _, addr := range []string{registry, peer} {
+		resp := getFrom(context.Background(), t, "http://"+addr+"/v2/team/app/blobs/"+g.d.String(), "", http.StatusOK)
+		if resp == nil {
+			t.FailNow()
+		}
+		defer resp.Body.Close()
+		if _, err := io.ReadFull(resp.Body, make([]byte, gateFirst/2)); err != nil {
+			t.Fatalf("%s: the first bytes did not arrive while the upstream held the rest: %v", addr, err)
+		}
+		bodies = append(bodies, resp.Body)
+	}
+	cache.cancel()
+	waitRefusing(t, func() bool {
+		select {
+		case err := <-cache.done:
+			cache.done <- err
+			return true
+		default:
+			return false
+		}
+	}, registry, peer)
+	close(g.release)
+	for i, body := range bodies {
+		rest, err := io.ReadAll(body)
+		if err != nil || !bytes.Equal(rest, layer[gateFirst/2:]) {
+			t.Errorf("the response on the %s port under way when the cache was told to stop: %d more bytes (%v), not the rest of the blob", []string{"registry", "peer"}[i], len(rest), err)
+		}
+	}
+	cache.stop(t) // Run returns no error: everything drained
+}
+
+// waitRefusing waits until every addr refuses connections: the cache told to stop closed its
+// ports. It fails when the cache ended first (ended): it kept a port open through the drain.
+func waitRefusing(t *testing.T, ended func() bool, addrs ...string) {
+	t.Helper()
+	for _, addr := range addrs {
+		for {
+			c, err := net.DialTimeout("tcp", addr, time.Second)
+			if ended() {
+				t.Fatalf("the cache ended before %s refused connections: it kept that port open while it drained", addr)
+			}
+			if err != nil {
+				break
+			}
+			c.Close()
+			time.Sleep(5 * time.Millisecond) // polling interval
+		}
+	}
+}
+
+// isClosed says whether ch is closed.
+func isClosed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
 	}
 }

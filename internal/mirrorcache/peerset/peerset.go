@@ -44,19 +44,22 @@ func New(self string, members []Peer) *Set {
 	return s
 }
 
-// Replace sets the members (a new lookup's answer); the failure marks of members that stay are kept.
-func (s *Set) Replace(members []Peer) {
+// Replace sets the members (a new lookup's answer); the failure marks of members that stay are
+// kept. It reports whether the members changed.
+func (s *Set) Replace(members []Peer) (changed bool) {
 	m := slices.Clone(members)
 	slices.SortFunc(m, func(a, b Peer) int { return strings.Compare(a.Name, b.Name) })
 	m = slices.CompactFunc(m, func(a, b Peer) bool { return a.Name == b.Name })
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	changed = !slices.Equal(s.members, m)
 	s.members = m
 	for name := range s.down {
 		if !slices.ContainsFunc(m, func(p Peer) bool { return p.Name == name }) {
 			delete(s.down, name)
 		}
 	}
+	return changed
 }
 
 // Owner is the member that owns key among those not failing. ok is false when this pod should
@@ -166,25 +169,34 @@ func LookupSRV(r *net.Resolver, port, service string) func(context.Context) ([]P
 	}
 }
 
-// Watch replaces the members with lookup's answer now and every interval until ctx ends. A
-// lookup that fails keeps the members it had (logged by onError).
-func (s *Set) Watch(ctx context.Context, lookup func(context.Context) ([]Peer, error), interval time.Duration, onError func(error)) {
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		lctx, cancel := context.WithTimeout(ctx, interval)
+// Watch replaces the members with lookup's answer now and every interval until ctx ends, and
+// tells onChange the new members when they changed. A lookup that fails or takes longer than
+// timeout keeps the members it had (told to onError). It returns once the first lookup ended,
+// answered or not, and looks up again in the background: a pod that served before it knew the
+// others would fetch all it misses itself.
+func (s *Set) Watch(ctx context.Context, lookup func(context.Context) ([]Peer, error), interval, timeout time.Duration, onChange func([]Peer), onError func(error)) {
+	refresh := func() {
+		lctx, cancel := context.WithTimeout(ctx, timeout)
 		members, err := lookup(lctx)
 		cancel()
 		switch {
 		case err != nil && ctx.Err() == nil:
 			onError(err)
-		case err == nil:
-			s.Replace(members)
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
+		case err == nil && s.Replace(members):
+			onChange(members)
 		}
 	}
+	refresh()
+	go func() {
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				refresh()
+			}
+		}
+	}()
 }

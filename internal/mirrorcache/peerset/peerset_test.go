@@ -4,12 +4,14 @@ import (
 	"context"
 	"fmt"
 	"maps"
-	"net"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"golang.org/x/net/dns/dnsmessage"
+
+	"github.com/quartermaster-dev/quartermaster/internal/testing/dnstest"
 )
 
 func members(n int) []Peer {
@@ -127,100 +129,59 @@ func TestParseList(t *testing.T) {
 
 // The members come from the SRV records of the headless Service's peer port, as a cluster's DNS
 // serves them for a StatefulSet's ready pods, through Go's own resolver against a DNS server
-// on loopback; a name that does not exist (no pod ready) means no member, and a lookup that
-// fails keeps the last members.
+// on loopback: in place when Watch returns, then changed as a pod becomes ready or goes away
+// (and only a change is reported); a name that does not exist (no pod ready) means no member,
+// and a lookup that fails keeps the last members.
 func TestWatchReadsSRVRecords(t *testing.T) {
-	const service = "mirror-hub-headless.mirrors.svc.cluster.local."
-	dns := startDNS(t, map[string][]dnsmessage.SRVResource{
-		"_peer._tcp." + service: {
-			{Priority: 0, Weight: 50, Port: 5002, Target: dnsmessage.MustNewName("mirror-hub-0." + service)},
-			{Priority: 0, Weight: 50, Port: 5002, Target: dnsmessage.MustNewName("mirror-hub-1." + service)},
-		},
-	})
-	resolver := &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, _, _ string) (net.Conn, error) {
-		return (&net.Dialer{}).DialContext(ctx, "udp", dns)
-	}}
+	const service = "mirror-hub-headless.mirrors.svc.cluster.local"
+	dns := dnstest.Start(t)
+	pod := func(i int) (dnsmessage.SRVResource, Peer) {
+		host := fmt.Sprintf("mirror-hub-%d.%s", i, service)
+		return dnstest.SRV(host, 5002), Peer{fmt.Sprintf("mirror-hub-%d", i), host + ":5002"}
+	}
+	srv0, peer0 := pod(0)
+	srv1, peer1 := pod(1)
+	srv2, peer2 := pod(2)
+	dns.SetSRV("_peer._tcp."+service, srv0, srv1)
+	resolver := dnstest.Resolver(dns.Addr)
 	s := New("mirror-hub-0", nil)
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
+	changes := make(chan []Peer, 10)
 	errs := make(chan error, 10)
-	go func() {
-		defer close(done)
-		s.Watch(ctx, LookupSRV(resolver, "peer", service), time.Hour, func(err error) { errs <- err })
-	}()
-	want := []Peer{{"mirror-hub-0", "mirror-hub-0." + service[:len(service)-1] + ":5002"}, {"mirror-hub-1", "mirror-hub-1." + service[:len(service)-1] + ":5002"}}
-	for !slices.Equal(s.Members(), want) {
+	s.Watch(ctx, LookupSRV(resolver, "peer", service), 10*time.Millisecond, time.Minute, func(m []Peer) { changes <- m }, func(err error) { errs <- err })
+	if !slices.Equal(s.Members(), []Peer{peer0, peer1}) {
+		t.Fatalf("Watch returned with the members %v, before its first lookup's were in place", s.Members())
+	}
+	next := func(want ...Peer) {
+		t.Helper()
 		select {
 		case err := <-errs:
 			t.Fatal(err)
-		case <-time.After(10 * time.Millisecond): // polling the watch's first lookup
+		case got := <-changes:
+			slices.SortFunc(got, func(a, b Peer) int { return strings.Compare(a.Name, b.Name) })
+			if !slices.Equal(got, want) || !slices.Equal(s.Members(), want) {
+				t.Fatalf("members changed to %v (set %v), want %v", got, s.Members(), want)
+			}
 		}
 	}
+	next(peer0, peer1)
+	dns.SetSRV("_peer._tcp."+service, srv0, srv1, srv2) // scaled up
+	next(peer0, peer1, peer2)
+	dns.SetSRV("_peer._tcp."+service, srv0, srv2) // mirror-hub-1 is not ready
+	next(peer0, peer2)
+	dns.SetSRV("_peer._tcp." + service) // none ready
+	next()
 	cancel()
-	<-done
 
-	none, err := LookupSRV(resolver, "peer", "mirror-gone-headless.mirrors.svc.cluster.local.")(context.Background())
-	if err != nil || len(none) != 0 {
-		t.Errorf("a name that does not exist: %v, %v; want no member and no error", none, err)
-	}
-	failing := New("x", want)
+	failing := New("x", []Peer{peer0, peer1})
 	ctx, cancel = context.WithCancel(context.Background())
 	failed := make(chan error, 1)
-	go func() {
-		failing.Watch(ctx, func(context.Context) ([]Peer, error) { return nil, fmt.Errorf("dns down") }, time.Hour, func(err error) { failed <- err; cancel() })
-	}()
+	failing.Watch(ctx, func(context.Context) ([]Peer, error) { return nil, fmt.Errorf("dns down") }, time.Hour, time.Minute,
+		func([]Peer) { t.Error("a failed lookup reported a change") }, func(err error) { failed <- err; cancel() })
 	if err := <-failed; err == nil {
 		t.Fatal("the failing lookup reported no error")
 	}
-	if !slices.Equal(failing.Members(), want) {
+	if !slices.Equal(failing.Members(), []Peer{peer0, peer1}) {
 		t.Errorf("a failed lookup changed the members to %v", failing.Members())
 	}
-}
-
-// startDNS answers SRV questions from records over UDP on loopback; any other name is NXDOMAIN.
-func startDNS(t *testing.T, records map[string][]dnsmessage.SRVResource) string {
-	t.Helper()
-	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { pc.Close() })
-	go func() {
-		buf := make([]byte, 1500)
-		for {
-			n, from, err := pc.ReadFrom(buf)
-			if err != nil {
-				return
-			}
-			var p dnsmessage.Parser
-			h, err := p.Start(buf[:n])
-			if err != nil {
-				continue
-			}
-			q, err := p.Question()
-			if err != nil {
-				continue
-			}
-			answers := records[q.Name.String()]
-			rcode := dnsmessage.RCodeSuccess
-			if answers == nil || q.Type != dnsmessage.TypeSRV {
-				rcode = dnsmessage.RCodeNameError
-			}
-			b := dnsmessage.NewBuilder(nil, dnsmessage.Header{ID: h.ID, Response: true, Authoritative: true, RCode: rcode})
-			b.EnableCompression()
-			_ = b.StartQuestions()
-			_ = b.Question(q)
-			_ = b.StartAnswers()
-			if rcode == dnsmessage.RCodeSuccess {
-				for _, a := range answers {
-					_ = b.SRVResource(dnsmessage.ResourceHeader{Name: q.Name, Class: dnsmessage.ClassINET, TTL: 5}, a)
-				}
-			}
-			msg, err := b.Finish()
-			if err == nil {
-				_, _ = pc.WriteTo(msg, from)
-			}
-		}
-	}()
-	return pc.LocalAddr().String()
 }
