@@ -643,7 +643,7 @@ func clusterBindingBench(ctx context.Context, e *env) ([]result, error) {
 	if err := progress.waitFor(ctx, clusterNamespaces, true); err != nil {
 		return nil, err
 	}
-	reported := progress.reported()
+	reported := progress.lastReport()
 	work := gatherQueues().since(queues)
 	writes := counter.Writes()
 	requests := requestSummary(counter.Log())
@@ -783,11 +783,11 @@ type clusterProgress struct {
 	cancel context.CancelFunc
 	done   chan error
 
-	mu        sync.Mutex
-	np        map[string]time.Time // by namespace
-	netpol    map[string]time.Time
-	generated map[string]time.Time // when the NimbusPolicy's status first said Generated
-	grew      chan struct{}        // closed and replaced at each change of the above
+	mu       sync.Mutex
+	np       map[string]time.Time // by namespace
+	netpol   map[string]time.Time
+	reported map[string]time.Time // when the NimbusPolicy's status first said Ready
+	grew     chan struct{}        // closed and replaced at each change of the above
 }
 
 func watchClusterBinding(ctx context.Context, e *env, scheme *runtime.Scheme, npName, netpolName string) (*clusterProgress, error) {
@@ -795,7 +795,7 @@ func watchClusterBinding(ctx context.Context, e *env, scheme *runtime.Scheme, np
 	if err != nil {
 		return nil, err
 	}
-	p := &clusterProgress{np: map[string]time.Time{}, netpol: map[string]time.Time{}, generated: map[string]time.Time{}, grew: make(chan struct{})}
+	p := &clusterProgress{np: map[string]time.Time{}, netpol: map[string]time.Time{}, reported: map[string]time.Time{}, grew: make(chan struct{})}
 	for obj, name := range map[client.Object]string{&intentv1alpha1.NimbusPolicy{}: npName, &networkingv1.NetworkPolicy{}: netpolName} {
 		inf, err := ca.GetInformer(ctx, obj)
 		if err != nil {
@@ -827,8 +827,8 @@ func (p *clusterProgress) see(obj any, ns string) {
 	seen := p.netpol
 	if np, ok := obj.(*intentv1alpha1.NimbusPolicy); ok {
 		seen = p.np
-		if _, seen := p.generated[ns]; !seen && meta.IsStatusConditionTrue(np.Status.Conditions, "Ready") {
-			p.generated[ns] = now
+		if _, ok := p.reported[ns]; !ok && meta.IsStatusConditionTrue(np.Status.Conditions, "Ready") {
+			p.reported[ns] = now
 			close(p.grew)
 			p.grew = make(chan struct{})
 		}
@@ -842,21 +842,21 @@ func (p *clusterProgress) see(obj any, ns string) {
 }
 
 // waitFor returns once n namespaces have their NetworkPolicy (settled: and their NimbusPolicy's
-// status says Generated).
+// status says Ready).
 func (p *clusterProgress) waitFor(ctx context.Context, n int, settled bool) error {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
 	for {
 		p.mu.Lock()
-		have, nps, generated, grew := len(p.netpol), len(p.np), len(p.generated), p.grew
+		have, nps, ready, grew := len(p.netpol), len(p.np), len(p.reported), p.grew
 		p.mu.Unlock()
-		if have >= n && (!settled || generated >= n) {
+		if have >= n && (!settled || ready >= n) {
 			return nil
 		}
 		select {
 		case <-grew:
 		case <-ctx.Done():
-			return fmt.Errorf("%d namespaces have their NimbusPolicy, %d their NetworkPolicy, %d Generated, want %d: %w", nps, have, generated, n, ctx.Err())
+			return fmt.Errorf("%d namespaces have their NimbusPolicy, %d their NetworkPolicy, %d Ready, want %d: %w", nps, have, ready, n, ctx.Err())
 		}
 	}
 }
@@ -868,11 +868,11 @@ func (p *clusterProgress) times() (first, last time.Time) {
 	return earliest(p.np), latest(p.netpol)
 }
 
-// reported is when the last NimbusPolicy's status said Generated.
-func (p *clusterProgress) reported() time.Time {
+// lastReport is when the last NimbusPolicy's status said Generated.
+func (p *clusterProgress) lastReport() time.Time {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return latest(p.generated)
+	return latest(p.reported)
 }
 
 func earliest(times map[string]time.Time) (first time.Time) {

@@ -29,13 +29,7 @@ import (
 // does: a quota in a namespace it manages.
 func TestManagerPoliciesAreEnforced(t *testing.T) {
 	ctx := context.Background()
-	env := testenv.Start(t)
-	apply := exec.Command(filepath.Join(testenv.Assets(t), "kubectl"), "apply", "--server-side", "-k", "config/local",
-		"--kubeconfig", env.KubeconfigFor(t, "admin", "system:masters"))
-	apply.Dir = testenv.RepoRoot()
-	if out, err := apply.CombinedOutput(); err != nil {
-		t.Fatalf("kubectl apply -k config/local: %v\n%s", err, out)
-	}
+	env := startWithLocalConfig(t)
 	// envtest authenticates by client certificate: the manager's ServiceAccount's user name and
 	// groups, which its RoleBindings and the policies' matchConditions name.
 	user, err := env.AddUser(envtest.User{
@@ -70,13 +64,7 @@ func TestManagerPoliciesAreEnforced(t *testing.T) {
 // with a real Pod-bound token.
 func TestNodeAgentPolicyIsEnforced(t *testing.T) {
 	ctx := context.Background()
-	env := testenv.Start(t)
-	apply := exec.Command(filepath.Join(testenv.Assets(t), "kubectl"), "apply", "--server-side", "-k", "config/local",
-		"--kubeconfig", env.KubeconfigFor(t, "admin", "system:masters"))
-	apply.Dir = testenv.RepoRoot()
-	if out, err := apply.CombinedOutput(); err != nil {
-		t.Fatalf("kubectl apply -k config/local: %v\n%s", err, out)
-	}
+	env := startWithLocalConfig(t)
 	const ns = "quartermaster-mirrors"
 	for _, name := range []string{"agent-a", "agent-b"} {
 		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: map[string]string{"app": "node-agent"}},
@@ -124,4 +112,18 @@ func TestNodeAgentPolicyIsEnforced(t *testing.T) {
 			t.Errorf("changing %s of its own Pod: %v, want refused with %q", what, err, annotOnly)
 		}
 	}
+}
+
+// startWithLocalConfig starts envtest's API server and applies config/local to it (CRDs, RBAC,
+// admission policies), as admin.
+func startWithLocalConfig(t *testing.T) *testenv.Env {
+	t.Helper()
+	env := testenv.Start(t)
+	apply := exec.Command(filepath.Join(testenv.Assets(t), "kubectl"), "apply", "--server-side", "-k", "config/local",
+		"--kubeconfig", env.KubeconfigFor(t, "admin", "system:masters"))
+	apply.Dir = testenv.RepoRoot()
+	if out, err := apply.CombinedOutput(); err != nil {
+		t.Fatalf("kubectl apply -k config/local: %v\n%s", err, out)
+	}
+	return env
 }

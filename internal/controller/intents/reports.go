@@ -39,12 +39,12 @@ type deferredReports struct {
 
 // enforcement is how far a cluster binding's enforcement is.
 type enforcement struct {
-	writing  int                           // its passes over the namespaces running (0 or 1)
+	writing  bool                          // its pass over the namespaces is running
 	awaiting map[types.NamespacedName]bool // NimbusPolicies it created whose first pass has not run
 	held     []types.NamespacedName        // the reports waiting
 }
 
-func (e *enforcement) enforced() bool { return e.writing == 0 && len(e.awaiting) == 0 }
+func (e *enforcement) enforced() bool { return !e.writing && len(e.awaiting) == 0 }
 
 // pendingReport is what a held NimbusPolicy's passes wrote and its status does not say yet.
 type pendingReport struct {
@@ -72,15 +72,15 @@ func (d *deferredReports) locked(binding types.UID) *enforcement {
 }
 
 // writingFor marks the cluster binding's pass over its namespaces as running, until the returned
-// func is called.
+// func is called (a binding's reconciles never run at once).
 func (d *deferredReports) writingFor(binding types.UID) (done func()) {
 	d.mu.Lock()
-	d.locked(binding).writing++
+	d.locked(binding).writing = true
 	d.mu.Unlock()
 	return func() {
 		d.mu.Lock()
 		defer d.mu.Unlock()
-		d.locked(binding).writing--
+		d.locked(binding).writing = false
 		d.releaseIfEnforced(binding)
 	}
 }
@@ -124,8 +124,7 @@ func (d *deferredReports) passed(np *intentv1alpha1.NimbusPolicy, earlier pendin
 		d.releaseIfEnforced(ref.UID)
 		return false
 	}
-	changes := make([]string, 0, len(earlier.changes)+len(a.changes))
-	d.pending[key] = pendingReport{uid: np.UID, entries: a.entries, changes: append(append(changes, earlier.changes...), a.changes...)}
+	d.pending[key] = pendingReport{uid: np.UID, entries: a.entries, changes: slices.Concat(earlier.changes, a.changes)}
 	if !slices.Contains(e.held, key) {
 		e.held = append(e.held, key)
 	}
