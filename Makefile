@@ -95,13 +95,17 @@ k8s-bin: ## Build kube-apiserver, controller-manager, scheduler, kubectl, etcd, 
 containerd-bin: ## Build containerd v2 from source into the cache (the e2e tests pull through a mirror with it).
 	@hack/containerd-bin.sh
 
+.PHONY: node-bin
+node-bin: ## Build what a real node runs (kubelet, kube-proxy, containerd and its shim, runc, CNI plugins, CoreDNS) from source into the cache.
+	@hack/node-bin.sh
+
 .PHONY: kyverno-bin
 kyverno-bin: ## Build Kyverno's admission and background controllers (v1.19.1) from source into the cache, with its CRDs.
 	@hack/kyverno-bin.sh
 
 ##@ Test
 .PHONY: test
-test: lint verify-generated test-unit test-k8s-min test-e2e ## Everything CI runs: lint, generated-file check, unit + envtest, envtest on the oldest supported Kubernetes, e2e on the local cluster.
+test: lint verify-generated test-unit test-k8s-min test-e2e test-real-node ## Everything CI runs: lint, generated-file check, unit + envtest, envtest on the oldest supported Kubernetes, e2e on the local cluster, the chart on a real node.
 
 .PHONY: test-unit
 test-unit: ## Unit and envtest integration tests (real kube-apiserver + etcd).
@@ -119,6 +123,10 @@ test-stress: ## The unit + envtest suite twice at once, three rounds in a row (R
 test-e2e: containerd-bin ## End-to-end tests on a local kwok cluster they create and delete, a containerd daemon of their own (as root) and a real Kyverno (each built once into the cache).
 	KUBEBUILDER_ASSETS="$(K8S_BIN)" QM_KYVERNO_BIN="$(KYVERNO_BIN)" $(GO) test -tags e2e -count=1 -timeout 30m ./test/e2e/...
 
+.PHONY: test-real-node
+test-real-node: node-bin ## The chart installed with Helm on a real one-node cluster the tests start and stop (hack/real-cluster.sh; as root): Pods run from the project's image, a kubelet pulls through the mirror.
+	$(GO) test -tags e2e -count=1 -timeout 20m ./test/realnode/...
+
 ##@ Local cluster
 .PHONY: cluster-up
 cluster-up: ## Start the local cluster "quartermaster" (kubeconfig: see hack/cluster.sh).
@@ -127,6 +135,17 @@ cluster-up: ## Start the local cluster "quartermaster" (kubeconfig: see hack/clu
 .PHONY: cluster-down
 cluster-down: ## Delete the local cluster "quartermaster".
 	hack/cluster.sh down quartermaster
+
+# The real one-node cluster's name (hack/real-cluster.sh): several may run side by side.
+REAL_CLUSTER ?= quartermaster-real
+
+.PHONY: real-cluster-up
+real-cluster-up: ## Start a real one-node cluster REAL_CLUSTER (kubelet, containerd, CoreDNS; as root; prints export KUBECONFIG=…).
+	@kc="$$(hack/real-cluster.sh up $(REAL_CLUSTER) | tail -n1)"; echo "export KUBECONFIG=$$kc"
+
+.PHONY: real-cluster-down
+real-cluster-down: ## Stop the real cluster REAL_CLUSTER and put back everything it changed on the machine.
+	hack/real-cluster.sh down $(REAL_CLUSTER)
 
 .PHONY: demo
 demo: ## From nothing to a running system: cluster, CRDs, RBAC, manager (as its ServiceAccount), samples, a registry mirror pulled through, Kyverno enforcing an intent (QM_DEMO_CLUSTER names the cluster).

@@ -44,6 +44,7 @@ func main() {
 		if run, ok := subcommands[os.Args[1]]; ok {
 			if err := run(ctrl.SetupSignalHandler(), os.Args[2:]); err != nil {
 				fmt.Fprintf(os.Stderr, "quartermaster %s: %v\n", os.Args[1], err)
+				leaveTerminationMessage(err.Error())
 				code := 1
 				var coded interface{ ExitCode() int }
 				if errors.As(err, &coded) {
@@ -57,6 +58,27 @@ func main() {
 	scheme := manager.Scheme(computev1alpha1.AddToScheme, iamv1alpha1.AddToScheme, intentv1alpha1.AddToScheme, registryv1alpha1.AddToScheme)
 	if err := manager.Run(ctrl.SetupSignalHandler(), os.Args[1:], controllers(), scheme, os.Stderr); err != nil {
 		fmt.Fprintln(os.Stderr, "quartermaster:", err)
+		leaveTerminationMessage(err.Error())
 		os.Exit(1)
 	}
+}
+
+// terminationLog is where the kubelet reads a container's termination message (a Pod's default
+// terminationMessagePath): a command that ends in a Pod leaves there why, so kubectl describe pod
+// and the controllers that read the Pod's status (the mirrors controller reads its caches') show
+// it without the logs.
+const terminationLog = "/dev/termination-log"
+
+// leaveTerminationMessage writes msg to the termination log when there is one (in a container;
+// it is never created elsewhere), cut to the 4096 bytes the kubelet keeps.
+func leaveTerminationMessage(msg string) {
+	f, err := os.OpenFile(terminationLog, os.O_WRONLY|os.O_TRUNC, 0)
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	if len(msg) > 4096 {
+		msg = msg[:4096]
+	}
+	_, _ = f.WriteString(msg)
 }

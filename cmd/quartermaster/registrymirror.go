@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -20,6 +21,49 @@ func init() {
 	subcommands["registry-mirror"] = registryMirror
 	// The cache runs this binary as its upstream credential helper (see internal/mirrorcache).
 	subcommands[mirrorcache.HelperAction] = registryMirrorCredentialHelper
+	subcommands["cache-storage"] = cacheStorage
+}
+
+var cacheStorageUsage = cli.Usage{
+	Command: "quartermaster cache-storage",
+	About: `Makes a fresh cache volume writable by the cache's user when its provisioner ignores the Pod's
+fsGroup: the init container of a RegistryMirror's StatefulSet, run as root with CAP_CHOWN alone. It
+changes the owner of --dir only, and only when the cache cannot write it, it is owned by root and
+it is empty; otherwise it says what the cache lacks and fails.`,
+	Examples: []string{"# What the StatefulSet's init container runs\nquartermaster cache-storage --dir=" + mirror.StorageDir + " --owner=65532:65532"},
+}
+
+// cacheStorage prepares the cache's volume (mirrorcache.PrepareStorage) and leaves what it did as
+// its container's termination message.
+func cacheStorage(_ context.Context, args []string) error {
+	fs := flag.NewFlagSet("cache-storage", flag.ContinueOnError)
+	fs.SetOutput(os.Stderr)
+	dir := fs.String("dir", mirror.StorageDir, "the cache's volume")
+	owner := fs.String("owner", "65532:65532", "the cache's uid:gid")
+	rest, err := cli.Parse(fs, cacheStorageUsage, args)
+	if errors.Is(err, flag.ErrHelp) {
+		return nil
+	}
+	if err == nil && len(rest) > 0 {
+		err = cacheStorageUsage.Errorf("cache-storage takes no arguments, got %q", rest)
+	}
+	if err != nil {
+		return err
+	}
+	var o mirrorcache.Owner
+	if _, err := fmt.Sscanf(*owner, "%d:%d", &o.UID, &o.GID); err != nil || o.UID < 0 || o.GID < 0 {
+		return cacheStorageUsage.Errorf("--owner=%q: want UID:GID", *owner)
+	}
+	done, err := mirrorcache.PrepareStorage(*dir, o)
+	if err != nil {
+		return err
+	}
+	if done == "" {
+		done = *dir + " is writable by " + *owner + ": nothing to do"
+	}
+	fmt.Fprintln(os.Stderr, "quartermaster cache-storage:", done)
+	leaveTerminationMessage(done)
+	return nil
 }
 
 // registryMirror runs a RegistryMirror's pull-through cache (the StatefulSet's container).

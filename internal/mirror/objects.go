@@ -58,6 +58,9 @@ type Install struct {
 	Image string
 	// AgentServiceAccount is the node agent's ServiceAccount (installed with the operator).
 	AgentServiceAccount string
+	// PrepareStorage gives each cache pod the init container StorageInit: volumes whose
+	// provisioner ignores fsGroup arrive owned by root, and the non-root cache could not write them.
+	PrepareStorage bool
 }
 
 // CacheName names a mirror's StatefulSet, its Service (the one nodes reach) and its
@@ -232,6 +235,29 @@ func StatefulSet(in Install, s Spec, configHash string) *appsv1.StatefulSet {
 
 const nonRoot = 65532 // distroless's nonroot user
 
+// StorageInit names the cache pod's init container that prepares its volume (Install.PrepareStorage).
+const StorageInit = "storage"
+
+// storageInit makes a fresh cache volume writable by the cache (quartermaster cache-storage): the
+// only container of the mirrors that runs as root, with CAP_CHOWN alone, a read-only root and no
+// API token, changing the owner of the empty volume's root directory and nothing else.
+func storageInit(in Install) corev1.Container {
+	sc := restricted()
+	sc.RunAsUser, sc.RunAsNonRoot = ptr.To[int64](0), ptr.To(false)
+	sc.Capabilities.Add = []corev1.Capability{"CHOWN"}
+	return corev1.Container{
+		Name:  StorageInit,
+		Image: in.Image,
+		Args:  []string{"cache-storage", "--dir=" + StorageDir, "--owner=" + strconv.Itoa(nonRoot) + ":" + strconv.Itoa(nonRoot)},
+		Resources: corev1.ResourceRequirements{
+			Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("5m"), corev1.ResourceMemory: resource.MustParse("16Mi")},
+			Limits:   corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("64Mi")},
+		},
+		VolumeMounts:    []corev1.VolumeMount{{Name: cacheVolume, MountPath: StorageDir}},
+		SecurityContext: sc,
+	}
+}
+
 func cachePod(in Install, s Spec) corev1.PodSpec {
 	probe := func(path string, failures int32) *corev1.Probe {
 		return &corev1.Probe{
@@ -242,7 +268,7 @@ func cachePod(in Install, s Spec) corev1.PodSpec {
 			FailureThreshold: failures,
 		}
 	}
-	return corev1.PodSpec{
+	spec := corev1.PodSpec{
 		// The cache talks to the upstream only; it needs no API access.
 		AutomountServiceAccountToken: ptr.To(false),
 		SecurityContext: &corev1.PodSecurityContext{
@@ -285,6 +311,10 @@ func cachePod(in Install, s Spec) corev1.PodSpec {
 			}},
 		}},
 	}
+	if in.PrepareStorage {
+		spec.InitContainers = []corev1.Container{storageInit(in)}
+	}
+	return spec
 }
 
 func restricted() *corev1.SecurityContext {

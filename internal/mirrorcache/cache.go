@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"net/http"
 	"os"
@@ -76,6 +77,15 @@ func Run(ctx context.Context, opts Options) error {
 	setUpProcess()
 	root, ttl, err := takeOverContent(cfg)
 	if err != nil {
+		return err
+	}
+	// A volume this user cannot write fails the start, saying what it lacks (the container's
+	// termination message), rather than every fill at a time.
+	vol := root
+	for _, err := os.Stat(vol); errors.Is(err, fs.ErrNotExist) && vol != filepath.Dir(vol); _, err = os.Stat(vol) {
+		vol = filepath.Dir(vol)
+	}
+	if err := CheckStorage(vol); err != nil {
 		return err
 	}
 	now := opts.now

@@ -273,10 +273,18 @@ func (f *fill) open(ctx context.Context, o origins, repo string, from int64) (sr
 	path := pathOf(f.manifest)
 	resp, err := o.remote.send(ctx, http.MethodGet, repo, path, f.d.String(), from)
 	if err != nil {
+		if src := f.anyPeer(ctx, o.peers, repo, from); src != nil {
+			return src, 0, nil
+		}
 		return nil, 0, fmt.Errorf("from the upstream: %w", err)
 	}
 	if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusPartialContent {
 		drain(resp)
+		if resp.StatusCode >= 500 || resp.StatusCode == http.StatusTooManyRequests {
+			if src := f.anyPeer(ctx, o.peers, repo, from); src != nil {
+				return src, 0, nil
+			}
+		}
 		return nil, resp.StatusCode, fmt.Errorf("from the upstream: %s", resp.Status)
 	}
 	src = &source{bytes: upstreamBytes.WithLabelValues(kindOf(f.manifest))}
@@ -304,6 +312,35 @@ func (f *fill) peerSource(ctx context.Context, p *peers) *source {
 	src.ctx, src.cancel = context.WithCancelCause(ctx)
 	f.cancelPeer = src.cancel
 	return src
+}
+
+// anyPeer is the fallback when the upstream does not answer (unreachable, 5xx, 429): the other
+// replicas, the owner first, may hold the content (pulled while another replica owned it, before a
+// scale-up moved it): the first that gives it is the source. A fill that reads only from the
+// upstream (a peer asked for it) never asks: requests between replicas cannot loop.
+func (f *fill) anyPeer(ctx context.Context, p *peers, repo string, from int64) *source {
+	if p == nil {
+		return nil
+	}
+	for _, peer := range p.set.Others(f.d.String()) {
+		src := &source{peer: peer}
+		src.ctx, src.cancel = context.WithCancelCause(ctx)
+		f.mu.Lock()
+		if f.toUpstream { // a peer asked for the content meanwhile
+			f.mu.Unlock()
+			src.cancel(errSentUpstream)
+			return nil
+		}
+		f.cancelPeer = src.cancel
+		f.mu.Unlock()
+		if err := p.open(src, repo, f.d, f.manifest, from); err == nil {
+			return src
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+	}
+	return nil
 }
 
 // reopen is open for a fill under way, whose content is size bytes long (-1 unknown): the new

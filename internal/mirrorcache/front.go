@@ -186,6 +186,10 @@ func (f *front) serveManifest(w http.ResponseWriter, r *http.Request, repo, ref 
 		return
 	default:
 		cached, ok := f.store.tag(repo, ref)
+		if !ok && f.peers != nil {
+			// Another replica may have resolved it: the Service sends a node's pulls to any pod.
+			cached, ok = f.peers.tag(r.Context(), repo, ref)
+		}
 		if !ok {
 			upstreamFailed(w, l.status, l.err)
 			return

@@ -266,15 +266,65 @@ func bodyStart(resp *http.Response, from int64) (int64, error) {
 	return size, nil
 }
 
+// tag asks the other replicas, the tag's owner first, where repo:tag last pointed when one of them
+// resolved it: the answer a pod that never saw the tag serves while the upstream does not answer.
+// Each replica answers from its own store only (servePeers).
+func (p *peers) tag(ctx context.Context, repo, tag string) (digest.Digest, bool) {
+	for _, peer := range p.set.Others(repo + ":" + tag) {
+		target := (&url.URL{Scheme: "http", Host: peer.Addr, Path: "/v2/" + repo + "/manifests/" + tag}).String()
+		rctx, cancel := context.WithTimeout(ctx, p.stall)
+		req, err := http.NewRequestWithContext(rctx, http.MethodHead, target, nil)
+		if err != nil {
+			cancel()
+			return "", false
+		}
+		resp, err := p.client.Do(req)
+		if err != nil {
+			cancel()
+			if ctx.Err() != nil {
+				return "", false
+			}
+			p.ended(peer.Name, resultPeerUnreachable, fmt.Errorf("tag %s:%s: %w", repo, tag, err))
+			continue
+		}
+		drain(resp)
+		cancel()
+		if resp.StatusCode != http.StatusOK {
+			p.ended(peer.Name, resultPeerRefused, nil)
+			continue
+		}
+		d, err := digest.Parse(resp.Header.Get("Docker-Content-Digest"))
+		if err != nil {
+			p.ended(peer.Name, resultPeerError, fmt.Errorf("tag %s:%s: %w", repo, tag, err))
+			continue
+		}
+		p.ended(peer.Name, resultPeerOK, nil)
+		return d, true
+	}
+	return "", false
+}
+
 // servePeers answers the other replicas on the peer port: GET and HEAD of content by digest,
-// from the store or a fill of this cache, never sent on to another peer. It serves nothing the
+// from the store or a fill of this cache, never sent on to another peer, and HEAD of a manifest
+// by tag from the store alone (where the tag last pointed here; peers.tag). It serves nothing the
 // registry port does not serve to any client (docs/mirrors.md, Replicas).
 func (f *front) servePeers() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		repo, kind, ref, ok := contentPath(r)
+		if ok && kind == "/manifests/" && r.Method == http.MethodHead && tagName.MatchString(ref) {
+			d, known := f.store.tag(repo, ref)
+			if !known {
+				registryError(w, http.StatusNotFound, "MANIFEST_UNKNOWN", "this replica never resolved the tag")
+				return
+			}
+			w.Header().Set("Docker-Distribution-API-Version", "registry/2.0")
+			w.Header().Set("Docker-Content-Digest", d.String())
+			w.WriteHeader(http.StatusOK)
+			return
+		}
 		d, err := digest.Parse(ref)
 		if !ok || err != nil {
-			registryError(w, http.StatusNotFound, "NOT_FOUND", "the peer port serves content by digest only")
+			registryError(w, http.StatusNotFound, "NOT_FOUND", "the peer port serves content by digest, and tags it resolved (HEAD)")
 			return
 		}
 		w.Header().Set("Docker-Distribution-API-Version", "registry/2.0")

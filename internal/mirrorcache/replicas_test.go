@@ -166,6 +166,65 @@ func TestReplicasFetchFromTheUpstreamOnce(t *testing.T) {
 	}
 }
 
+// An image pulled by tag through one replica is served by tag through another with the upstream
+// down: the Service sends a node's pulls to any pod, and a pod that never resolved the tag asks the
+// others where it last pointed (a kubelet on a real node failed here: test/realnode).
+func TestReplicasServeATagAnotherResolvedDuringAnOutage(t *testing.T) {
+	up := startUpstream(t, authNone, "", false)
+	img := up.push(t, "team/app")
+	rs := startReplicas(t, up, 2)
+	first, second := t.TempDir(), t.TempDir()
+	writeHostsDir(t, first, up, "http://"+rs[0].addr)
+	writeHostsDir(t, second, up, "http://"+rs[1].addr)
+	mustPull(t, first, img.byTag(up))
+	waitFillsDone(t, rs)
+
+	up.stop()
+	mustPull(t, second, img.byTag(up))
+	if got := rs[1].metrics(t)[peerResult(resultPeerOK)]; got < 1 {
+		t.Errorf("the second replica asked no peer successfully (%v)", got)
+	}
+	// A tag no replica resolved is still refused while the upstream is down.
+	mustFail(t, second, up.Host+"/team/app:never")
+}
+
+// A replica that joined after an image was pulled owns some of its blobs but holds none; with the
+// upstream down it reads them from the replica that holds them (the owner first, then the others)
+// instead of failing the pull.
+func TestNewReplicaServesWhatAnotherHoldsDuringAnOutage(t *testing.T) {
+	up := startUpstream(t, authNone, "", false)
+	var layers [][]byte
+	for range 6 {
+		layers = append(layers, randomBytes(64<<10))
+	}
+	img := up.pushImage(t, "team/app", []byte(`{"architecture":"amd64","os":"linux"}`), layers...)
+	rs := newReplicas(t, up, 2)
+	old, joined := rs[0], rs[1]
+	old.start(t, envChildPeers+"="+old.name+"="+old.peerAddr) // alone: it fetches everything
+	hosts := t.TempDir()
+	writeHostsDir(t, hosts, up, "http://"+old.addr)
+	mustPull(t, hosts, img.byTag(up))
+	waitFillsDone(t, rs[:1])
+
+	up.stop()
+	joined.start(t, envChildPeers+"="+old.name+"="+old.peerAddr+","+joined.name+"="+joined.peerAddr)
+	owned := 0
+	for _, b := range img.blobs {
+		if ownerOf(rs, b.Digest) == joined {
+			owned++
+		}
+	}
+	if owned == 0 {
+		t.Fatal("the joined replica owns none of the image's blobs: the test shows nothing")
+	}
+	hosts = t.TempDir()
+	writeHostsDir(t, hosts, up, "http://"+joined.addr)
+	mustPull(t, hosts, img.byDigest(up))
+	if got := joined.metrics(t)[peerResult(resultPeerOK)]; got < float64(len(img.blobs)+1) {
+		t.Errorf("the joined replica read %v contents from its peer, want every blob and the manifest (%d)", got, len(img.blobs)+1)
+	}
+}
+
 // The owner of a blob is killed (SIGKILL) while it fills it from the upstream and the other two
 // replicas stream it from the owner: their clients get the whole blob, right (the fills go on
 // from the byte they reached, from the next owner or the upstream); the killed replica's clients

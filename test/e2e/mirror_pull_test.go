@@ -29,6 +29,7 @@ import (
 	"github.com/quartermaster-dev/quartermaster/internal/mirror"
 	"github.com/quartermaster-dev/quartermaster/internal/nodeagent"
 	"github.com/quartermaster-dev/quartermaster/internal/testing/promtext"
+	"github.com/quartermaster-dev/quartermaster/internal/testing/upstreamregistry"
 )
 
 // A pull that works finishes well within this; it bounds a hang, it is no timing assertion.
@@ -60,8 +61,8 @@ func TestContainerdPullsThroughTheMirror(t *testing.T) {
 	must(t, err)
 	const user, password = "puller", "e2e-node-pull-secret"
 	up := startPrivateRegistry(t, user, password)
-	image := up.pushImage(t, "team/app", "v1")
-	uncached := up.pushImage(t, "team/app", "v2") // never pulled before the upstream goes down
+	image := up.PushImage(t, "team/app", "v1")
+	uncached := up.PushImage(t, "team/app", "v2") // never pulled before the upstream goes down
 	kubeletAuth := &runtimeapi.AuthConfig{Username: user, Password: password}
 
 	startManager(t, "--controllers=mirrors", "--health-probe-bind-address=0", "--mirrors-image=quartermaster:e2e")
@@ -115,18 +116,18 @@ func TestContainerdPullsThroughTheMirror(t *testing.T) {
 		// Pulled through the cache with the cache's credentials: the kubelet gives none, and the
 		// upstream sees every blob fetched by the cache, none by containerd.
 		before := cache.metrics(t)
-		up.requests()
+		up.Requests()
 		mustPullImage(t, node, image, nil)
-		seen := up.requests()
+		seen := up.Requests()
 		if served := cache.metrics(t)[servedGETs] - before[servedGETs]; served < 3 {
 			t.Errorf("the cache served %v GETs for the pull, want the manifest, the config and the layer", served)
 		}
-		if n, direct := blobGETs(seen, ""), blobGETs(seen, "containerd/"); n != 2 || direct != 0 {
+		if n, direct := upstreamregistry.BlobGETs(seen, ""), upstreamregistry.BlobGETs(seen, "containerd/"); n != 2 || direct != 0 {
 			t.Errorf("the upstream served %d blob GETs, %d of them to containerd; want 2, all to the cache: %v", n, direct, seen)
 		}
 
 		// The upstream down and the image gone from the node: the cache serves it.
-		up.stop()
+		up.Stop()
 		node.remove(t, image)
 		before = cache.metrics(t)
 		mustPullImage(t, node, image, nil)
@@ -160,12 +161,12 @@ func TestContainerdPullsThroughTheMirror(t *testing.T) {
 		// The cache down and the upstream back: containerd falls back to the upstream, with the
 		// kubelet's credentials (an imagePullSecret).
 		cache.stop(t)
-		up.start(t)
+		up.Start(t)
 		node.remove(t, image)
-		up.requests()
+		up.Requests()
 		mustPullImage(t, node, image, kubeletAuth)
-		if seen := up.requests(); blobGETs(seen, "containerd/") != 2 {
-			t.Errorf("with the cache down containerd fetched %d blobs from the upstream, want 2: %v", blobGETs(seen, "containerd/"), seen)
+		if seen := up.Requests(); upstreamregistry.BlobGETs(seen, "containerd/") != 2 {
+			t.Errorf("with the cache down containerd fetched %d blobs from the upstream, want 2: %v", upstreamregistry.BlobGETs(seen, "containerd/"), seen)
 		}
 		cache.start(t)
 	})
@@ -189,13 +190,13 @@ func TestContainerdPullsThroughTheMirror(t *testing.T) {
 			t.Fatalf("the agent wrote no hosts.toml: %v", err)
 		}
 		before := cache.metrics(t)
-		up.requests()
+		up.Requests()
 		mustPullImage(t, node, image, kubeletAuth)
 		if served := cache.metrics(t)[servedGETs] - before[servedGETs]; served != 0 {
 			t.Errorf("the cache served %v GETs, want none: containerd 2 ignores hosts.toml with its default config_path", served)
 		}
-		if seen := up.requests(); blobGETs(seen, "containerd/") != 2 {
-			t.Errorf("containerd fetched %d blobs from the upstream, want 2: %v", blobGETs(seen, "containerd/"), seen)
+		if seen := up.Requests(); upstreamregistry.BlobGETs(seen, "containerd/") != 2 {
+			t.Errorf("containerd fetched %d blobs from the upstream, want 2: %v", upstreamregistry.BlobGETs(seen, "containerd/"), seen)
 		}
 	})
 
@@ -204,12 +205,12 @@ func TestContainerdPullsThroughTheMirror(t *testing.T) {
 		startNodeAgent(t, ds, &agentPods.Items[1], node, cache.URL)
 		waitNodeState(t, c, &agentPods.Items[1], "true", nodeagent.ReasonConfigured)
 		before := cache.metrics(t)
-		up.requests()
+		up.Requests()
 		mustPullImage(t, node, image, nil)
 		if served := cache.metrics(t)[servedGETs] - before[servedGETs]; served < 3 {
 			t.Errorf("the cache served %v GETs for the pull, want the manifest, the config and the layer", served)
 		}
-		if seen := up.requests(); blobGETs(seen, "") != 0 {
+		if seen := up.Requests(); upstreamregistry.BlobGETs(seen, "") != 0 {
 			t.Errorf("the upstream served blobs for an image the cache holds: %v", seen)
 		}
 	})

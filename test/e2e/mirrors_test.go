@@ -235,4 +235,34 @@ func TestManagerRunsOnlyItsOwnPodsInTheMirrorsNamespace(t *testing.T) {
 			t.Errorf("%s: want a denial saying %q, got %v", name, tc.want, err)
 		}
 	}
+
+	// The cache's StatefulSet with its storage init container (root, CAP_CHOWN alone) passes; the
+	// init container made into anything more does not, nor an init container in a DaemonSet.
+	in.PrepareStorage = true
+	cache := func() *appsv1.StatefulSet { return mirror.StatefulSet(in, s, "hash") }
+	must(t, asManager.Create(ctx, cache(), client.DryRunAll))
+	const initWant = "no init or ephemeral containers but the caches' cache-storage"
+	for name, mutate := range map[string]func(*corev1.PodSpec){
+		"another capability": func(p *corev1.PodSpec) {
+			p.InitContainers[0].SecurityContext.Capabilities.Add = append(p.InitContainers[0].SecurityContext.Capabilities.Add, "SYS_ADMIN")
+		},
+		"a shell": func(p *corev1.PodSpec) { p.InitContainers[0].Command = []string{"/bin/sh"} },
+		"another subcommand": func(p *corev1.PodSpec) {
+			p.InitContainers[0].Args = []string{"registry-mirror"}
+		},
+		"privilege escalation": func(p *corev1.PodSpec) {
+			p.InitContainers[0].SecurityContext.AllowPrivilegeEscalation = ptr.To(true)
+		},
+	} {
+		sts := cache()
+		mutate(&sts.Spec.Template.Spec)
+		if err := asManager.Create(ctx, sts, client.DryRunAll); err == nil || !strings.Contains(err.Error(), initWant) {
+			t.Errorf("storage init container with %s: want a denial saying %q, got %v", name, initWant, err)
+		}
+	}
+	ds := agent()
+	ds.Spec.Template.Spec.InitContainers = cache().Spec.Template.Spec.InitContainers
+	if err := asManager.Create(ctx, ds, client.DryRunAll); err == nil || !strings.Contains(err.Error(), initWant) {
+		t.Errorf("the storage init container in the agents' DaemonSet: want a denial saying %q, got %v", initWant, err)
+	}
 }

@@ -29,6 +29,8 @@ type Options struct {
 	Resync              time.Duration
 	// CheckUpstream: the controller asks each upstream whether the mirror's credentials work.
 	CheckUpstream bool
+	// PrepareStorage: the caches' StatefulSets make fresh volumes writable (mirror.Install).
+	PrepareStorage bool
 }
 
 // AddFlags registers the controller's flags on fs.
@@ -38,6 +40,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.AgentServiceAccount, "mirrors-agent-service-account", "quartermaster-node-agent", "ServiceAccount of the node agents, in --mirrors-namespace (installed with the operator).")
 	fs.IntVar(&o.Concurrency, "mirrors-concurrency", 4, "RegistryMirrors reconciled in parallel.")
 	fs.DurationVar(&o.Resync, "mirrors-resync", 10*time.Minute, "How often a ready mirror's objects and upstream are checked again.")
+	fs.BoolVar(&o.PrepareStorage, "mirrors-prepare-storage", true, "Give each cache pod an init container that makes a fresh, empty volume owned by root writable by the cache (as root with CAP_CHOWN alone, changing only the volume's owner): for provisioners that ignore fsGroup. Off: such a volume stalls the mirror with a message naming it.")
 	fs.BoolVar(&o.CheckUpstream, "mirrors-check-upstream", true, "Ask each upstream whether the mirror's credentials are accepted (a 401 stalls the mirror with a clear reason). Turn off where the operator has no egress.")
 }
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -37,6 +38,53 @@ func TestMirrors(t *testing.T) {
 	t.Run("name taken", func(t *testing.T) { testNameTaken(t, f) })
 	t.Run("node port", func(t *testing.T) { testNodePort(t, f) })
 	t.Run("stale cache", func(t *testing.T) { testStaleCache(t, f) })
+	t.Run("cache pod failing", func(t *testing.T) { testCachePodFailing(t, f) })
+}
+
+// testCachePodFailing plays the kubelet (envtest runs none): a cache pod whose storage init
+// container refused its volume stalls the mirror with the pod, the claim and the init container's
+// own message, with a Warning Event; once the pod runs, the mirror is Ready.
+func testCachePodFailing(t *testing.T, f *fixture) {
+	ctx := context.Background()
+	const name = "failing"
+	f.create(t, mirrorOf(name, f.open, ""))
+	sts := &appsv1.StatefulSet{}
+	f.waitObject(t, mirror.CacheName(name), sts, nil)
+	if init := sts.Spec.Template.Spec.InitContainers; len(init) != 1 || init[0].Name != mirror.StorageInit ||
+		!slices.Equal(init[0].SecurityContext.Capabilities.Add, []corev1.Capability{"CHOWN"}) {
+		t.Fatalf("the cache pods' init containers: %+v, want the storage init container with CHOWN alone", init)
+	}
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: testNamespace, Name: mirror.CacheName(name) + "-0", Labels: sts.Spec.Template.Labels},
+		Spec:       sts.Spec.Template.Spec,
+	}
+	pod.Spec.Volumes = append(pod.Spec.Volumes, corev1.Volume{Name: "cache", VolumeSource: corev1.VolumeSource{
+		PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: mirror.PVCName(name, 0)},
+	}})
+	f.create(t, pod)
+	const refusal = "the cache's volume at /var/lib/registry is not writable by uid 65532 (gid 65532): it is owned by 0:0, mode 0750; it already holds data"
+	pod.Status.InitContainerStatuses = []corev1.ContainerStatus{{
+		Name: mirror.StorageInit, State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "CrashLoopBackOff"}},
+		LastTerminationState: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 1, Reason: "Error", Message: refusal}},
+	}}
+	must(t, f.c.Status().Update(ctx, pod))
+	rm := f.waitReason(t, name, ReasonCacheFailing)
+	c := meta.FindStatusCondition(rm.Status.Conditions, registryv1alpha1.ConditionReady)
+	want := "pod " + pod.Name + " (volume cache, PersistentVolumeClaim " + mirror.PVCName(name, 0) + "): init container storage exited 1: " + refusal
+	if c.Message != want {
+		t.Errorf("Ready message:\n got %q\nwant %q", c.Message, want)
+	}
+	if !meta.IsStatusConditionTrue(rm.Status.Conditions, "Stalled") {
+		t.Errorf("want Stalled: a person must fix the volume")
+	}
+	testenv.WaitForEvent(t, f.c, rm, ReasonCacheFailing)
+
+	// The volume fixed, the pod runs: the mirror is Ready.
+	pod.Status.InitContainerStatuses[0] = corev1.ContainerStatus{Name: mirror.StorageInit, State: corev1.ContainerState{
+		Terminated: &corev1.ContainerStateTerminated{ExitCode: 0, Reason: "Completed"}}}
+	must(t, f.c.Status().Update(ctx, pod))
+	f.becomeReady(t, name, 1)
+	f.waitReason(t, name, ReasonReady)
 }
 
 func testValidation(t *testing.T, f *fixture) {

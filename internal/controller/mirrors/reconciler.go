@@ -3,6 +3,7 @@ package mirrors
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -30,6 +31,9 @@ const (
 	ReasonUnauthorized       = "UpstreamUnauthorized"
 	ReasonNameTaken          = "NameTaken"
 	ReasonWaitingForEndpoint = "WaitingForEndpoint"
+	// ReasonCacheFailing: a cache pod's container ended in failure and said why (its volume, most
+	// often): a person acts, the pod's next status brings the next look.
+	ReasonCacheFailing = "CacheFailing"
 )
 
 const statusTimeout = 10 * time.Second
@@ -163,7 +167,36 @@ func (r *Reconciler) apply(ctx context.Context, rm *registryv1alpha1.RegistryMir
 	case refused != "":
 		return status.WaitsForPerson(ReasonUnauthorized, refused, r.slowRetry), nil
 	}
-	return r.readiness(state), nil
+	o := r.readiness(state)
+	if o.Ready {
+		return o, nil
+	}
+	// Not serving yet: a cache pod that failed says why.
+	failures, err := r.cacheFailures(ctx, spec.Name)
+	if err != nil {
+		return status.Outcome{}, err
+	}
+	if len(failures) > 0 {
+		return status.WaitsForPerson(ReasonCacheFailing, strings.Join(failures, "; "), r.slowRetry), nil
+	}
+	return o, nil
+}
+
+// cacheFailures are the failures of the mirror's cache pods (mirror.CacheFailure), in name order.
+func (r *Reconciler) cacheFailures(ctx context.Context, name string) ([]string, error) {
+	pods := &corev1.PodList{}
+	if err := r.objects.List(ctx, pods, client.InNamespace(r.install.Namespace),
+		client.MatchingLabels{mirror.LabelMirror: name, mirror.LabelComponent: mirror.ComponentCache}); err != nil {
+		return nil, err
+	}
+	slices.SortFunc(pods.Items, func(a, b corev1.Pod) int { return strings.Compare(a.Name, b.Name) })
+	var out []string
+	for i := range pods.Items {
+		if f := mirror.CacheFailure(&pods.Items[i]); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out, nil
 }
 
 // checkUnique stops a mirror whose host an older mirror already serves. Its node agent, if it had

@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	ctrl "sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
@@ -41,6 +42,8 @@ import (
 // +kubebuilder:rbac:groups=apps,namespace=quartermaster-mirrors,resources=statefulsets,verbs=get;list;watch;create;update
 // +kubebuilder:rbac:groups=apps,namespace=quartermaster-mirrors,resources=daemonsets,verbs=get;list;watch;create;update;delete
 // +kubebuilder:rbac:groups=policy,namespace=quartermaster-mirrors,resources=poddisruptionbudgets,verbs=get;list;watch;create;update
+// The cache pods are read for why they fail (their containers' termination messages).
+// +kubebuilder:rbac:groups="",namespace=quartermaster-mirrors,resources=pods,verbs=get;list;watch
 
 // Field indexes of the shared cache.
 const (
@@ -79,7 +82,7 @@ func setup(mgr ctrl.Manager, o Options) (*Reconciler, error) {
 		apiReader: mgr.GetAPIReader(),
 		scheme:    mgr.GetScheme(),
 		recorder:  status.NewRecorder(mgr, "quartermaster-mirrors"),
-		install:   mirror.Install{Namespace: o.Namespace, Image: o.Image, AgentServiceAccount: o.AgentServiceAccount},
+		install:   mirror.Install{Namespace: o.Namespace, Image: o.Image, AgentServiceAccount: o.AgentServiceAccount, PrepareStorage: o.PrepareStorage},
 		resync:    o.Resync,
 		slowRetry: time.Minute,
 	}
@@ -105,6 +108,11 @@ func setup(mgr ctrl.Manager, o Options) (*Reconciler, error) {
 		WatchesRawSource(owned(&appsv1.DaemonSet{})).
 		WatchesRawSource(owned(&corev1.Service{})).
 		WatchesRawSource(owned(&policyv1.PodDisruptionBudget{})).
+		// Cache pods: a container's failure, or its end, changes what the mirror reports.
+		WatchesRawSource(source.Kind(objects, client.Object(&corev1.Pod{}), handler.EnqueueRequestsFromMapFunc(mirrorOfPod),
+			predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
+				return mirror.CacheFailure(e.ObjectOld.(*corev1.Pod)) != mirror.CacheFailure(e.ObjectNew.(*corev1.Pod))
+			}})).
 		// Secrets: the cache's own (owned), and the users' credentials Secrets they name.
 		WatchesRawSource(source.Kind(objects, client.Object(&corev1.Secret{}), handler.EnqueueRequestsFromMapFunc(r.secretUsers))).
 		WithOptions(controller.Options{
@@ -123,6 +131,10 @@ func newObjectCache(mgr ctrl.Manager, namespace string) (cache.Cache, error) {
 		return nil, err
 	}
 	byLabel := cache.ByObject{Label: labels.NewSelector().Add(*ours)}
+	cachePods, err := labels.NewRequirement(mirror.LabelComponent, selection.Equals, []string{mirror.ComponentCache})
+	if err != nil {
+		return nil, err
+	}
 	c, err := cache.New(mgr.GetConfig(), cache.Options{
 		Scheme: mgr.GetScheme(), Mapper: mgr.GetRESTMapper(),
 		DefaultNamespaces: map[string]cache.Config{namespace: {}},
@@ -132,6 +144,7 @@ func newObjectCache(mgr ctrl.Manager, namespace string) (cache.Cache, error) {
 			&appsv1.StatefulSet{}:           byLabel,
 			&appsv1.DaemonSet{}:             byLabel,
 			&policyv1.PodDisruptionBudget{}: byLabel,
+			&corev1.Pod{}:                   {Label: labels.NewSelector().Add(*ours, *cachePods)},
 		},
 	})
 	if err != nil {
@@ -176,6 +189,14 @@ func (r *Reconciler) sameHost(ctx context.Context, obj client.Object) []reconcil
 		}
 	}
 	return out
+}
+
+// mirrorOfPod maps a cache pod to its mirror.
+func mirrorOfPod(_ context.Context, obj client.Object) []reconcile.Request {
+	if name, ok := obj.GetLabels()[mirror.LabelMirror]; ok {
+		return []reconcile.Request{{NamespacedName: client.ObjectKey{Name: name}}}
+	}
+	return nil
 }
 
 // secretUsers maps a Secret to the mirror that owns it (the cache Secret) or to the mirrors whose

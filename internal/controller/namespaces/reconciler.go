@@ -35,8 +35,11 @@ import (
 
 // RBAC: request ConfigMaps and credential Secrets live in the requests namespace only, so those
 // rules are a Role there (config/rbac binds it); if you change --requests-namespace, move the Role.
-// +kubebuilder:rbac:groups="",namespace=namespace-requests,resources=configmaps,verbs=get;list;watch;update;patch
-// +kubebuilder:rbac:groups="",namespace=namespace-requests,resources=secrets,verbs=get;list;watch;create;update;patch
+// delete is never used: the requests and their Secrets are owned by their Namespace (deleting it
+// deletes them), and where the OwnerReferencesPermissionEnforcement admission plugin runs (real
+// clusters; kwok's API server does not) only who may delete an object may set its ownerReferences.
+// +kubebuilder:rbac:groups="",namespace=namespace-requests,resources=configmaps,verbs=get;list;watch;update;patch;delete
+// +kubebuilder:rbac:groups="",namespace=namespace-requests,resources=secrets,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups="",resources=namespaces,verbs=get;list;watch;create;patch;delete
 // +kubebuilder:rbac:groups="",resources=serviceaccounts,verbs=get;list;watch;create;update;patch
 // +kubebuilder:rbac:groups="",resources=serviceaccounts/token,verbs=create

@@ -6,6 +6,7 @@
 package peerset
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -82,6 +83,23 @@ func (s *Set) Owner(key string) (owner Peer, ok bool) {
 		return Peer{}, false
 	}
 	return owner, true
+}
+
+// Others are the members other than this pod that are not failing, in the order they own key
+// (the owner first): whom to ask, one after the other, for what any of them may know.
+func (s *Set) Others(key string) []Peer {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	var out []Peer
+	for _, p := range s.members {
+		if until, isDown := s.down[p.Name]; p.Name == s.self || (isDown && now.Before(until)) {
+			continue
+		}
+		out = append(out, p)
+	}
+	slices.SortFunc(out, func(a, b Peer) int { return cmp.Compare(weight(b.Name, key), weight(a.Name, key)) })
+	return out
 }
 
 // Failed marks a member as failing: its keys go to the next owner for a while.

@@ -18,6 +18,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strings"
 
 	"github.com/distribution/distribution/v3/configuration"
 	_ "github.com/distribution/distribution/v3/registry/auth/htpasswd" // the auth it is configured with
@@ -60,6 +61,12 @@ type Pusher struct {
 // PushImage pushes a one-layer image for this machine's platform as repo:tag, its layer 64 KiB
 // of random data (so every push is a new image), and returns its digest.
 func (p Pusher) PushImage(ctx context.Context, repo, tag string) (digest.Digest, error) {
+	return p.PushRunnable(ctx, repo, tag, nil, "")
+}
+
+// PushRunnable pushes an image a container can run: PushImage's layer with program added at
+// entrypoint (mode 0755), which the image's config runs. A nil program pushes PushImage's image.
+func (p Pusher) PushRunnable(ctx context.Context, repo, tag string, program []byte, entrypoint string) (digest.Digest, error) {
 	var layerTar bytes.Buffer
 	tw := tar.NewWriter(&layerTar)
 	content := make([]byte, 64<<10)
@@ -72,6 +79,16 @@ func (p Pusher) PushImage(ctx context.Context, repo, tag string) (digest.Digest,
 	if _, err := tw.Write(content); err != nil {
 		return "", err
 	}
+	var run ocispec.ImageConfig
+	if program != nil {
+		if err := tw.WriteHeader(&tar.Header{Name: strings.TrimPrefix(entrypoint, "/"), Mode: 0o755, Size: int64(len(program)), Typeflag: tar.TypeReg}); err != nil {
+			return "", err
+		}
+		if _, err := tw.Write(program); err != nil {
+			return "", err
+		}
+		run.Entrypoint = []string{entrypoint}
+	}
 	if err := tw.Close(); err != nil {
 		return "", err
 	}
@@ -83,10 +100,11 @@ func (p Pusher) PushImage(ctx context.Context, repo, tag string) (digest.Digest,
 	if err := zw.Close(); err != nil {
 		return "", err
 	}
+	run.Labels = map[string]string{"content": hex.EncodeToString(content[:8])}
 	config, err := json.Marshal(ocispec.Image{
 		Platform: ocispec.Platform{Architecture: runtime.GOARCH, OS: "linux"},
 		RootFS:   ocispec.RootFS{Type: "layers", DiffIDs: []digest.Digest{digest.FromBytes(layerTar.Bytes())}},
-		Config:   ocispec.ImageConfig{Labels: map[string]string{"content": hex.EncodeToString(content[:8])}},
+		Config:   run,
 	})
 	if err != nil {
 		return "", err

@@ -1,0 +1,261 @@
+//go:build e2e
+
+// Package realnode runs Quartermaster as its users run it, on a real one-node cluster
+// (hack/real-cluster.sh) that TestMain starts and stops: make image's archive loaded into the
+// node's containerd, the chart installed with Helm (--wait), and every system doing its job
+// through real Pods — the manager's replicas under the chart's securityContext, the registry
+// mirror's cache and node agent, a kubelet pulling a Pod's image through the mirror.
+package realnode
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sirupsen/logrus"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
+
+	computev1alpha1 "github.com/quartermaster-dev/quartermaster/api/compute/v1alpha1"
+	iamv1alpha1 "github.com/quartermaster-dev/quartermaster/api/iam/v1alpha1"
+	intentv1alpha1 "github.com/quartermaster-dev/quartermaster/api/intent/v1alpha1"
+	registryv1alpha1 "github.com/quartermaster-dev/quartermaster/api/registry/v1alpha1"
+	"github.com/quartermaster-dev/quartermaster/internal/manager"
+	"github.com/quartermaster-dev/quartermaster/internal/testing/chart"
+	"github.com/quartermaster-dev/quartermaster/internal/testing/realcluster"
+	"github.com/quartermaster-dev/quartermaster/internal/testing/testenv"
+)
+
+// The release as a platform admin would install it: the chart's default names.
+const (
+	release          = "quartermaster"
+	releaseNamespace = "quartermaster-system"
+	mirrorsNamespace = "quartermaster-mirrors"
+	requestsNS       = "namespace-requests"
+	// scrapeNamespace holds the ServiceAccount the chart binds to the metrics-reader role.
+	scrapeNamespace = "qm-real-scrape"
+	// The manager's image as the node knows it: make image's archive imported under this name.
+	imageRepository = "docker.io/library/quartermaster"
+	// testImages are the test's own programs (hack/node-image), loaded into the node.
+	kubeclientImage = "docker.io/local/kubeclient:e2e"
+)
+
+var (
+	cluster *realcluster.Cluster
+	admin   client.Client
+	kube    kubernetes.Interface
+	// installTime is helm install's time to every workload Ready (reported by make bench too).
+	installTime time.Duration
+	// imageTag is this run's own: a reused cluster's Deployment rolls to the image just built.
+	imageTag = "e2e-" + strconv.FormatInt(time.Now().Unix(), 36)
+)
+
+func TestMain(m *testing.M) {
+	os.Exit(run(m))
+}
+
+func run(m *testing.M) int {
+	if os.Geteuid() != 0 {
+		fmt.Fprintln(os.Stderr, "realnode: a real node needs root (network namespaces, mounts, runc); CI runs as root")
+		return 1
+	}
+	// A name of this run's own: two runs on one machine (a developer's beside CI's) never meet.
+	// Clusters of killed runs are torn down by Up (hack/real-cluster.sh gc). QM_REAL_CLUSTER names
+	// the cluster instead; if it runs already (kept by QM_E2E_KEEP_CLUSTER), it is reused and the
+	// chart upgraded in place: the quick loop while writing a test.
+	name := os.Getenv("QM_REAL_CLUSTER")
+	var err error
+	if name != "" {
+		if cluster, err = realcluster.Open(name); err == nil && cluster.Running() {
+			fmt.Fprintf(os.Stderr, "realnode: reusing the running cluster %s\n", name)
+		} else {
+			cluster = nil
+		}
+	} else {
+		b := make([]byte, 3)
+		_, _ = rand.Read(b)
+		name = "qm-real-" + hex.EncodeToString(b)
+	}
+	if cluster == nil {
+		start := time.Now()
+		if cluster, err = realcluster.Up(name); err != nil {
+			fmt.Fprintln(os.Stderr, "realnode: starting the real cluster:", err)
+			return 1
+		}
+		fmt.Fprintf(os.Stderr, "realnode: cluster %s up in %s\n", name, time.Since(start).Round(100*time.Millisecond))
+	}
+	if os.Getenv("QM_E2E_KEEP_CLUSTER") == "" {
+		defer func() {
+			if err := cluster.Down(); err != nil {
+				fmt.Fprintln(os.Stderr, "realnode: stopping the real cluster:", err)
+			}
+		}()
+	} else {
+		fmt.Fprintf(os.Stderr, "realnode: keeping the cluster: KUBECONFIG=%s; hack/real-cluster.sh down %s\n", cluster.Kubeconfig, name)
+	}
+	// The upstream registries the tests serve log every request through logrus: warnings only.
+	logrus.SetLevel(logrus.WarnLevel)
+	scheme := manager.Scheme(computev1alpha1.AddToScheme, iamv1alpha1.AddToScheme, intentv1alpha1.AddToScheme, registryv1alpha1.AddToScheme)
+	if admin, err = client.New(cluster.Config, client.Options{Scheme: scheme}); err != nil {
+		fmt.Fprintln(os.Stderr, "realnode:", err)
+		return 1
+	}
+	if kube, err = kubernetes.NewForConfig(cluster.Config); err != nil {
+		fmt.Fprintln(os.Stderr, "realnode:", err)
+		return 1
+	}
+	if err := loadImages(); err != nil {
+		fmt.Fprintln(os.Stderr, "realnode:", err)
+		return 1
+	}
+	if err := install(); err != nil {
+		fmt.Fprintln(os.Stderr, "realnode: installing the chart:", err)
+		for _, c := range []string{"kubelet", "containerd"} {
+			fmt.Fprintf(os.Stderr, "--- %s (last lines)\n%s\n", c, cluster.Log(c, 30))
+		}
+		return 1
+	}
+	return m.Run()
+}
+
+// loadImages builds the manager's image as make image does (for this machine's platform only) and
+// the test's own images, and imports them into the node.
+func loadImages() error {
+	dir, err := os.MkdirTemp("", "qm-real-images")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	start := time.Now()
+	if err := command(testenv.RepoRoot(), filepath.Join("hack", "image.sh"), "build", "--out", dir, "--tag", imageTag,
+		"--platforms", "linux/"+runtime.GOARCH); err != nil {
+		return err
+	}
+	if err := cluster.Load(imageRepository, filepath.Join(dir, "quartermaster.oci.tar")); err != nil {
+		return err
+	}
+	kc := filepath.Join(dir, "kubeclient.tar")
+	if err := command(testenv.RepoRoot(), "go", "run", "./hack/node-image", "--out", kc, "--ref", kubeclientImage,
+		"--entrypoint", "/kubeclient", "--user", "65532:65532", "--build", "./test/realnode/kubeclient=/kubeclient"); err != nil {
+		return err
+	}
+	if err := cluster.Load("", kc); err != nil {
+		return err
+	}
+	fmt.Fprintf(os.Stderr, "realnode: images built and loaded in %s\n", time.Since(start).Round(100*time.Millisecond))
+	return nil
+}
+
+// install installs the chart as a platform admin would (helm install --wait), every controller
+// that needs no outside system on, and waits for every workload to be Ready; a Pod that cannot
+// start (an image not on the node, a container crashing) fails it at once, named.
+func install() error {
+	ctx := context.Background()
+	for _, o := range []client.Object{
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: scrapeNamespace}},
+		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: scrapeNamespace, Name: "scraper"}},
+	} {
+		if err := admin.Create(ctx, o); err != nil && !apierrors.IsAlreadyExists(err) {
+			return err
+		}
+	}
+	values := map[string]any{
+		"image":   map[string]any{"repository": "quartermaster", "tag": imageTag, "pullPolicy": "Never"},
+		"metrics": map[string]any{"readerSubjects": []any{map[string]any{"kind": "ServiceAccount", "name": "scraper", "namespace": scrapeNamespace}}},
+	}
+	data, err := yaml.Marshal(values)
+	if err != nil {
+		return err
+	}
+	valuesFile := filepath.Join(os.TempDir(), "qm-real-values-"+cluster.Name+".yaml")
+	if err := os.WriteFile(valuesFile, data, 0o600); err != nil {
+		return err
+	}
+	defer os.Remove(valuesFile)
+	start := time.Now()
+	done := make(chan error, 1)
+	go func() {
+		_, err := testenv.Helm4.Run("upgrade", "--install", release, chart.Dir, "--namespace", releaseNamespace, "--create-namespace",
+			"-f", valuesFile, "--kubeconfig", cluster.Kubeconfig, "--wait", "--timeout", "3m")
+		done <- err
+	}()
+	// While helm waits, a Pod that cannot start ends the wait with its reason.
+	stuck := make(chan error, 1)
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(500 * time.Millisecond):
+			}
+			if err := stuckPods(ctx, releaseNamespace); err != nil {
+				stuck <- err
+				return
+			}
+		}
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			return err
+		}
+	case err := <-stuck:
+		return err
+	}
+	installTime = time.Since(start)
+	fmt.Fprintf(os.Stderr, "realnode: helm install --wait: every workload Ready in %s\n", installTime.Round(100*time.Millisecond))
+	return nil
+}
+
+// stuckPods returns an error naming each Pod of namespace whose container cannot start by itself:
+// its image is not on the node (and may not be pulled), cannot be pulled, or it keeps crashing.
+func stuckPods(ctx context.Context, namespace string) error {
+	pods := &corev1.PodList{}
+	if err := admin.List(ctx, pods, client.InNamespace(namespace)); err != nil {
+		return nil //nolint:nilerr // not knowing is no stuck pod: the next poll tells
+	}
+	var problems []string
+	for _, p := range pods.Items {
+		for _, s := range append(append([]corev1.ContainerStatus{}, p.Status.InitContainerStatuses...), p.Status.ContainerStatuses...) {
+			w := s.State.Waiting
+			if w == nil {
+				continue
+			}
+			switch w.Reason {
+			case "ErrImageNeverPull", "ImagePullBackOff", "ErrImagePull", "InvalidImageName",
+				"CreateContainerConfigError", "CreateContainerError", "CrashLoopBackOff":
+				problems = append(problems, fmt.Sprintf("pod %s/%s container %s (image %s): %s: %s",
+					p.Namespace, p.Name, s.Name, s.Image, w.Reason, w.Message))
+			}
+		}
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("%s", strings.Join(problems, "\n"))
+	}
+	return nil
+}
+
+func command(dir, name string, args ...string) error {
+	cmd := exec.Command(name, args...)
+	cmd.Dir = dir
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("%s %s: %w\n%s", name, strings.Join(args, " "), err, out)
+	}
+	return nil
+}
