@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -20,6 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -269,5 +271,167 @@ func logPodsIfFailed(t *testing.T, namespace string, labels map[string]string) {
 			}
 			t.Logf("--- %s/%s (last 40 lines)\n%s", p.Name, c.Name, b)
 		}
+	}
+}
+
+// TestMirrorStallsOnAVolumeItMayNotTake: a cache volume that already holds someone's data, owned by
+// root (a static PersistentVolume), is not taken over by the storage init container: the mirror
+// stalls, and its status and a Warning Event name the pod, the claim and the permission the cache
+// lacks, as the init container wrote it on the node.
+func TestMirrorStallsOnAVolumeItMayNotTake(t *testing.T) {
+	ctx := context.Background()
+	dir, err := os.MkdirTemp("", "qm-real-volume")
+	must(t, err)
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	must(t, os.Chmod(dir, 0o750))
+	must(t, os.WriteFile(filepath.Join(dir, "someones-data"), []byte("keep"), 0o600))
+	const class = "qm-real-static"
+	pv := &corev1.PersistentVolume{
+		ObjectMeta: metav1.ObjectMeta{Name: "qm-real-taken"},
+		Spec: corev1.PersistentVolumeSpec{
+			Capacity:                      corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")},
+			AccessModes:                   []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			PersistentVolumeReclaimPolicy: corev1.PersistentVolumeReclaimRetain,
+			StorageClassName:              class,
+			PersistentVolumeSource:        corev1.PersistentVolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: dir}},
+		},
+	}
+	must(t, admin.Create(ctx, pv))
+	t.Cleanup(func() { _ = admin.Delete(ctx, pv) })
+	rm := &registryv1alpha1.RegistryMirror{
+		ObjectMeta: metav1.ObjectMeta{Name: "real-taken"},
+		Spec: registryv1alpha1.RegistryMirrorSpec{
+			UpstreamURL: "http://" + net.JoinHostPort(cluster.HostIP, "1"), Replicas: ptr.To[int32](1),
+			Storage:        &registryv1alpha1.Storage{Size: ptr.To(resource.MustParse("1Gi")), StorageClassName: ptr.To(class)},
+			DeletionPolicy: registryv1alpha1.DeletionPolicyDelete,
+		},
+	}
+	must(t, admin.Create(ctx, rm))
+	t.Cleanup(func() { _ = admin.Delete(ctx, rm) })
+	t.Cleanup(func() { logPodsIfFailed(t, mirrorsNamespace, mirror.Labels(rm.Name, mirror.ComponentCache)) })
+
+	var c *metav1.Condition
+	eventually(t, "the mirror to stall with CacheFailing", func() bool {
+		if admin.Get(ctx, client.ObjectKeyFromObject(rm), rm) != nil {
+			return false
+		}
+		c = meta.FindStatusCondition(rm.Status.Conditions, "Ready")
+		return c != nil && c.Reason == "CacheFailing"
+	})
+	for _, want := range []string{
+		"pod " + mirror.CacheName(rm.Name) + "-0", "PersistentVolumeClaim " + mirror.PVCName(rm.Name, 0),
+		"init container storage exited 1", "is not writable by uid 65532 (gid 65532): it is owned by 0:0, mode 0750",
+		"it already holds someones-data",
+	} {
+		if !strings.Contains(c.Message, want) {
+			t.Errorf("Ready's message does not say %q:\n%s", want, c.Message)
+		}
+	}
+	if !meta.IsStatusConditionTrue(rm.Status.Conditions, "Stalled") {
+		t.Errorf("want Stalled: a person must act on the volume")
+	}
+	events, err := kube.EventsV1().Events("").List(ctx, metav1.ListOptions{FieldSelector: "regarding.name=" + rm.Name + ",reason=CacheFailing"})
+	must(t, err)
+	if len(events.Items) == 0 || events.Items[0].Type != corev1.EventTypeWarning || !strings.Contains(events.Items[0].Note, "mode 0750") {
+		t.Errorf("want a Warning Event CacheFailing naming the volume's mode, got %v", events.Items)
+	}
+	if data, err := os.ReadFile(filepath.Join(dir, "someones-data")); err != nil || string(data) != "keep" {
+		t.Errorf("the volume's data changed: %q, %v", data, err)
+	}
+	if fi, err := os.Stat(dir); err != nil || fi.Sys().(*syscall.Stat_t).Uid != 0 {
+		t.Errorf("the volume's owner changed: %v", err)
+	}
+}
+
+// TestMirrorScaledWhilePodsPull: the mirror's replicas go 2 → 3 → 1 while Pods whose images live
+// only upstream are started: every Pod runs, every image pulled by the kubelet through the cache
+// (none straight from the upstream: the Pods have no pull secret, and containerd's own requests are
+// counted), and no blob fetched from the upstream more than twice (its old owner, its new one).
+func TestMirrorScaledWhilePodsPull(t *testing.T) {
+	ctx := context.Background()
+	const user, password = "scaler", "real-node-scale-secret"
+	up := upstreamregistry.Serve(t, cluster.HostIP, user, password)
+	program, err := pauseProgram()
+	must(t, err)
+	var images []string
+	for i := range 6 {
+		tag := fmt.Sprintf("v%d", i)
+		_, err := up.Pusher().PushRunnable(ctx, "team/scaled", tag, program, "/pause")
+		must(t, err)
+		images = append(images, up.Host+"/team/scaled:"+tag)
+	}
+	up.Requests()
+	creds := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Namespace: mirrorsNamespace, Name: "real-scaled-pull"},
+		StringData: map[string]string{mirror.UsernameKey: user, mirror.PasswordKey: password},
+	}
+	must(t, admin.Create(ctx, creds))
+	t.Cleanup(func() { _ = admin.Delete(ctx, creds) })
+	rm := &registryv1alpha1.RegistryMirror{
+		ObjectMeta: metav1.ObjectMeta{Name: "real-scaled"},
+		Spec: registryv1alpha1.RegistryMirrorSpec{
+			UpstreamURL: up.URL, CredentialsSecret: creds.Name, Replicas: ptr.To[int32](2),
+			Storage:        &registryv1alpha1.Storage{Size: ptr.To(resource.MustParse("1Gi"))},
+			DeletionPolicy: registryv1alpha1.DeletionPolicyDelete,
+		},
+	}
+	must(t, admin.Create(ctx, rm))
+	t.Cleanup(func() { _ = admin.Delete(ctx, rm) })
+	t.Cleanup(func() { logPodsIfFailed(t, mirrorsNamespace, mirror.Labels(rm.Name, mirror.ComponentCache)) })
+	waitMirrorReady(t, rm)
+	waitPeersKnown(t, rm, 2)
+
+	ns := newNamespace(t, "real-mirror-scaled")
+	var pods []*corev1.Pod
+	start := func(i int) {
+		pod := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("app-%d", i)},
+			Spec: corev1.PodSpec{
+				TerminationGracePeriodSeconds: ptr.To[int64](1),
+				Containers:                    []corev1.Container{{Name: "app", Image: images[i], ImagePullPolicy: corev1.PullIfNotPresent}},
+			},
+		}
+		must(t, admin.Create(ctx, pod))
+		pods = append(pods, pod)
+	}
+	scale := func(n int32) {
+		must(t, admin.Patch(ctx, rm, client.RawPatch(types.MergePatchType, fmt.Appendf(nil, `{"spec":{"replicas":%d}}`, n))))
+	}
+	start(0)
+	scale(3)
+	start(1)
+	start(2)
+	waitMirrorReady(t, rm)
+	start(3)
+	scale(1)
+	start(4)
+	start(5)
+	for i, pod := range pods {
+		eventually(t, "pod "+pod.Name+" to run", func() bool {
+			return admin.Get(ctx, client.ObjectKeyFromObject(pod), pod) == nil && pod.Status.Phase == corev1.PodRunning
+		})
+		pulledByKubelet(t, pod, images[i])
+	}
+	seen := up.Requests()
+	if direct := upstreamregistry.BlobGETs(seen, "containerd/"); direct != 0 {
+		t.Errorf("containerd fetched %d blobs from the upstream itself, want none", direct)
+	}
+	perBlob := map[string]int{}
+	for _, r := range seen {
+		if strings.HasPrefix(r.Request, "GET /v2/") && strings.Contains(r.Request, "/blobs/sha256:") {
+			perBlob[r.Request]++
+		}
+	}
+	if len(perBlob) != 2*len(images) {
+		t.Errorf("the upstream served %d distinct blobs, want every image's config and layer (%d)", len(perBlob), 2*len(images))
+	}
+	for blob, n := range perBlob {
+		if n > 2 {
+			t.Errorf("%s: fetched %d times from the upstream, want at most twice", blob, n)
+		}
+	}
+	waitMirrorReady(t, rm)
+	if rm.Status.ReadyReplicas != 1 {
+		t.Errorf("ready replicas %d after scaling to 1", rm.Status.ReadyReplicas)
 	}
 }
