@@ -11,8 +11,10 @@
 #   hack/real-cluster.sh load NAME [--base-name REPO] TAR...
 #                                            import image archives into the node's containerd
 #   hack/real-cluster.sh env [NAME]          print the cluster's facts (KEY=VALUE lines, see below)
-#   hack/real-cluster.sh gc                  tear down every cluster none of whose processes runs
-#                                            (left by a killed run) and that no `up` is starting
+#   hack/real-cluster.sh gc                  tear down every cluster left by a killed run: one whose
+#                                            owner (QM_REAL_CLUSTER_OWNER, a pid, given to its up) is
+#                                            gone, or without an owner none of whose processes runs;
+#                                            never one an `up` is starting
 #
 # NAME defaults to "quartermaster"; the cluster lives in
 # ${XDG_CACHE_HOME:-~/.cache}/quartermaster/real-clusters/NAME (logs/ has each component's log).
@@ -70,7 +72,8 @@ SYSCTLS=(kernel.panic kernel.panic_on_oops vm.overcommit_memory vm.panic_on_oom 
 
 pids_of_cgroup() { # every process in the cgroups under /sys/fs/cgroup/*/qm-N
 	local n="$1"
-	cat /sys/fs/cgroup/*/"qm-${n}"/cgroup.procs /sys/fs/cgroup/*/"qm-${n}"/**/cgroup.procs 2>/dev/null | sort -u
+	# None may exist (a start killed before the kubelet ran): nothing to print, no failure.
+	{ find /sys/fs/cgroup/*/"qm-${n}" -name cgroup.procs -exec cat {} + 2>/dev/null || true; } | sort -u
 }
 
 running() { # running PID: the process exists and is no zombie (exited processes of a killed `up` wait for init to reap them)
@@ -193,15 +196,17 @@ allocate() { # picks N: 10.N.0.0/16 unused by any address or route here and by a
 	die "no free 10.N.0.0/16 for N in 100..199"
 }
 
+# The daemons do not inherit the script's lock files (fds 6 and 8): a start killed midway must not
+# look like one still running (gc).
 host_bg() { # host_bg NAME CMD...: a background process in the host's namespaces
 	local c="$1"; shift
-	setsid "$@" >"${dir}/logs/${c}.log" 2>&1 </dev/null &
+	setsid "$@" >"${dir}/logs/${c}.log" 2>&1 </dev/null 6>&- 8>&- &
 	echo $! >"${dir}/pids/${c}"
 }
 
 node_bg() { # node_bg NAME CMD...: a background process in the node's namespaces
 	local c="$1"; shift
-	setsid nsenter --mount="${dir}/ns/mnt" --net="${dir}/ns/net" -- "$@" >"${dir}/logs/${c}.log" 2>&1 </dev/null &
+	setsid nsenter --mount="${dir}/ns/mnt" --net="${dir}/ns/net" -- "$@" >"${dir}/logs/${c}.log" 2>&1 </dev/null 6>&- 8>&- &
 	echo $! >"${dir}/pids/${c}"
 }
 
@@ -270,6 +275,8 @@ up() {
 	ln -sf "${BIN}/kubectl" "${dir}/bin/kubectl"
 	allocate
 	N="$(cat "${dir}/net-index")"
+	# A test run's cluster dies with it: gc tears down a cluster whose owner no longer runs.
+	if [[ -n "${QM_REAL_CLUSTER_OWNER:-}" ]]; then echo "${QM_REAL_CLUSTER_OWNER}" >"${dir}/owner"; fi
 	local host_ip="10.${N}.0.1" node_ip="10.${N}.0.2" node="${name}-node"
 	local pod_cidr="10.${N}.128.0/17" svc_cidr="10.${N}.64.0/18" dns_ip="10.${N}.64.10" lo="127.0.${N}.1"
 	local start=${SECONDS}
@@ -598,11 +605,15 @@ BIN=${BIN}
 EOF
 }
 
-alive() { # alive DIR: a process started from DIR runs, or an `up` of it holds its lock
+alive() { # alive DIR: an `up` of it holds its lock, its owner runs, or (no owner) a process started from DIR runs
 	local d="$1" f pid
 	exec 7>>"${d}.lock"
 	if ! flock -n 7; then exec 7>&-; return 0; fi
 	exec 7>&-
+	if [[ -s "${d}/owner" ]]; then
+		running "$(cat "${d}/owner")"
+		return
+	fi
 	for f in "${d}"/pids/*; do
 		[[ -f "${f}" ]] || continue
 		pid="$(cat "${f}")"

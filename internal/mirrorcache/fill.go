@@ -95,8 +95,6 @@ type origins struct {
 // run fetches the content for repo and commits it to s; it returns when the fill ends, and
 // whether the volume refused a write.
 func (f *fill) run(ctx context.Context, o origins, s *store, repo string, freeSpace func() (uint64, error)) (refused bool) {
-	fillsInFlight.Inc()
-	defer fillsInFlight.Dec()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	idle := time.AfterFunc(fillIdleTimeout, cancel)

@@ -337,6 +337,9 @@ func (f *front) join(repo string, d digest.Digest, manifest, fromPeer bool) (fl 
 	}
 	fl = newFill(d, repo, manifest, fromPeer)
 	f.fills[d] = fl
+	// In flight from the moment a request can join it until none can: a request after the gauge
+	// drops to 0 is served from the store (a hit), never from this fill.
+	fillsInFlight.Inc()
 	f.wg.Add(1)
 	go func() {
 		defer f.wg.Done()
@@ -346,6 +349,7 @@ func (f *front) join(repo string, d digest.Digest, manifest, fromPeer bool) (fl 
 		f.mu.Lock()
 		delete(f.fills, d)
 		f.mu.Unlock()
+		fillsInFlight.Dec()
 	}()
 	return fl, true
 }

@@ -81,6 +81,10 @@ func TestPullThrough(t *testing.T) {
 	if d[blobMisses] != 2 || d[manifestMisses] != 1 || d[blobHits] != 0 || d[servedOK] == 0 {
 		t.Errorf("first pull: metric changes %v, want 2 blob misses, 1 manifest miss, no blob hit, answers", d)
 	}
+	// A response ends at the digest check, before its fill's commit: until the fills are done a
+	// next request joins them (coalesced, seen under load in CI), after it is a hit.
+	waitMetric(t, cache, fillsInFlightSeries, func(v float64) bool { return v == 0 })
+	after = cache.metrics(t)
 
 	// Second pull by tag: the content comes from the cache; the upstream only answers the HEAD
 	// that checks where the tag points now (tags move; distribution asks every time).

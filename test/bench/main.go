@@ -65,6 +65,8 @@ var cases = []benchCase{
 	{name: "mirrors/cache-replicas", run: cacheReplicasBench},
 	{name: "manager/every-controller-unrelated-objects", run: cachesBench},
 	{name: "manager/failover-under-kill", run: failoverBench},
+	// On a real node of its own (root): helm install, Pods pulling through the mirror.
+	{name: "realnode/pod-start-through-mirror", run: realNodeBench},
 }
 
 func main() {

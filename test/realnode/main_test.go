@@ -15,7 +15,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -34,7 +33,6 @@ import (
 	intentv1alpha1 "github.com/quartermaster-dev/quartermaster/api/intent/v1alpha1"
 	registryv1alpha1 "github.com/quartermaster-dev/quartermaster/api/registry/v1alpha1"
 	"github.com/quartermaster-dev/quartermaster/internal/manager"
-	"github.com/quartermaster-dev/quartermaster/internal/testing/chart"
 	"github.com/quartermaster-dev/quartermaster/internal/testing/realcluster"
 	"github.com/quartermaster-dev/quartermaster/internal/testing/testenv"
 )
@@ -47,8 +45,6 @@ const (
 	requestsNS       = "namespace-requests"
 	// scrapeNamespace holds the ServiceAccount the chart binds to the metrics-reader role.
 	scrapeNamespace = "qm-real-scrape"
-	// The manager's image as the node knows it: make image's archive imported under this name.
-	imageRepository = "docker.io/library/quartermaster"
 	// testImages are the test's own programs (hack/node-image), loaded into the node.
 	kubeclientImage = "docker.io/local/kubeclient:e2e"
 )
@@ -59,6 +55,8 @@ var (
 	kube    kubernetes.Interface
 	// installTime is helm install's time to every workload Ready (reported by make bench too).
 	installTime time.Duration
+	// valuesFile holds the chart's values as installed (removed when the run ends).
+	valuesFile string
 	// imageTag is this run's own: a reused cluster's Deployment rolls to the image just built.
 	imageTag = "e2e-" + strconv.FormatInt(time.Now().Unix(), 36)
 )
@@ -121,6 +119,11 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "realnode:", err)
 		return 1
 	}
+	defer func() {
+		if valuesFile != "" {
+			os.Remove(valuesFile)
+		}
+	}()
 	if err := install(); err != nil {
 		fmt.Fprintln(os.Stderr, "realnode: installing the chart:", err)
 		for _, c := range []string{"kubelet", "containerd"} {
@@ -128,25 +131,53 @@ func run(m *testing.M) int {
 		}
 		return 1
 	}
-	return m.Run()
+	code := m.Run()
+	// Over the whole run (minutes: past every sync timeout) no manager container restarted: a
+	// standby that cannot sync its caches exits every two minutes, which no single test outlives.
+	if err := managerRestarts(); err != nil {
+		fmt.Fprintln(os.Stderr, "realnode:", err)
+		return 1
+	}
+	return code
+}
+
+// managerRestarts names each manager container that restarted, with why it last ended.
+func managerRestarts() error {
+	pods := &corev1.PodList{}
+	if err := admin.List(context.Background(), pods, client.InNamespace(releaseNamespace), managerLabels); err != nil {
+		return err
+	}
+	var restarted []string
+	for _, p := range pods.Items {
+		for _, s := range p.Status.ContainerStatuses {
+			if s.RestartCount == 0 {
+				continue
+			}
+			why := ""
+			if t := s.LastTerminationState.Terminated; t != nil {
+				why = fmt.Sprintf(" (exit %d: %s)", t.ExitCode, t.Message)
+			}
+			restarted = append(restarted, fmt.Sprintf("%s/%s restarted %d times%s", p.Name, s.Name, s.RestartCount, why))
+		}
+	}
+	if len(restarted) > 0 {
+		return fmt.Errorf("manager containers restarted during the run: %s", strings.Join(restarted, "; "))
+	}
+	return nil
 }
 
 // loadImages builds the manager's image as make image does (for this machine's platform only) and
 // the test's own images, and imports them into the node.
 func loadImages() error {
+	start := time.Now()
+	if err := cluster.LoadProjectImage(imageTag); err != nil {
+		return err
+	}
 	dir, err := os.MkdirTemp("", "qm-real-images")
 	if err != nil {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	start := time.Now()
-	if err := command(testenv.RepoRoot(), filepath.Join("hack", "image.sh"), "build", "--out", dir, "--tag", imageTag,
-		"--platforms", "linux/"+runtime.GOARCH); err != nil {
-		return err
-	}
-	if err := cluster.Load(imageRepository, filepath.Join(dir, "quartermaster.oci.tar")); err != nil {
-		return err
-	}
 	kc := filepath.Join(dir, "kubeclient.tar")
 	if err := command(testenv.RepoRoot(), "go", "run", "./hack/node-image", "--out", kc, "--ref", kubeclientImage,
 		"--entrypoint", "/kubeclient", "--user", "65532:65532", "--build", "./test/realnode/kubeclient=/kubeclient"); err != nil {
@@ -180,75 +211,19 @@ func install() error {
 	if err != nil {
 		return err
 	}
-	valuesFile := filepath.Join(os.TempDir(), "qm-real-values-"+cluster.Name+".yaml")
+	valuesFile = filepath.Join(os.TempDir(), "qm-real-values-"+cluster.Name+".yaml")
 	if err := os.WriteFile(valuesFile, data, 0o600); err != nil {
 		return err
 	}
-	defer os.Remove(valuesFile)
-	start := time.Now()
-	done := make(chan error, 1)
-	go func() {
-		_, err := testenv.Helm4.Run("upgrade", "--install", release, chart.Dir, "--namespace", releaseNamespace, "--create-namespace",
-			"-f", valuesFile, "--kubeconfig", cluster.Kubeconfig, "--wait", "--timeout", "3m")
-		done <- err
-	}()
-	// While helm waits, a Pod that cannot start ends the wait with its reason.
-	stuck := make(chan error, 1)
-	stop := make(chan struct{})
-	defer close(stop)
-	go func() {
-		for {
-			select {
-			case <-stop:
-				return
-			case <-time.After(500 * time.Millisecond):
-			}
-			if err := stuckPods(ctx, releaseNamespace); err != nil {
-				stuck <- err
-				return
-			}
-		}
-	}()
-	select {
-	case err := <-done:
-		if err != nil {
-			return err
-		}
-	case err := <-stuck:
+	if installTime, err = cluster.InstallChart(release, releaseNamespace, valuesFile); err != nil {
 		return err
 	}
-	installTime = time.Since(start)
 	fmt.Fprintf(os.Stderr, "realnode: helm install --wait: every workload Ready in %s\n", installTime.Round(100*time.Millisecond))
 	return nil
 }
 
-// stuckPods returns an error naming each Pod of namespace whose container cannot start by itself:
-// its image is not on the node (and may not be pulled), cannot be pulled, or it keeps crashing.
-func stuckPods(ctx context.Context, namespace string) error {
-	pods := &corev1.PodList{}
-	if err := admin.List(ctx, pods, client.InNamespace(namespace)); err != nil {
-		return nil //nolint:nilerr // not knowing is no stuck pod: the next poll tells
-	}
-	var problems []string
-	for _, p := range pods.Items {
-		for _, s := range append(append([]corev1.ContainerStatus{}, p.Status.InitContainerStatuses...), p.Status.ContainerStatuses...) {
-			w := s.State.Waiting
-			if w == nil {
-				continue
-			}
-			switch w.Reason {
-			case "ErrImageNeverPull", "ImagePullBackOff", "ErrImagePull", "InvalidImageName",
-				"CreateContainerConfigError", "CreateContainerError", "CrashLoopBackOff":
-				problems = append(problems, fmt.Sprintf("pod %s/%s container %s (image %s): %s: %s",
-					p.Namespace, p.Name, s.Name, s.Image, w.Reason, w.Message))
-			}
-		}
-	}
-	if len(problems) > 0 {
-		return fmt.Errorf("%s", strings.Join(problems, "\n"))
-	}
-	return nil
-}
+// stuckPods names each container of namespace's Pods that cannot start by itself.
+func stuckPods(ctx context.Context, namespace string) error { return cluster.StuckPods(ctx, namespace) }
 
 func command(dir, name string, args ...string) error {
 	cmd := exec.Command(name, args...)

@@ -8,11 +8,10 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -29,27 +28,9 @@ import (
 	registryv1alpha1 "github.com/quartermaster-dev/quartermaster/api/registry/v1alpha1"
 	"github.com/quartermaster-dev/quartermaster/internal/mirror"
 	"github.com/quartermaster-dev/quartermaster/internal/testing/promtext"
-	"github.com/quartermaster-dev/quartermaster/internal/testing/testenv"
+	"github.com/quartermaster-dev/quartermaster/internal/testing/realcluster"
 	"github.com/quartermaster-dev/quartermaster/internal/testing/upstreamregistry"
 )
-
-// pauseProgram is the static program of the images the tests push upstream (hack/node-image/pause):
-// a container of them runs until it is stopped.
-var pauseProgram = sync.OnceValues(func() ([]byte, error) {
-	dir, err := os.MkdirTemp("", "qm-real-pause")
-	if err != nil {
-		return nil, err
-	}
-	defer os.RemoveAll(dir)
-	bin := filepath.Join(dir, "pause")
-	cmd := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", bin, "./hack/node-image/pause")
-	cmd.Dir = testenv.RepoRoot()
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("go build ./hack/node-image/pause: %w\n%s", err, out)
-	}
-	return os.ReadFile(bin)
-})
 
 // TestKubeletPullsThroughTheMirror is the mirror's whole purpose on a real node: an upstream that
 // needs credentials, reachable from the node; a RegistryMirror whose cache StatefulSet runs on
@@ -60,38 +41,9 @@ var pauseProgram = sync.OnceValues(func() ([]byte, error) {
 // the image removed from the node, a new Pod of it starts from the cache alone.
 func TestKubeletPullsThroughTheMirror(t *testing.T) {
 	ctx := context.Background()
-	const user, password = "puller", "real-node-pull-secret"
-	up := upstreamregistry.Serve(t, cluster.HostIP, user, password)
-	program, err := pauseProgram()
-	must(t, err)
-	_, err = up.Pusher().PushRunnable(ctx, "team/app", "v1", program, "/pause")
-	must(t, err)
-	up.Requests()
-	image := up.Host + "/team/app:v1"
-
-	creds := &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Namespace: mirrorsNamespace, Name: "real-upstream-pull"},
-		StringData: map[string]string{mirror.UsernameKey: user, mirror.PasswordKey: password},
-	}
-	must(t, admin.Create(ctx, creds))
-	t.Cleanup(func() { _ = admin.Delete(ctx, creds) })
-	rm := &registryv1alpha1.RegistryMirror{
-		ObjectMeta: metav1.ObjectMeta{Name: "real-upstream"},
-		Spec: registryv1alpha1.RegistryMirrorSpec{
-			UpstreamURL: up.URL, CredentialsSecret: creds.Name, Replicas: ptr.To[int32](2),
-			Storage:        &registryv1alpha1.Storage{Size: ptr.To(resource.MustParse("1Gi"))},
-			DeletionPolicy: registryv1alpha1.DeletionPolicyDelete,
-		},
-	}
-	must(t, admin.Create(ctx, rm))
-	t.Cleanup(func() { _ = admin.Delete(ctx, rm) })
-	t.Cleanup(func() { logPodsIfFailed(t, mirrorsNamespace, mirror.Labels(rm.Name, mirror.ComponentCache)) })
-	waitMirrorReady(t, rm)
-	// The cache pods find each other through the headless Service's SRV records (CoreDNS), looked
-	// up every 5 s: until then each acts alone.
-	start := time.Now()
-	waitPeersKnown(t, rm, 2)
-	t.Logf("the cache pods knew each other %s after the mirror was Ready", time.Since(start).Round(100*time.Millisecond))
+	m := newPrivateMirror(t, "real-upstream", 2)
+	up, rm := m.up, m.rm
+	image := m.push(t, "team/app", "v1")
 
 	// The agent wrote the node's hosts.toml (in the node's /etc/containerd/certs.d) through its
 	// hostPath, naming the cache's Service address.
@@ -117,6 +69,57 @@ func TestKubeletPullsThroughTheMirror(t *testing.T) {
 	removeImage(t, image)
 	second := runImage(t, ns, "second", image)
 	pulledByKubelet(t, second, image)
+}
+
+// privateMirror is a RegistryMirror of a private upstream registry served on the node's link.
+type privateMirror struct {
+	up *upstreamregistry.Server
+	rm *registryv1alpha1.RegistryMirror
+}
+
+// newPrivateMirror serves an upstream registry that needs credentials where the node reaches it,
+// and makes a RegistryMirror name of it with replicas cache pods on the default StorageClass, its
+// credentials in a Secret of the mirrors' namespace. It waits for the mirror to be Ready and its
+// cache pods to know each other (their SRV records, through CoreDNS, are looked up every 5 s: until
+// then each acts alone). Everything goes when the test ends.
+func newPrivateMirror(t *testing.T, name string, replicas int32) *privateMirror {
+	t.Helper()
+	ctx := context.Background()
+	user, password := "user-"+name, "secret-of-"+name
+	up := upstreamregistry.Serve(t, cluster.HostIP, user, password)
+	creds := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Namespace: mirrorsNamespace, Name: name + "-pull"},
+		StringData: map[string]string{mirror.UsernameKey: user, mirror.PasswordKey: password},
+	}
+	must(t, admin.Create(ctx, creds))
+	t.Cleanup(func() { _ = admin.Delete(ctx, creds) })
+	rm := &registryv1alpha1.RegistryMirror{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: registryv1alpha1.RegistryMirrorSpec{
+			UpstreamURL: up.URL, CredentialsSecret: creds.Name, Replicas: ptr.To(replicas),
+			Storage:        &registryv1alpha1.Storage{Size: ptr.To(resource.MustParse("1Gi"))},
+			DeletionPolicy: registryv1alpha1.DeletionPolicyDelete,
+		},
+	}
+	must(t, admin.Create(ctx, rm))
+	t.Cleanup(func() { _ = admin.Delete(ctx, rm) })
+	t.Cleanup(func() { logCachePodsIfFailed(t, mirror.Labels(rm.Name, mirror.ComponentCache)) })
+	waitMirrorReady(t, rm)
+	start := time.Now()
+	waitPeersKnown(t, rm, int(replicas))
+	t.Logf("the cache pods knew each other %s after the mirror was Ready", time.Since(start).Round(100*time.Millisecond))
+	return &privateMirror{up: up, rm: rm}
+}
+
+// push pushes a runnable image (the pause program) as repo:tag and returns its reference.
+func (m *privateMirror) push(t *testing.T, repo, tag string) string {
+	t.Helper()
+	program, err := realcluster.PauseProgram()
+	must(t, err)
+	_, err = m.up.Pusher().PushRunnable(context.Background(), repo, tag, program, "/pause")
+	must(t, err)
+	m.up.Requests() // the pushes are not what a test counts
+	return m.up.Host + "/" + repo + ":" + tag
 }
 
 // waitMirrorReady waits for rm's Ready condition (failing at once, named, if a cache or agent Pod
@@ -253,8 +256,10 @@ func cacheServed(t *testing.T, rm *registryv1alpha1.RegistryMirror) float64 {
 // httpClient reads the cache pods' metrics (plain HTTP on their Pod addresses, routed to the node).
 var httpClient = &http.Client{Timeout: 10 * time.Second}
 
-// logPodsIfFailed logs the last lines of each container of the selected pods when the test failed.
-func logPodsIfFailed(t *testing.T, namespace string, labels map[string]string) {
+// logCachePodsIfFailed logs, when the test failed, the selected mirror pods' cache metrics and the
+// last lines of each of their containers.
+func logCachePodsIfFailed(t *testing.T, labels map[string]string) {
+	namespace := mirrorsNamespace
 	if !t.Failed() {
 		return
 	}
@@ -264,6 +269,16 @@ func logPodsIfFailed(t *testing.T, namespace string, labels map[string]string) {
 		return
 	}
 	for _, p := range pods.Items {
+		if p.Labels[mirror.LabelComponent] == mirror.ComponentCache && p.Status.PodIP != "" {
+			var lines []string
+			for k, v := range cacheMetrics(t, &p) {
+				if strings.HasPrefix(k, "quartermaster_mirror_") && v != 0 {
+					lines = append(lines, fmt.Sprintf("%s %v", k, v))
+				}
+			}
+			slices.Sort(lines)
+			t.Logf("--- %s metrics\n%s", p.Name, strings.Join(lines, "\n"))
+		}
 		for _, c := range append(append([]corev1.Container{}, p.Spec.InitContainers...), p.Spec.Containers...) {
 			b, err := kube.CoreV1().Pods(namespace).GetLogs(p.Name, &corev1.PodLogOptions{Container: c.Name, TailLines: ptr.To[int64](40)}).DoRaw(context.Background())
 			if err != nil {
@@ -308,7 +323,7 @@ func TestMirrorStallsOnAVolumeItMayNotTake(t *testing.T) {
 	}
 	must(t, admin.Create(ctx, rm))
 	t.Cleanup(func() { _ = admin.Delete(ctx, rm) })
-	t.Cleanup(func() { logPodsIfFailed(t, mirrorsNamespace, mirror.Labels(rm.Name, mirror.ComponentCache)) })
+	t.Cleanup(func() { logCachePodsIfFailed(t, mirror.Labels(rm.Name, mirror.ComponentCache)) })
 
 	var c *metav1.Condition
 	eventually(t, "the mirror to stall with CacheFailing", func() bool {
@@ -349,37 +364,12 @@ func TestMirrorStallsOnAVolumeItMayNotTake(t *testing.T) {
 // counted), and no blob fetched from the upstream more than twice (its old owner, its new one).
 func TestMirrorScaledWhilePodsPull(t *testing.T) {
 	ctx := context.Background()
-	const user, password = "scaler", "real-node-scale-secret"
-	up := upstreamregistry.Serve(t, cluster.HostIP, user, password)
-	program, err := pauseProgram()
-	must(t, err)
+	m := newPrivateMirror(t, "real-scaled", 2)
+	up, rm := m.up, m.rm
 	var images []string
 	for i := range 6 {
-		tag := fmt.Sprintf("v%d", i)
-		_, err := up.Pusher().PushRunnable(ctx, "team/scaled", tag, program, "/pause")
-		must(t, err)
-		images = append(images, up.Host+"/team/scaled:"+tag)
+		images = append(images, m.push(t, "team/scaled", fmt.Sprintf("v%d", i)))
 	}
-	up.Requests()
-	creds := &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Namespace: mirrorsNamespace, Name: "real-scaled-pull"},
-		StringData: map[string]string{mirror.UsernameKey: user, mirror.PasswordKey: password},
-	}
-	must(t, admin.Create(ctx, creds))
-	t.Cleanup(func() { _ = admin.Delete(ctx, creds) })
-	rm := &registryv1alpha1.RegistryMirror{
-		ObjectMeta: metav1.ObjectMeta{Name: "real-scaled"},
-		Spec: registryv1alpha1.RegistryMirrorSpec{
-			UpstreamURL: up.URL, CredentialsSecret: creds.Name, Replicas: ptr.To[int32](2),
-			Storage:        &registryv1alpha1.Storage{Size: ptr.To(resource.MustParse("1Gi"))},
-			DeletionPolicy: registryv1alpha1.DeletionPolicyDelete,
-		},
-	}
-	must(t, admin.Create(ctx, rm))
-	t.Cleanup(func() { _ = admin.Delete(ctx, rm) })
-	t.Cleanup(func() { logPodsIfFailed(t, mirrorsNamespace, mirror.Labels(rm.Name, mirror.ComponentCache)) })
-	waitMirrorReady(t, rm)
-	waitPeersKnown(t, rm, 2)
 
 	ns := newNamespace(t, "real-mirror-scaled")
 	var pods []*corev1.Pod
@@ -418,8 +408,8 @@ func TestMirrorScaledWhilePodsPull(t *testing.T) {
 	}
 	perBlob := map[string]int{}
 	for _, r := range seen {
-		if strings.HasPrefix(r.Request, "GET /v2/") && strings.Contains(r.Request, "/blobs/sha256:") {
-			perBlob[r.Request]++
+		if strings.HasPrefix(r.Request, "GET /v2/") && strings.Contains(r.Request, "/blobs/sha256:") && r.Status == http.StatusOK {
+			perBlob[r.Request]++ // a 401 is the challenge a cache answers by asking again
 		}
 	}
 	if len(perBlob) != 2*len(images) {
@@ -433,5 +423,49 @@ func TestMirrorScaledWhilePodsPull(t *testing.T) {
 	waitMirrorReady(t, rm)
 	if rm.Status.ReadyReplicas != 1 {
 		t.Errorf("ready replicas %d after scaling to 1", rm.Status.ReadyReplicas)
+	}
+}
+
+// TestCachePodKilledMidPull: while the kubelet pulls a Pod's image through the mirror (the
+// upstream holds the blobs, so the cache's fills wait), the cache pod filling them is killed
+// (deleted with no grace period); the kubelet's pull still succeeds — containerd retries through
+// the Service, and the remaining pod fills the blobs — with no pull secret on the node.
+func TestCachePodKilledMidPull(t *testing.T) {
+	ctx := context.Background()
+	m := newPrivateMirror(t, "real-killed", 2)
+	up, rm := m.up, m.rm
+	image := m.push(t, "team/killed", "v1")
+
+	release := up.HoldBlobs()
+	t.Cleanup(release)
+	ns := newNamespace(t, "real-mirror-killed")
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "app"},
+		Spec: corev1.PodSpec{
+			TerminationGracePeriodSeconds: ptr.To[int64](1),
+			Containers:                    []corev1.Container{{Name: "app", Image: image, ImagePullPolicy: corev1.PullIfNotPresent}},
+		},
+	}
+	must(t, admin.Create(ctx, pod))
+	// The pod whose fill waits on the upstream: kill it.
+	var filling *corev1.Pod
+	eventually(t, "a cache pod to fill a blob for the kubelet's pull", func() bool {
+		for _, p := range cachePods(t, rm) {
+			if cacheMetrics(t, &p)["quartermaster_mirror_fills_in_flight"] > 0 {
+				filling = &p
+				return true
+			}
+		}
+		return false
+	})
+	must(t, admin.Delete(ctx, filling, client.GracePeriodSeconds(0)))
+	t.Logf("killed %s mid-fill", filling.Name)
+	release()
+	eventually(t, "the Pod to run", func() bool {
+		return admin.Get(ctx, client.ObjectKeyFromObject(pod), pod) == nil && pod.Status.Phase == corev1.PodRunning
+	})
+	pulledByKubelet(t, pod, image)
+	if direct := upstreamregistry.BlobGETs(up.Requests(), "containerd/"); direct != 0 {
+		t.Errorf("containerd fetched %d blobs from the upstream itself, want none (it has no credentials)", direct)
 	}
 }

@@ -29,6 +29,7 @@ import (
 	iamv1alpha1 "github.com/quartermaster-dev/quartermaster/api/iam/v1alpha1"
 
 	"github.com/quartermaster-dev/quartermaster/internal/cachemeta"
+	"github.com/quartermaster-dev/quartermaster/internal/registry"
 )
 
 // The compat mode's rules are a ClusterRole of their own, quartermaster-iam-compat, installed only
@@ -72,7 +73,7 @@ func (r *CompatReconciler) setupWithManager(mgr ctrl.Manager) error {
 	if err != nil {
 		return err
 	}
-	if err := mgr.Add(c); err != nil {
+	if err := registry.AddCache(mgr, c); err != nil {
 		return err
 	}
 	r.configMaps = c

@@ -23,6 +23,7 @@ import (
 	"github.com/quartermaster-dev/quartermaster/internal/controller/owned"
 	"github.com/quartermaster-dev/quartermaster/internal/controller/status"
 	"github.com/quartermaster-dev/quartermaster/internal/intent"
+	"github.com/quartermaster-dev/quartermaster/internal/registry"
 )
 
 // +kubebuilder:rbac:groups=intent.security.nimbus.com,resources=securityintents;securityintentbindings;clustersecurityintentbindings,verbs=get;list;watch
@@ -193,7 +194,7 @@ func newCache(mgr ctrl.Manager) (cache.Cache, error) {
 	if err != nil {
 		return nil, err
 	}
-	return c, mgr.Add(c)
+	return c, registry.AddCache(mgr, c)
 }
 
 func nodeSpecOnly(obj any) (any, error) {

@@ -365,13 +365,18 @@ func apply(ctx context.Context, c client.Client, obj client.Object) error {
 // waitAllowed waits until the API server's authorizer allows the ServiceAccount attrs.
 func (k *Kyverno) waitAllowed(t TB, serviceAccount string, attrs authorizationv1.ResourceAttributes) {
 	t.Helper()
+	waitAllowed(t, k.c, serviceAccount, attrs)
+}
+
+func waitAllowed(t TB, c client.Client, serviceAccount string, attrs authorizationv1.ResourceAttributes) {
+	t.Helper()
 	user := "system:serviceaccount:" + Namespace + ":" + serviceAccount
-	k.poll(t, fmt.Sprintf("%s to be allowed to %s %s", user, attrs.Verb, attrs.Resource), func(ctx context.Context) (bool, string) {
+	poll(t, fmt.Sprintf("%s to be allowed to %s %s", user, attrs.Verb, attrs.Resource), func(ctx context.Context) (bool, string) {
 		sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
 			User: user, Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + Namespace, "system:authenticated"},
 			ResourceAttributes: &attrs,
 		}}
-		if err := k.c.Create(ctx, sar); err != nil {
+		if err := c.Create(ctx, sar); err != nil {
 			return false, err.Error()
 		}
 		return sar.Status.Allowed, sar.Status.Reason

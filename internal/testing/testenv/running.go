@@ -30,6 +30,10 @@ func Run(s starter) *Running {
 	return r
 }
 
+// Done delivers what Start returned, should it return before Stop: a manager that failed by
+// itself. After a receive from it, do not call Stop.
+func (r *Running) Done() <-chan error { return r.done }
+
 // Stop cancels it, waits until Start returns, and returns its error: one it failed with before the
 // stop, or its runnables overrunning the grace period (see manager.StartUntilStopped). A nil
 // Running is stopped already.

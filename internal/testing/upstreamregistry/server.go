@@ -19,10 +19,26 @@ type Server struct {
 	mu             sync.Mutex
 	srv            *http.Server
 	seen           []Request
+	hold           chan struct{} // while open, blob GETs wait (HoldBlobs)
 }
 
-// Request is one request the registry received: "GET /v2/…" and the client's User-Agent.
-type Request struct{ Request, UserAgent string }
+// Request is one request the registry answered: "GET /v2/…", the client's User-Agent and the
+// answer's status (a 401 is the challenge a client with credentials answers by asking again).
+type Request struct {
+	Request, UserAgent string
+	Status             int
+}
+
+// statusRecorder notes the status a handler answers with.
+type statusRecorder struct {
+	http.ResponseWriter
+	status int
+}
+
+func (r *statusRecorder) WriteHeader(code int) {
+	r.status = code
+	r.ResponseWriter.WriteHeader(code)
+}
 
 // Serve starts a registry that admits only user:password, listening on host (an address of this
 // machine, port chosen by the system); it stops when the test ends.
@@ -41,9 +57,20 @@ func Serve(t testing.TB, host, user, password string) *Server {
 	s.URL = "http://" + s.Host
 	s.handler = http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		s.mu.Lock()
-		s.seen = append(s.seen, Request{req.Method + " " + req.URL.Path, req.UserAgent()})
+		hold := s.hold
 		s.mu.Unlock()
-		app.ServeHTTP(w, req)
+		if hold != nil && req.Method == http.MethodGet && strings.Contains(req.URL.Path, "/blobs/sha256:") {
+			select {
+			case <-hold:
+			case <-req.Context().Done():
+				return
+			}
+		}
+		rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
+		app.ServeHTTP(rec, req)
+		s.mu.Lock()
+		s.seen = append(s.seen, Request{req.Method + " " + req.URL.Path, req.UserAgent(), rec.status})
+		s.mu.Unlock()
 	})
 	s.serve(ln)
 	t.Cleanup(s.Stop)
@@ -55,6 +82,24 @@ func (s *Server) serve(ln net.Listener) {
 	defer s.mu.Unlock()
 	s.srv = &http.Server{Handler: s.handler}
 	go func() { _ = s.srv.Serve(ln) }()
+}
+
+// HoldBlobs makes blob GETs wait, from now until the returned release is called: a pull stays in
+// flight while a test acts on it.
+func (s *Server) HoldBlobs() (release func()) {
+	hold := make(chan struct{})
+	s.mu.Lock()
+	s.hold = hold
+	s.mu.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			s.mu.Lock()
+			s.hold = nil
+			s.mu.Unlock()
+			close(hold)
+		})
+	}
 }
 
 // Stop takes the registry down: connections are refused until Start.
@@ -86,11 +131,13 @@ func (s *Server) Requests() []Request {
 	return seen
 }
 
-// BlobGETs counts the blob downloads among reqs by clients whose User-Agent starts with agent.
+// BlobGETs counts the blob downloads among reqs (answered with content, not a challenge) by
+// clients whose User-Agent starts with agent.
 func BlobGETs(reqs []Request, agent string) int {
 	n := 0
 	for _, r := range reqs {
-		if strings.HasPrefix(r.Request, "GET /v2/") && strings.Contains(r.Request, "/blobs/sha256:") && strings.HasPrefix(r.UserAgent, agent) {
+		if strings.HasPrefix(r.Request, "GET /v2/") && strings.Contains(r.Request, "/blobs/sha256:") && strings.HasPrefix(r.UserAgent, agent) &&
+			(r.Status == http.StatusOK || r.Status == http.StatusPartialContent) {
 			n++
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"crypto/rand"
 	"crypto/tls"
 	"encoding/hex"
+	"net"
 	"net/url"
 	"path"
 	"reflect"
@@ -64,7 +65,14 @@ type Sim struct {
 // it never leaks.
 func Start(t testing.TB) *Sim {
 	t.Helper()
-	s, err := New(context.Background())
+	return StartOn(t, "")
+}
+
+// StartOn is Start listening on host (an address of this machine; empty: loopback), for clients
+// that reach it from elsewhere (a manager in a Pod of a real node).
+func StartOn(t testing.TB, host string) *Sim {
+	t.Helper()
+	s, err := NewOn(context.Background(), host)
 	if err != nil {
 		t.Fatalf("starting vcsim: %v", err)
 	}
@@ -76,7 +84,10 @@ func Start(t testing.TB) *Sim {
 }
 
 // New runs a simulator until Stop; for callers without a testing.TB (a demo command).
-func New(ctx context.Context) (*Sim, error) {
+func New(ctx context.Context) (*Sim, error) { return NewOn(ctx, "") }
+
+// NewOn is New listening on host (empty: loopback).
+func NewOn(ctx context.Context, host string) (*Sim, error) {
 	model := simulator.VPX()
 	model.Host = 0
 	if err := model.Create(); err != nil {
@@ -86,6 +97,9 @@ func New(ctx context.Context) (*Sim, error) {
 	_, _ = rand.Read(pw)
 	s := &Sim{Model: model, User: "qm-operator@vsphere.local", Password: "pw-" + hex.EncodeToString(pw)}
 	model.Service.Listen = &url.URL{User: url.UserPassword(s.User, s.Password)}
+	if host != "" {
+		model.Service.Listen.Host = net.JoinHostPort(host, "0")
+	}
 	model.Service.TLS = new(tls.Config) // HTTPS with a self-signed certificate, like vCenter
 	s.Server = model.Service.NewServer()
 	u := *s.Server.URL
