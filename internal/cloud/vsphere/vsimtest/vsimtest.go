@@ -54,8 +54,9 @@ type Sim struct {
 	Guests *Guests
 
 	taskMu sync.Mutex
-	// folderMu: a CreateFolder runs alone, no property read beside it (vcsim v0.56.0 writes the
-	// parent's childEntity while a RetrievePropertiesEx may copy it: a race the detector reports).
+	// folderMu: a CreateFolder or a task runs alone, no property read beside it (vcsim v0.56.0
+	// writes the parent's childEntity while a RetrievePropertiesEx may copy it: a race the
+	// detector reports).
 	folderMu  sync.RWMutex
 	doneTasks map[types.ManagedObjectReference]bool
 }
@@ -133,11 +134,15 @@ type serialRT struct {
 
 func (r serialRT) RoundTrip(ctx context.Context, req, res soap.HasFault) error {
 	name := reflect.TypeOf(req).Elem().Name()
-	switch name {
-	case "CreateFolderBody":
+	switch {
+	case name == "CreateFolderBody", strings.HasSuffix(name, "_TaskBody"):
+		// A task (a destroy removing a VM or folder from its parent, a clone adding one) writes
+		// folders' childEntity in its own goroutine while it runs, as CreateFolder does in the
+		// call: no property read beside it (the race detector saw a Folder.Destroy_Task beside a
+		// RetrievePropertiesEx in CI).
 		r.s.folderMu.Lock()
 		defer r.s.folderMu.Unlock()
-	case "WaitForUpdatesExBody", "WaitForUpdatesBody":
+	case name == "WaitForUpdatesExBody", name == "WaitForUpdatesBody":
 		// Long polls: a folder made meanwhile must not wait for them.
 	default:
 		r.s.folderMu.RLock()
