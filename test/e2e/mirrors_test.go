@@ -262,6 +262,9 @@ func TestManagerRunsOnlyItsOwnPodsInTheMirrorsNamespace(t *testing.T) {
 	}
 	ds := agent()
 	ds.Spec.Template.Spec.InitContainers = cache().Spec.Template.Spec.InitContainers
+	// Its volume, so that the API server's validation lets the object reach the policy.
+	ds.Spec.Template.Spec.Volumes = append(ds.Spec.Template.Spec.Volumes,
+		corev1.Volume{Name: "cache", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}})
 	if err := asManager.Create(ctx, ds, client.DryRunAll); err == nil || !strings.Contains(err.Error(), initWant) {
 		t.Errorf("the storage init container in the agents' DaemonSet: want a denial saying %q, got %v", initWant, err)
 	}

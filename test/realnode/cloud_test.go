@@ -4,11 +4,8 @@ package realnode
 
 import (
 	"context"
-	"net"
-	"net/http"
 	"strings"
 	"testing"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -19,55 +16,23 @@ import (
 
 	computev1alpha1 "github.com/quartermaster-dev/quartermaster/api/compute/v1alpha1"
 	iamv1alpha1 "github.com/quartermaster-dev/quartermaster/api/iam/v1alpha1"
-	"github.com/quartermaster-dev/quartermaster/internal/cloud/vsphere/vsimtest"
-	"github.com/quartermaster-dev/quartermaster/internal/testing/chart"
-	"github.com/quartermaster-dev/quartermaster/internal/testing/iamemulator"
-	"github.com/quartermaster-dev/quartermaster/internal/testing/testenv"
 )
 
 // TestIAMAndVmGroupsFromTheManagerPod: the emulators of AWS IAM (with STS and EKS) and of vCenter
 // run where AWS and vCenter would be for a cluster, outside it (on the host, reached through the
-// node's link); the chart is upgraded to switch on the iam and vmgroups controllers, as a platform
-// admin would, with the credentials in Secrets. The manager's Pods then serve an IAMServiceAccount
-// (its role made in IAM, its ServiceAccount annotated) and a VmGroup, which kubectl scale grows
-// from 1 to 3 VMs in vCenter. The chart goes back to its first values at the end.
+// node's link; TestMain starts them, and installs the chart with the iam and vmgroups controllers on
+// and their credentials in Secrets, as a platform admin would). The manager's Pods serve an
+// IAMServiceAccount (its role made in IAM, its ServiceAccount annotated) and a VmGroup, which
+// kubectl scale grows from 1 to 3 VMs in vCenter.
 func TestIAMAndVmGroupsFromTheManagerPod(t *testing.T) {
 	ctx := context.Background()
-	const account, eksCluster, template = "000000000000", "real", "ubuntu-22.04-template"
-	emu := iamemulator.New(iamemulator.Options{AccountID: account, EKSClusters: []string{eksCluster}})
-	ln, err := net.Listen("tcp", net.JoinHostPort(cluster.HostIP, "0"))
-	must(t, err)
-	srv := &http.Server{Handler: emu, ReadHeaderTimeout: 10 * time.Second}
-	go func() { _ = srv.Serve(ln) }()
-	t.Cleanup(func() { _ = srv.Close() })
-	emuURL := "http://" + ln.Addr().String()
-	sim := vsimtest.StartOn(t, cluster.HostIP)
-	sim.AddTemplate(t, template)
-
-	for _, s := range []*corev1.Secret{
-		{ObjectMeta: metav1.ObjectMeta{Namespace: releaseNamespace, Name: "vcenter"},
-			StringData: map[string]string{"VC_HOST": sim.URL.String(), "VC_USER": sim.User, "VC_PASS": sim.Password}},
-		{ObjectMeta: metav1.ObjectMeta{Namespace: releaseNamespace, Name: "aws-credentials"},
-			StringData: map[string]string{"AWS_ACCESS_KEY_ID": "AKIDREALNODEEXAMPLE", "AWS_SECRET_ACCESS_KEY": "real-node-secret-key"}},
-	} {
-		must(t, admin.Create(ctx, s))
-		t.Cleanup(func() { _ = admin.Delete(ctx, s) })
-	}
-	upgrade(t, "--reuse-values",
-		"--set", "vmgroups.enabled=true", "--set", "vmgroups.vcenterSecret=vcenter", "--set", "vmgroups.insecure=true",
-		"--set", "iam.enabled=true", "--set", "iam.clusterName="+eksCluster, "--set", "iam.oidcIssuer=https://oidc.example.com/id/REAL",
-		"--set", "iam.awsAccountId="+account, "--set", "iam.allowedPolicyArns={arn:aws:iam::aws:policy/ReadOnlyAccess}",
-		"--set", "iam.aws.region=us-east-1", "--set", "iam.aws.iamEndpoint="+emuURL, "--set", "iam.aws.stsEndpoint="+emuURL,
-		"--set", "iam.aws.eksEndpoint="+emuURL, "--set", "iam.aws.credentialsSecret=aws-credentials")
-	// Back to the first values once the objects are gone (cleanups run last first).
-	t.Cleanup(func() { upgrade(t, "-f", valuesFile) })
-
+	emu, account, template := iamEmulator, awsAccount, vmTemplate
 	ns := newNamespace(t, "real-cloud")
 	isa := &iamv1alpha1.IAMServiceAccount{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "reports"},
 		Spec: iamv1alpha1.IAMServiceAccountSpec{
 			ServiceAccountName: "reports", CreateServiceAccount: true,
-			ManagedPolicyArns: []string{"arn:aws:iam::aws:policy/ReadOnlyAccess"},
+			ManagedPolicyArns: []string{readOnlyARN},
 		},
 	}
 	vg := &computev1alpha1.VmGroup{
@@ -114,17 +79,4 @@ func waitReady(t *testing.T, obj client.Object, conds *[]metav1.Condition) {
 		c := meta.FindStatusCondition(*conds, "Ready")
 		return c != nil && c.Status == metav1.ConditionTrue && c.ObservedGeneration == obj.GetGeneration()
 	})
-}
-
-// upgrade runs helm upgrade of the release with args and waits for its workloads.
-func upgrade(t *testing.T, args ...string) {
-	t.Helper()
-	out, err := testenv.Helm4.Run(append([]string{"upgrade", release, chart.Dir, "--namespace", releaseNamespace,
-		"--kubeconfig", cluster.Kubeconfig, "--wait", "--timeout", "3m"}, args...)...)
-	if err != nil {
-		t.Fatalf("%v\n%s", err, out)
-	}
-	if err := stuckPods(context.Background(), releaseNamespace); err != nil {
-		t.Fatal(err)
-	}
 }

@@ -12,6 +12,8 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -32,7 +34,9 @@ import (
 	iamv1alpha1 "github.com/quartermaster-dev/quartermaster/api/iam/v1alpha1"
 	intentv1alpha1 "github.com/quartermaster-dev/quartermaster/api/intent/v1alpha1"
 	registryv1alpha1 "github.com/quartermaster-dev/quartermaster/api/registry/v1alpha1"
+	"github.com/quartermaster-dev/quartermaster/internal/cloud/vsphere/vsimtest"
 	"github.com/quartermaster-dev/quartermaster/internal/manager"
+	"github.com/quartermaster-dev/quartermaster/internal/testing/iamemulator"
 	"github.com/quartermaster-dev/quartermaster/internal/testing/realcluster"
 	"github.com/quartermaster-dev/quartermaster/internal/testing/testenv"
 )
@@ -124,7 +128,13 @@ func run(m *testing.M) int {
 			os.Remove(valuesFile)
 		}
 	}()
-	if err := install(); err != nil {
+	emuURL, stopOutside, err := startOutsideSystems(context.Background())
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "realnode: starting the IAM emulator and vcsim:", err)
+		return 1
+	}
+	defer stopOutside()
+	if err := install(emuURL); err != nil {
 		fmt.Fprintln(os.Stderr, "realnode: installing the chart:", err)
 		for _, c := range []string{"kubelet", "containerd"} {
 			fmt.Fprintf(os.Stderr, "--- %s (last lines)\n%s\n", c, cluster.Log(c, 30))
@@ -190,22 +200,83 @@ func loadImages() error {
 	return nil
 }
 
+// The outside systems the manager's iam and vmgroups controllers talk to, run where AWS and vCenter
+// would be for a cluster: outside it, on the host, reached through the node's link.
+const (
+	awsAccount  = "000000000000"
+	eksCluster  = "real"
+	vmTemplate  = "ubuntu-22.04-template"
+	readOnlyARN = "arn:aws:iam::aws:policy/ReadOnlyAccess"
+)
+
+var (
+	iamEmulator *iamemulator.Server
+	vcenter     *vsimtest.Sim
+)
+
+// startOutsideSystems starts the IAM (with STS and EKS) emulator and vcsim on the node's link.
+func startOutsideSystems(ctx context.Context) (emuURL string, stop func(), err error) {
+	iamEmulator = iamemulator.New(iamemulator.Options{AccountID: awsAccount, EKSClusters: []string{eksCluster}})
+	ln, err := net.Listen("tcp", net.JoinHostPort(cluster.HostIP, "0"))
+	if err != nil {
+		return "", nil, err
+	}
+	srv := &http.Server{Handler: iamEmulator, ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	if vcenter, err = vsimtest.NewOn(ctx, cluster.HostIP); err != nil {
+		_ = srv.Close()
+		return "", nil, err
+	}
+	if vcenter.Guests, err = vcenter.StartGuests(ctx); err != nil {
+		vcenter.Stop()
+		_ = srv.Close()
+		return "", nil, err
+	}
+	if _, err := vcenter.CreateTemplate(ctx, vmTemplate); err != nil {
+		vcenter.Stop()
+		_ = srv.Close()
+		return "", nil, err
+	}
+	return "http://" + ln.Addr().String(), func() { vcenter.Stop(); _ = srv.Close() }, nil
+}
+
 // install installs the chart as a platform admin would (helm install --wait), every controller
-// that needs no outside system on, and waits for every workload to be Ready; a Pod that cannot
-// start (an image not on the node, a container crashing) fails it at once, named.
-func install() error {
+// on: iam and vmgroups with their credentials in Secrets made first, the intents controller for
+// the one engine this cluster is to have, Kyverno (intents.engines). It waits for every workload
+// to be Ready; a Pod that cannot start (an image not on the node, a container crashing) fails it
+// at once, named.
+func install(emuURL string) error {
 	ctx := context.Background()
 	for _, o := range []client.Object{
 		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: scrapeNamespace}},
 		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: scrapeNamespace, Name: "scraper"}},
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: releaseNamespace}},
+		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: releaseNamespace, Name: "vcenter"},
+			StringData: map[string]string{"VC_HOST": vcenter.URL.String(), "VC_USER": vcenter.User, "VC_PASS": vcenter.Password}},
+		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: releaseNamespace, Name: "aws-credentials"},
+			StringData: map[string]string{"AWS_ACCESS_KEY_ID": "AKIDREALNODEEXAMPLE", "AWS_SECRET_ACCESS_KEY": "real-node-secret-key"}},
 	} {
+		if _, ok := o.(*corev1.Secret); ok {
+			// A reused cluster holds an earlier run's: this run's emulators have new credentials.
+			if err := admin.Delete(ctx, o); client.IgnoreNotFound(err) != nil {
+				return err
+			}
+		}
 		if err := admin.Create(ctx, o); err != nil && !apierrors.IsAlreadyExists(err) {
 			return err
 		}
 	}
 	values := map[string]any{
-		"image":   map[string]any{"repository": "quartermaster", "tag": imageTag, "pullPolicy": "Never"},
-		"metrics": map[string]any{"readerSubjects": []any{map[string]any{"kind": "ServiceAccount", "name": "scraper", "namespace": scrapeNamespace}}},
+		"image":    map[string]any{"repository": "quartermaster", "tag": imageTag, "pullPolicy": "Never"},
+		"metrics":  map[string]any{"readerSubjects": []any{map[string]any{"kind": "ServiceAccount", "name": "scraper", "namespace": scrapeNamespace}}},
+		"vmgroups": map[string]any{"enabled": true, "vcenterSecret": "vcenter", "insecure": true},
+		"iam": map[string]any{
+			"enabled": true, "clusterName": eksCluster, "oidcIssuer": "https://oidc.example.com/id/REAL", "awsAccountId": awsAccount,
+			"allowedPolicyArns": []any{readOnlyARN},
+			"aws": map[string]any{"region": "us-east-1", "iamEndpoint": emuURL, "stsEndpoint": emuURL, "eksEndpoint": emuURL,
+				"credentialsSecret": "aws-credentials"},
+		},
+		"intents": map[string]any{"engines": "kyverno"},
 	}
 	data, err := yaml.Marshal(values)
 	if err != nil {
