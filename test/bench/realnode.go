@@ -83,6 +83,13 @@ func realNodeBench(ctx context.Context, _ *env) ([]result, error) {
 		return nil, err
 	}
 	defer direct.close()
+	// The direct upstream speaks plain HTTP, as the mirrored one does: the node's containerd is told
+	// so in its own hosts.toml, as a cluster with an insecure registry would be configured.
+	hosts := fmt.Sprintf("server = %q\n[host.%q]\n  capabilities = [\"pull\", \"resolve\"]\n", direct.url, direct.url)
+	if out, err := c.InNode(ctx, "sh", "-c", fmt.Sprintf("mkdir -p /etc/containerd/certs.d/%s && printf '%%b' %q > /etc/containerd/certs.d/%s/hosts.toml",
+		direct.host, hosts, direct.host)); err != nil {
+		return nil, fmt.Errorf("configuring the node for the direct upstream: %w\n%s", err, out)
+	}
 	push := func(r *benchRegistry, tag string) (string, error) {
 		_, _ = rand.Read(payload)
 		_, err := r.pusher.PushRunnable(ctx, "team/app", tag, append(append([]byte{}, program...), payload...), "/pause")
