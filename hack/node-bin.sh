@@ -59,9 +59,9 @@ fresh() {
 	fi
 }
 
-# install DIR NAME PACKAGE@VERSION [go install args...]: go install into a temporary GOBIN, then
+# go_install DIR NAME PACKAGE@VERSION [go install args...]: go install into a temporary GOBIN, then
 # move the binary into DIR (one file system: it appears whole or not at all).
-install() {
+go_install() {
 	local dir="$1" name="$2" pkg="$3"; shift 3
 	local tmp
 	tmp="$(mktemp -d)"
@@ -91,7 +91,7 @@ containerd_dir="$("${here}/containerd-bin.sh" | tail -n1)"
 runc_dir="${cache_root}/runc-${RUNC_VERSION}"
 if ! fresh runc "${runc_dir}/runc" "${RUNC_VERSION#v}"; then
 	# runc's version string comes from its main package's version variable.
-	install "${runc_dir}" runc "github.com/opencontainers/runc@${RUNC_VERSION}" \
+	go_install "${runc_dir}" runc "github.com/opencontainers/runc@${RUNC_VERSION}" \
 		-tags seccomp -ldflags "-s -w -X main.version=${RUNC_VERSION#v}"
 fi
 
@@ -100,12 +100,12 @@ for p in main/bridge ipam/host-local main/loopback meta/portmap; do
 	name="$(basename "${p}")"
 	# The plugins answer --version only through the CNI protocol; their folder carries the version.
 	[[ -x "${cni_dir}/${name}" ]] && continue
-	CGO_ENABLED=0 install "${cni_dir}" "${name}" "github.com/containernetworking/plugins/plugins/${p}@${CNI_VERSION}" -ldflags "-s -w"
+	CGO_ENABLED=0 go_install "${cni_dir}" "${name}" "github.com/containernetworking/plugins/plugins/${p}@${CNI_VERSION}" -ldflags "-s -w"
 done
 
 coredns_dir="${cache_root}/coredns-${COREDNS_VERSION}"
 if ! fresh coredns "${coredns_dir}/coredns" "${COREDNS_VERSION#v}"; then
-	CGO_ENABLED=0 install "${coredns_dir}" coredns "github.com/coredns/coredns@${COREDNS_VERSION}" -ldflags "-s -w"
+	CGO_ENABLED=0 go_install "${coredns_dir}" coredns "github.com/coredns/coredns@${COREDNS_VERSION}" -ldflags "-s -w"
 fi
 
 echo "k8s=${k8s_dir}"

@@ -172,7 +172,6 @@ teardown() {
 
 bins() { # the binaries' folders: k8s-bin.sh's last line, node-bin.sh's NAME=FOLDER lines
 	BIN="$("${here}/k8s-bin.sh" | tail -n1)"
-	local line
 	while IFS='=' read -r k v; do
 		case "${k}" in
 		k8s) NODE_K8S="${v}" ;; containerd) CONTAINERD_BIN="${v}" ;; runc) RUNC_BIN="${v}" ;;
@@ -301,11 +300,7 @@ up() {
 	"
 	# The veth: the host's end here, the node's end moved into its namespace.
 	ip link add "qmh${N}" type veth peer name "qmn${N}"
-	ip link set "qmn${N}" netns "${dir}/ns/net" 2>/dev/null || {
-		# Older iproute2 wants a pid: a process that sits in the namespace for the move.
-		nsenter --net="${dir}/ns/net" sleep 5 & local holder=$!
-		sleep 0.2; ip link set "qmn${N}" netns "${holder}"; kill "${holder}"
-	}
+	ip link set "qmn${N}" netns "${dir}/ns/net"
 	ip addr add "${host_ip}/24" dev "qmh${N}"
 	ip link set "qmh${N}" up
 	in_node ip link set lo up

@@ -272,31 +272,11 @@ func TestHelmUpgradeAndRollbackLoseNothing(t *testing.T) {
 // release is an earlier commit's chart and manager binary.
 type release struct{ commit, dir, bin string }
 
-// previousRelease finds the newest commit on HEAD's first-parent history whose charts/ differs
-// from HEAD's, extracts its tree (git archive) and builds its manager from it.
+// previousRelease is the earlier release (testenv.EarlierRelease) with its manager built from its tree.
 func previousRelease(t *testing.T) release {
 	t.Helper()
-	root := testenv.RepoRoot()
-	git := func(args ...string) (string, error) {
-		out, err := exec.Command("git", append([]string{"-C", root}, args...)...).Output()
-		return strings.TrimSpace(string(out)), err
-	}
-	revs, err := git("rev-list", "--first-parent", "HEAD")
-	must(t, err)
-	r := release{dir: t.TempDir()}
-	for rev := range strings.FieldsSeq(revs) {
-		if _, err := git("diff", "--quiet", rev, "HEAD", "--", "charts/"); err != nil {
-			r.commit = rev
-			break
-		}
-	}
-	if r.commit == "" {
-		t.Fatal("no commit of HEAD's history has a chart that differs from HEAD's (a shallow clone? CI needs the history)")
-	}
-	extract := exec.Command("sh", "-c", `git -C "$1" archive "$2" | tar -x -C "$3"`, "sh", root, r.commit, r.dir)
-	if out, err := extract.CombinedOutput(); err != nil {
-		t.Fatalf("extracting %s: %v\n%s", r.commit, err, out)
-	}
+	r := release{}
+	r.commit, r.dir = testenv.EarlierRelease(t)
 	r.bin = filepath.Join(t.TempDir(), "quartermaster-"+r.commit[:12])
 	// -trimpath: the build cache serves the packages that did not change since, whatever the folder.
 	build := exec.Command("go", "build", "-trimpath", "-o", r.bin, "./cmd/quartermaster")

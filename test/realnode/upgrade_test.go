@@ -229,33 +229,15 @@ func managerPodsOf(t *testing.T, labels client.MatchingLabels) []corev1.Pod {
 	return out
 }
 
-// earlierRelease is the newest earlier commit whose charts/ differs from HEAD's, extracted, its
-// image built as its make image did and loaded into the node as quartermaster:TAG.
+// earlierRelease is testenv.EarlierRelease with its image built as its make image did and loaded
+// into the node as quartermaster:TAG.
 type earlierRelease struct{ commit, dir, tag string }
 
 func previousRelease(t *testing.T) earlierRelease {
 	t.Helper()
-	root := testenv.RepoRoot()
-	git := func(args ...string) (string, error) {
-		out, err := exec.Command("git", append([]string{"-C", root}, args...)...).Output()
-		return strings.TrimSpace(string(out)), err
-	}
-	revs, err := git("rev-list", "--first-parent", "HEAD")
-	must(t, err)
-	r := earlierRelease{dir: t.TempDir()}
-	for rev := range strings.FieldsSeq(revs) {
-		if _, err := git("diff", "--quiet", rev, "HEAD", "--", "charts/"); err != nil {
-			r.commit = rev
-			break
-		}
-	}
-	if r.commit == "" {
-		t.Fatal("no commit of HEAD's history has a chart that differs from HEAD's (a shallow clone? CI needs the history)")
-	}
+	r := earlierRelease{}
+	r.commit, r.dir = testenv.EarlierRelease(t)
 	r.tag = "old-" + r.commit[:12]
-	if out, err := exec.Command("sh", "-c", `git -C "$1" archive "$2" | tar -x -C "$3"`, "sh", root, r.commit, r.dir).CombinedOutput(); err != nil {
-		t.Fatalf("extracting %s: %v\n%s", r.commit, err, out)
-	}
 	out := t.TempDir()
 	build := exec.Command("go", "run", "./hack/image", "build", "--out", out, "--tag", r.tag, "--platforms", "linux/"+runtime.GOARCH)
 	build.Dir = r.dir

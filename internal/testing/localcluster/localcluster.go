@@ -57,13 +57,7 @@ func Down(name string) error {
 
 // Kubectl runs the locally built kubectl as the cluster admin and returns its combined output.
 func (c *Cluster) Kubectl(ctx context.Context, args ...string) (string, error) {
-	cmd := exec.CommandContext(ctx, filepath.Join(c.BinDir, "kubectl"), append([]string{"--kubeconfig", c.Kubeconfig}, args...)...)
-	cmd.Dir = testenv.RepoRoot()
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		return string(out), fmt.Errorf("kubectl %s: %w\n%s", strings.Join(args, " "), err, out)
-	}
-	return string(out), nil
+	return testenv.Kubectl(ctx, c.BinDir, c.Kubeconfig, args...)
 }
 
 // ServiceAccountKubeconfig requests a token for namespace/name through the TokenRequest API and

@@ -130,13 +130,7 @@ func (c *Cluster) InNode(ctx context.Context, args ...string) ([]byte, error) {
 
 // Kubectl runs kubectl as the cluster admin and returns its combined output.
 func (c *Cluster) Kubectl(ctx context.Context, args ...string) (string, error) {
-	cmd := exec.CommandContext(ctx, filepath.Join(c.BinDir, "kubectl"), append([]string{"--kubeconfig", c.Kubeconfig}, args...)...)
-	cmd.Dir = testenv.RepoRoot()
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		return string(out), fmt.Errorf("kubectl %s: %w\n%s", strings.Join(args, " "), err, out)
-	}
-	return string(out), nil
+	return testenv.Kubectl(ctx, c.BinDir, c.Kubeconfig, args...)
 }
 
 // PauseProgram is hack/node-image/pause built static: the program of the node's sandbox image and
