@@ -23,7 +23,6 @@ import (
 	"github.com/opencontainers/go-digest"
 	specs "github.com/opencontainers/image-spec/specs-go"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
-	"github.com/sirupsen/logrus"
 
 	"github.com/quartermaster-dev/quartermaster/internal/mirror"
 	"github.com/quartermaster-dev/quartermaster/internal/testing/testenv"
@@ -194,7 +193,6 @@ func startPacedUpstream(root string) (*pacedUpstream, error) {
 	cfg := &configuration.Configuration{Storage: configuration.Storage{"filesystem": configuration.Parameters{"rootdirectory": root}}}
 	cfg.HTTP.Secret = "bench-upload-secret"
 	cfg.Log.AccessLog.Disabled = true
-	logrus.SetLevel(logrus.ErrorLevel) // distribution's logger: the upstream's request lines are noise here
 	u := &pacedUpstream{}
 	u.app = handlers.NewApp(context.Background(), cfg)
 	addr, err := freePort()

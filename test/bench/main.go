@@ -16,6 +16,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/sirupsen/logrus"
 	"go.uber.org/zap/zapcore"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
@@ -87,6 +88,8 @@ func main() {
 	// Controllers run in-process: show their errors, not their chatter, and collect garbage as the
 	// manager binary does.
 	log.SetLogger(zap.New(zap.Level(zapcore.ErrorLevel)))
+	// distribution's logger (the upstream registries the cases serve): their request lines are noise.
+	logrus.SetLevel(logrus.ErrorLevel)
 	memlimit.SetGCPercent()
 	if err := run(*pattern, *keep); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)

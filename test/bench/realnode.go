@@ -21,6 +21,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	intentv1alpha1 "github.com/quartermaster-dev/quartermaster/api/intent/v1alpha1"
 	registryv1alpha1 "github.com/quartermaster-dev/quartermaster/api/registry/v1alpha1"
 	"github.com/quartermaster-dev/quartermaster/internal/manager"
 	"github.com/quartermaster-dev/quartermaster/internal/mirror"
@@ -38,7 +39,8 @@ const realImageBytes = 32 << 20
 // kubelet pulling its image) whose image comes straight from an upstream registry with a pull
 // secret, against a Pod of an image of the same size pulled through a RegistryMirror of another
 // upstream, cold (the cache fetches it) and warm (the image removed from the node, the cache has
-// it). Each image is new to the node and the cache when its Pod starts.
+// it). Each image is new to the node and the cache when its Pod starts. Then Kyverno as Pods
+// (realNodeKyverno), the chart's intents controller writing for it.
 func realNodeBench(ctx context.Context, _ *env) ([]result, error) {
 	if os.Geteuid() != 0 {
 		return nil, errors.New("the real node needs root (network namespaces, mounts, runc)")
@@ -55,14 +57,14 @@ func realNodeBench(ctx context.Context, _ *env) ([]result, error) {
 		return nil, err
 	}
 	values := filepath.Join(binDir, "real-values.yaml")
-	if err := os.WriteFile(values, []byte("image: {repository: quartermaster, tag: bench, pullPolicy: Never}\n"), 0o600); err != nil {
+	if err := os.WriteFile(values, []byte("image: {repository: quartermaster, tag: bench, pullPolicy: Never}\nintents: {engines: kyverno}\n"), 0o600); err != nil {
 		return nil, err
 	}
 	installed, err := c.InstallChart("quartermaster", "quartermaster-system", values)
 	if err != nil {
 		return nil, err
 	}
-	admin, err := client.New(c.Config, client.Options{Scheme: manager.Scheme(registryv1alpha1.AddToScheme)})
+	admin, err := client.New(c.Config, client.Options{Scheme: manager.Scheme(registryv1alpha1.AddToScheme, intentv1alpha1.AddToScheme)})
 	if err != nil {
 		return nil, err
 	}
@@ -175,15 +177,19 @@ func realNodeBench(ctx context.Context, _ *env) ([]result, error) {
 		return nil, fmt.Errorf("the warm pull through the mirror: %w", err)
 	}
 	size := fmt.Sprintf("%d MiB image", (len(program)+realImageBytes)>>20)
-	return []result{
+	kyvernoResults, err := realNodeKyverno(ctx, c, admin)
+	if err != nil {
+		return nil, fmt.Errorf("Kyverno as Pods: %w", err)
+	}
+	return append([]result{
 		{metric: "real cluster up: node Ready, CoreDNS serving", value: up.Seconds(), unit: "s"},
-		{metric: "helm install --wait: every workload Ready", value: installed.Seconds(), unit: "s", note: "manager 2 replicas, the chart's defaults"},
+		{metric: "helm install --wait: every workload Ready", value: installed.Seconds(), unit: "s", note: "manager 2 replicas, the chart's defaults, intents for Kyverno"},
 		{metric: "Pod start, image straight from the upstream (pull secret)", value: directTook.Seconds(), unit: "s", note: size},
 		{metric: "Pod start, image through the mirror, cold (the cache fetches it)", value: coldTook.Seconds(), unit: "s",
 			note: fmt.Sprintf("%.2fx the direct pull", coldTook.Seconds()/directTook.Seconds())},
 		{metric: "Pod start, image through the mirror, warm (removed from the node, in the cache)", value: warmTook.Seconds(), unit: "s",
 			note: fmt.Sprintf("%.2fx the direct pull", warmTook.Seconds()/directTook.Seconds())},
-	}, nil
+	}, kyvernoResults...), nil
 }
 
 // waitMirrorServing waits until the mirror is Ready and each of its cache pods knows the others

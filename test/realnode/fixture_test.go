@@ -121,3 +121,75 @@ func machineState(t *testing.T, dir string) string {
 	}
 	return b.String()
 }
+
+// TestNodeBinRebuildsWhatIsMissingOrStale: hack/node-bin.sh, run against a copy of the cache in
+// which one CNI plugin is missing and CoreDNS answers --version with an older release, rebuilds those
+// two (and says why) and reuses the rest; the cache the suite runs from is not touched.
+func TestNodeBinRebuildsWhatIsMissingOrStale(t *testing.T) {
+	script := filepath.Join(testenv.RepoRoot(), "hack", "node-bin.sh")
+	out, err := exec.Command(script).Output()
+	must(t, err)
+	folders := map[string]string{} // component → its folder in the suite's cache
+	for _, l := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		name, dir, ok := strings.Cut(l, "=")
+		if !ok {
+			t.Fatalf("node-bin.sh printed %q", l)
+		}
+		folders[name] = dir
+	}
+	// The copy: hard links in the same file system (a rebuilt binary replaces its link, never the
+	// file it shares with the suite's cache).
+	copyRoot, err := os.MkdirTemp(filepath.Dir(folders["coredns"]), ".node-bin-test-")
+	must(t, err)
+	t.Cleanup(func() { os.RemoveAll(copyRoot) })
+	for _, dir := range folders {
+		if out, err := exec.Command("cp", "-al", dir, copyRoot+"/").CombinedOutput(); err != nil {
+			t.Fatalf("cp -al %s: %v\n%s", dir, err, out)
+		}
+	}
+	copied := func(component, file string) string {
+		return filepath.Join(copyRoot, filepath.Base(folders[component]), file)
+	}
+	must(t, os.Remove(copied("cni", "loopback")))
+	stale := copied("coredns", "coredns")
+	must(t, os.Remove(stale))
+	must(t, os.WriteFile(stale, []byte("#!/bin/sh\necho CoreDNS-1.14.2\necho linux/amd64, go1.25.0\n"), 0o755))
+	suiteCoreDNS, err := os.Stat(filepath.Join(folders["coredns"], "coredns"))
+	must(t, err)
+
+	cmd := exec.Command(script)
+	cmd.Env = append(os.Environ(), "QM_CACHE_DIR="+copyRoot)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err = cmd.Output()
+	if err != nil {
+		t.Fatalf("node-bin.sh on the copy: %v\n%s", err, stderr.String())
+	}
+	log := stderr.String()
+	for _, want := range []string{
+		"coredns in the cache is not 1.15.0 (CoreDNS-1.14.2): rebuilding it",
+		"building loopback",
+	} {
+		if !strings.Contains(log, want) {
+			t.Errorf("node-bin.sh did not say %q:\n%s", want, log)
+		}
+	}
+	for _, reused := range []string{"kubelet", "kube-proxy", "runc", "containerd", "bridge", "host-local", "portmap"} {
+		if strings.Contains(log, "building "+reused+" ") || strings.Contains(log, reused+" in the cache is not") {
+			t.Errorf("node-bin.sh rebuilt %s, which was in the cache at its version:\n%s", reused, log)
+		}
+	}
+	if !strings.Contains(string(out), "coredns="+filepath.Join(copyRoot, filepath.Base(folders["coredns"]))) {
+		t.Errorf("node-bin.sh did not name the copy's folders:\n%s", out)
+	}
+	version, err := exec.Command(stale, "--version").CombinedOutput()
+	if err != nil || !strings.Contains(string(version), "CoreDNS-1.15.0") {
+		t.Errorf("the rebuilt coredns answers %q (%v), not 1.15.0", version, err)
+	}
+	if st, err := os.Stat(copied("cni", "loopback")); err != nil || st.Mode()&0o111 == 0 {
+		t.Errorf("loopback was not rebuilt: %v", err)
+	}
+	if st, err := os.Stat(filepath.Join(folders["coredns"], "coredns")); err != nil || !os.SameFile(st, suiteCoreDNS) {
+		t.Errorf("the suite's coredns was replaced (%v)", err)
+	}
+}

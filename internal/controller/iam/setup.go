@@ -32,6 +32,8 @@ const (
 	slowRetry = 5 * time.Minute
 	// waitRetry is how often a missing ServiceAccount is looked for again.
 	waitRetry = 30 * time.Second
+	// maxFailureBackoff is the longest wait before an object whose AWS calls failed is retried.
+	maxFailureBackoff = 5 * time.Minute
 	// reconcileTimeout bounds one reconcile's AWS calls (the SDK retries within it).
 	reconcileTimeout = 2 * time.Minute
 	statusTimeout    = 10 * time.Second
@@ -82,9 +84,11 @@ type base struct {
 	eks       EKS // called only for IAMServiceAccounts whose mechanism includes Pod Identity (or did)
 	cfg       config
 
-	// SlowRetry and WaitRetry are fields so tests can shorten them.
-	SlowRetry time.Duration
-	WaitRetry time.Duration
+	// SlowRetry and WaitRetry are fields so tests can shorten them, as is MaxFailureBackoff, the
+	// longest wait between retries of a failing object.
+	SlowRetry         time.Duration
+	WaitRetry         time.Duration
+	MaxFailureBackoff time.Duration
 
 	accountMu sync.Mutex
 	account   string
@@ -194,8 +198,9 @@ func newBase(mgr ctrl.Manager, cfg config, api AWS, eks EKS) (*base, error) {
 		aws:       api,
 		eks:       eks,
 		cfg:       cfg,
-		SlowRetry: slowRetry,
-		WaitRetry: waitRetry,
+		SlowRetry:         slowRetry,
+		WaitRetry:         waitRetry,
+		MaxFailureBackoff: maxFailureBackoff,
 	}, nil
 }
 
@@ -229,12 +234,12 @@ func register(mgr ctrl.Manager, b *base) error {
 	return nil
 }
 
-// controllerOptions: AWS errors back off from 1 s to 5 min (not the default 16 min, so objects
-// recover soon after AWS does).
+// controllerOptions: AWS errors back off from 1 s to MaxFailureBackoff (5 min, not the default
+// 16 min, so objects recover soon after AWS does).
 func (b *base) controllerOptions() controller.Options {
 	return controller.Options{
 		MaxConcurrentReconciles: b.cfg.concurrency,
 		ReconciliationTimeout:   reconcileTimeout,
-		RateLimiter:             workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](time.Second, 5*time.Minute),
+		RateLimiter:             workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](time.Second, b.MaxFailureBackoff),
 	}
 }
