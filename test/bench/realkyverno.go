@@ -70,8 +70,8 @@ func realNodeKyverno(ctx context.Context, c *realcluster.Cluster, admin client.C
 		return nil, err
 	}
 	if err := wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, 3*time.Minute, true, func(ctx context.Context) (bool, error) {
-		if admin.Get(ctx, client.ObjectKeyFromObject(si), si) != nil {
-			return false, nil
+		if err := admin.Get(ctx, client.ObjectKeyFromObject(si), si); err != nil {
+			return false, client.IgnoreNotFound(err)
 		}
 		// Ready from the start says "not bound"; in force, it names the engine and the binding.
 		c := meta.FindStatusCondition(si.Status.Conditions, "Ready")
@@ -87,7 +87,10 @@ func realNodeKyverno(ctx context.Context, c *realcluster.Cluster, admin client.C
 		refusal = admin.Create(ctx, benchPod(ns, "web", "web"), client.DryRunAll)
 		return refusal != nil && strings.Contains(refusal.Error(), "blocked due to the following policies"), nil
 	}); err != nil {
-		return nil, fmt.Errorf("Kyverno did not refuse a privileged app=web Pod: %v", refusal)
+		if refusal == nil {
+			refusal = errors.New("admitted")
+		}
+		return nil, fmt.Errorf("no refusal by Kyverno of a privileged app=web Pod (%w): %w", err, refusal)
 	}
 	after, err := admissionLatency(ctx, admin, ns)
 	if err != nil {

@@ -179,7 +179,7 @@ func realNodeBench(ctx context.Context, _ *env) ([]result, error) {
 	size := fmt.Sprintf("%d MiB image", (len(program)+realImageBytes)>>20)
 	kyvernoResults, err := realNodeKyverno(ctx, c, admin)
 	if err != nil {
-		return nil, fmt.Errorf("Kyverno as Pods: %w", err)
+		return nil, fmt.Errorf("kyverno as Pods: %w", err)
 	}
 	return append([]result{
 		{metric: "real cluster up: node Ready, CoreDNS serving", value: up.Seconds(), unit: "s"},

@@ -192,12 +192,12 @@ func newBase(mgr ctrl.Manager, cfg config, api AWS, eks EKS) (*base, error) {
 		return nil, err
 	}
 	return &base{
-		client:    guarded(mgr.GetClient()),
-		apiReader: mgr.GetAPIReader(),
-		recorder:  recorder,
-		aws:       api,
-		eks:       eks,
-		cfg:       cfg,
+		client:            guarded(mgr.GetClient()),
+		apiReader:         mgr.GetAPIReader(),
+		recorder:          recorder,
+		aws:               api,
+		eks:               eks,
+		cfg:               cfg,
 		SlowRetry:         slowRetry,
 		WaitRetry:         waitRetry,
 		MaxFailureBackoff: maxFailureBackoff,
