@@ -3,6 +3,7 @@ package mirrorcache
 import (
 	"context"
 	"errors"
+	"net/http"
 	"slices"
 	"strings"
 	"testing"
@@ -87,7 +88,7 @@ func TestPullThrough(t *testing.T) {
 	after = cache.metrics(t)
 
 	// Second pull by tag: the content comes from the cache; the upstream only answers the HEAD
-	// that checks where the tag points now (tags move; distribution asks every time).
+	// that checks where the tag points now (tags move: the cache asks every time).
 	before = after
 	mustPull(t, hosts, img.byTag(up))
 	after = cache.metrics(t)
@@ -121,8 +122,8 @@ func TestPullThrough(t *testing.T) {
 		t.Errorf("metric changes %v, want unreachable upstream requests counted", d)
 	}
 
-	// The cache restarts during the outage (distribution's own server panics here): it starts,
-	// and serves the same content from its volume.
+	// The cache restarts during the outage (distribution's own server panics here, issue #4038):
+	// it starts, and serves the same content from its volume.
 	cache.stop(t)
 	restarted := startCache(t, files)
 	writeHostsDir(t, hosts, up, restarted.URL)
@@ -196,27 +197,26 @@ func TestPullThroughTokenAuth(t *testing.T) {
 	})
 }
 
-// Why the cache is its own credential helper: configured the usual way (proxy.username and
-// proxy.password), distribution contacts the upstream while it starts and fails without it
-// (distribution issue #4038). Should a later distribution start anyway, this test says so, and
-// the helper is no longer needed for starting (it still keeps the credentials out of the file).
-func TestDistributionAloneDoesNotStartWhileUpstreamDown(t *testing.T) {
+// The cache contacts the upstream only when a request needs it: started while nothing listens at
+// the upstream's address, it is ready at once (distribution, which the cache embedded before,
+// panicked here: it fetched the upstream's challenge while starting, distribution issue #4038), and
+// its /v2/ check sends nothing upstream.
+func TestStartsWhileUpstreamDown(t *testing.T) {
 	down := listenLoopback(t)
 	upstreamURL := "http://" + down.Addr().String()
 	down.Close() // nothing listens there any more
-	files := newCacheFiles(t, upstreamURL, "", "")
-	t.Setenv("REGISTRY_STORAGE_FILESYSTEM_ROOTDIRECTORY", files.storage)
-	cfg, err := loadConfig(files.config)
-	if err != nil {
-		t.Fatal(err)
+	cache := startCache(t, newCacheFiles(t, upstreamURL, "puller", "secret"))
+	before := cache.metrics(t)
+	for range 3 {
+		if resp := getFrom(context.Background(), t, cache.URL+"/v2/", "", http.StatusOK); resp != nil {
+			resp.Body.Close()
+		}
 	}
-	cfg.Proxy.Username, cfg.Proxy.Password = "puller", "secret"
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel) // stops what distribution started before it gave up
-	app, err := newApp(ctx, cfg)
-	if err == nil {
-		_ = app.Shutdown()
-		t.Fatal("distribution started a pull-through cache of an unreachable upstream without the exec helper: see whether the helper is still needed")
+	after := cache.metrics(t)
+	for _, r := range []string{resultOK, resultChallenge, resultUnauthorized, resultDenied, resultNotFound, resultError, resultUnreachable, resultCanceled} {
+		series := `quartermaster_mirror_upstream_requests_total{result="` + r + `"}`
+		if d := after[series] - before[series]; d != 0 {
+			t.Errorf("the /v2/ check sent %v requests upstream (%s), want none", d, r)
+		}
 	}
-	t.Logf("as expected: %v", err)
 }
