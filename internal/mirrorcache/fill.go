@@ -13,8 +13,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/opencontainers/go-digest"
 	"github.com/go-logr/logr"
+	"github.com/opencontainers/go-digest"
 )
 
 // A fill fetches one digest from the upstream into a temporary file of the store, once, however

@@ -24,7 +24,7 @@ const (
 	envChildStorage     = "QM_TEST_CHILD_STORAGE"
 	envChildAddr        = "QM_TEST_CHILD_ADDR"
 	envChildMetricsAddr = "QM_TEST_CHILD_METRICS_ADDR"
-	envChildFileLimit = "QM_TEST_CHILD_FILE_SIZE_LIMIT"
+	envChildFileLimit   = "QM_TEST_CHILD_FILE_SIZE_LIMIT"
 	// A replica: its name, its peer port's address and the fixed list of replicas.
 	envChildPeerName = "QM_TEST_CHILD_PEER_NAME"
 	envChildPeerAddr = "QM_TEST_CHILD_PEER_ADDR"

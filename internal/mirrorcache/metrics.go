@@ -8,9 +8,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"github.com/go-logr/logr"
 )
 
 // The cache's metrics, in the process's default Prometheus registry (registerMetrics), beside the
