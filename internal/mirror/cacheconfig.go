@@ -126,7 +126,7 @@ func CacheConfig(p CacheParams) ([]byte, error) {
 		Log:     cacheLog{Level: "info", Formatter: "json"},
 		Proxy: cacheRemote{
 			RemoteURL: upstream,
-			// Always written: distribution reads a missing ttl as 7 days, and 0s as forever.
+			// Always written: a missing ttl reads as 7 days (as distribution read it), 0s as forever.
 			TTL: p.TTL.String(),
 		},
 	}
