@@ -85,11 +85,14 @@ func LoadConfig(path string) (mirror.CacheSettings, error) {
 }
 
 // newLogger is the binary's logging (controller-runtime's zap) at the configuration's level and
-// format; flags the command line set win.
+// format; flags the command line set win (--zap-devel: its own defaults).
 func newLogger(cfg mirror.CacheSettings, flags *zap.Options) (logr.Logger, error) {
 	var o zap.Options
 	if flags != nil {
 		o = *flags
+	}
+	if o.Development {
+		return zap.New(zap.UseFlagOptions(&o)), nil
 	}
 	if o.Level == nil && cfg.LogLevel != "" {
 		l, err := zapcore.ParseLevel(cfg.LogLevel)
