@@ -34,9 +34,9 @@ const (
 	PasswordKey = "password"
 	// LivePath answers 200 on CachePort once the process serves HTTP: a liveness probe.
 	LivePath = "/"
-	// ReadyPath is the registry API's base on CachePort, which containerd pings too: 200 once the
-	// registry is configured. It does not depend on the upstream, so a cache keeps serving what it
-	// holds while the upstream is down.
+	// ReadyPath is the registry API's version check on CachePort (clients such as Docker's check it
+	// before a pull; containerd's resolver does not): 200 once the cache serves. It does not depend
+	// on the upstream, so a cache keeps serving what it holds while the upstream is down.
 	ReadyPath = "/v2/"
 	// DrainTimeout is how long a stopping cache lets running pulls finish; the pod's
 	// terminationGracePeriodSeconds must be longer (the default 30 s is).
