@@ -3,6 +3,7 @@ package mirror
 import (
 	"bytes"
 	"maps"
+	"os"
 	"path/filepath"
 	"reflect"
 	"strconv"
@@ -203,4 +204,25 @@ func mergeYAML(t *testing.T, base []byte, edit string) []byte {
 		t.Fatal(err)
 	}
 	return out
+}
+
+// Every file an earlier release rendered (testdata/cacheconfig-earlier, named by the commit that
+// rendered it; the current render is the golden files) is read by this release's cache: a pod of
+// this release may start against a Secret the earlier manager wrote (a rolling upgrade, or an
+// upgrade of the image alone).
+func TestParseCacheConfigReadsEarlierRenders(t *testing.T) {
+	files, err := filepath.Glob(filepath.Join("testdata", "cacheconfig-earlier", "*.yml"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no earlier renders: %v", err)
+	}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := ParseCacheConfig(b)
+		if err != nil || s.Upstream == "" || s.StorageDir == "" || s.Addr != ":"+strconv.Itoa(CachePort) || s.MetricsAddr == "" {
+			t.Errorf("%s: %+v, %v", f, s, err)
+		}
+	}
 }
