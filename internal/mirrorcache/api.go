@@ -57,7 +57,8 @@ func (f *front) serveAPI(w http.ResponseWriter, r *http.Request) {
 }
 
 // serveTags answers a tag list (GET /v2/<name>/tags/list, with the spec's n and last): the
-// upstream's, through the cache's one upstream client. When the upstream does not answer (down,
+// upstream's, through the cache's one upstream client: with n, one upstream page per page asked
+// (n and last passed on, the page checked and bounded here); without, the whole list. When the upstream does not answer (down,
 // 5xx, refusing the cache) the list is the tags the cache holds for the repository, as for a
 // pull by tag: those it resolved (its index) and those distribution stored on the volume in
 // earlier releases. A 404 of the upstream is the answer: the repository is gone.
@@ -76,7 +77,11 @@ func (f *front) serveTags(w http.ResponseWriter, r *http.Request, repo string) {
 
 	ctx, cancel := context.WithTimeout(r.Context(), 30*time.Second)
 	defer cancel()
-	tags, status, err := f.remote.tags(ctx, repo)
+	asked := n
+	if asked > maxTagsAsked {
+		asked = -1 // the whole list, paged here
+	}
+	tags, upstreamMore, status, err := f.remote.tags(ctx, repo, asked, last)
 	switch {
 	case err == nil:
 	case status == http.StatusNotFound:
@@ -88,9 +93,11 @@ func (f *front) serveTags(w http.ResponseWriter, r *http.Request, repo string) {
 			upstreamFailed(w, status, err)
 			return
 		}
-		tags = held
+		tags, upstreamMore = held, false
 	}
 	page, more := paginate(tags, n, last)
+	// The upstream may page by fewer than n: its Link says more follow.
+	more = more || (upstreamMore && len(page) > 0)
 	if more {
 		next := r.URL.Query()
 		next.Set("n", strconv.Itoa(n))

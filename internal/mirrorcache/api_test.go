@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
@@ -122,9 +123,13 @@ func TestRegistryAPI(t *testing.T) {
 		if seen := up.requests(); !slices.Contains(seen, "GET /v2/team/app/tags/list") || !slices.Contains(seen, "GET /token") {
 			t.Errorf("the upstream saw %q, want its token realm asked and its tag list", seen)
 		}
+		up.requests()
 		all, pages := walkTags(t, cache.URL, "/v2/team/app/tags/list?n=2")
 		if !slices.Equal(all, tags) || !slices.Equal(pages, []int{2, 2, 1}) {
 			t.Errorf("pages of 2: %q in pages %v, want %q in 2, 2, 1", all, pages, tags)
+		}
+		if n := count(up.requests(), "GET /v2/team/app/tags/list"); n != 3 {
+			t.Errorf("pages of 2: %d upstream tag list requests, want one per page (3)", n)
 		}
 		if l, link := listTags(t, cache.URL+"/v2/team/app/tags/list?n=2&last=b"); !slices.Equal(l.Tags, []string{"c", "d"}) ||
 			link != `</v2/team/app/tags/list?last=d&n=2>; rel="next"` {
@@ -156,13 +161,22 @@ func TestRegistryAPI(t *testing.T) {
 	})
 
 	t.Run("an upstream that pages its list", func(t *testing.T) {
-		// The cache follows the upstream's Link headers (relative, as distribution writes them,
-		// or absolute on the upstream's host) and pages the whole list as the client asks.
+		// An upstream that pages by 3 whatever n says: a client asking for the whole list gets it
+		// at once (the cache follows the upstream's Link headers, relative as distribution writes
+		// them or absolute on the upstream's host); a client asking for pages of 4 gets the
+		// upstream's pages of 3, each linked to the next, every tag once.
 		many := []string{"t0", "t1", "t2", "t3", "t4", "t5", "t6"}
+		var (
+			mu    sync.Mutex
+			asked []string
+		)
 		up.setFault(func(w http.ResponseWriter, r *http.Request) bool {
 			if r.URL.Path != "/v2/team/paged/tags/list" {
 				return false
 			}
+			mu.Lock()
+			asked = append(asked, r.URL.RawQuery)
+			mu.Unlock()
 			from := 0
 			if last := r.URL.Query().Get("last"); last != "" {
 				from = slices.Index(many, last) + 1
@@ -180,9 +194,22 @@ func TestRegistryAPI(t *testing.T) {
 			return true
 		})
 		defer up.setFault(nil)
-		all, pages := walkTags(t, cache.URL, "/v2/team/paged/tags/list?n=4")
-		if !slices.Equal(all, many) || !slices.Equal(pages, []int{4, 3}) {
-			t.Errorf("%q in pages %v, want %q in 4, 3", all, pages, many)
+		all, pages := walkTags(t, cache.URL, "/v2/team/paged/tags/list")
+		if !slices.Equal(all, many) || !slices.Equal(pages, []int{7}) {
+			t.Errorf("the whole list: %q in pages %v, want %q in one", all, pages, many)
+		}
+		mu.Lock()
+		asked = nil
+		mu.Unlock()
+		all, pages = walkTags(t, cache.URL, "/v2/team/paged/tags/list?n=4")
+		if !slices.Equal(all, many) || !slices.Equal(pages, []int{3, 3, 1}) {
+			t.Errorf("pages of 4: %q in pages %v, want %q in 3, 3, 1", all, pages, many)
+		}
+		// One upstream request per page, n+1 asked (one more says whether others follow).
+		mu.Lock()
+		defer mu.Unlock()
+		if want := []string{"n=5", "last=t2&n=5", "last=t5&n=5"}; !slices.Equal(asked, want) {
+			t.Errorf("the upstream was asked %q, want %q", asked, want)
 		}
 	})
 

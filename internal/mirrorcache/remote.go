@@ -265,27 +265,39 @@ func readCredentials(dir string) (username, password string, err error) {
 }
 
 // maxTagPages bounds the pages of one upstream tag list the cache follows, and maxTagPageBytes
-// the size of one page.
+// the size of one page. A client asking for more than maxTagsAsked tags at once gets the whole list
+// paged by the cache.
 const (
 	maxTagPages     = 100
 	maxTagPageBytes = 8 << 20
+	maxTagsAsked    = 10000
 )
 
-// tags lists repo's tags at the upstream, every page of them (the upstream's Link headers
-// followed, on the upstream's own host only). status is the upstream's answer when it was not
-// a list (404 …), 0 when it gave none.
-func (r *remote) tags(ctx context.Context, repo string) (tags []string, status int, err error) {
+// tags lists repo's tags at the upstream, after last when it is set: every one (n < 0: the
+// upstream's pages followed, on its own host only), or one page of at most n+1 (n >= 0: one more
+// than the client asked for says whether more follow without a request that finds nothing), and
+// more when the upstream's Link says others follow. status is the upstream's answer when it was
+// not a list (404 …), 0 when it gave none.
+func (r *remote) tags(ctx context.Context, repo string, n int, last string) (tags []string, more bool, status int, err error) {
 	page := r.base.JoinPath("/v2/", repo, "tags", "list")
+	q := url.Values{}
+	if n >= 0 {
+		q.Set("n", strconv.Itoa(n+1))
+	}
+	if last != "" {
+		q.Set("last", last)
+	}
+	page.RawQuery = q.Encode()
 	for range maxTagPages {
 		resp, err := r.roundTrip(ctx, http.MethodGet, page, repo, func(req *http.Request) {
 			req.Header.Set("Accept", "application/json")
 		})
 		if err != nil {
-			return nil, 0, err
+			return nil, false, 0, err
 		}
 		if resp.StatusCode != http.StatusOK {
 			drain(resp)
-			return nil, resp.StatusCode, fmt.Errorf("the upstream answered %s", resp.Status)
+			return nil, false, resp.StatusCode, fmt.Errorf("the upstream answered %s", resp.Status)
 		}
 		var body struct {
 			Tags []string `json:"tags"`
@@ -294,20 +306,23 @@ func (r *remote) tags(ctx context.Context, repo string) (tags []string, status i
 		link := resp.Header.Get("Link")
 		drain(resp)
 		if err != nil {
-			return nil, resp.StatusCode, fmt.Errorf("the upstream's tag list: %w", err)
+			return nil, false, resp.StatusCode, fmt.Errorf("the upstream's tag list: %w", err)
 		}
 		tags = append(tags, body.Tags...)
 		next := nextLink(link)
-		if next == "" {
-			return tags, http.StatusOK, nil
+		switch {
+		case next == "":
+			return tags, false, http.StatusOK, nil
+		case n >= 0:
+			return tags, true, http.StatusOK, nil
 		}
 		u, err := page.Parse(next)
 		if err != nil || u.Scheme != r.base.Scheme || u.Host != r.base.Host {
-			return nil, resp.StatusCode, fmt.Errorf("the upstream's tag list goes on at %q, not on the upstream", next)
+			return nil, false, resp.StatusCode, fmt.Errorf("the upstream's tag list goes on at %q, not on the upstream", next)
 		}
 		page = u
 	}
-	return nil, http.StatusOK, fmt.Errorf("the upstream's tag list of %s has more than %d pages", repo, maxTagPages)
+	return nil, false, http.StatusOK, fmt.Errorf("the upstream's tag list of %s has more than %d pages", repo, maxTagPages)
 }
 
 // nextLink is the target of an RFC 8288 Link header's rel="next" link, "" when it has none.
