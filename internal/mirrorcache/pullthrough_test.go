@@ -3,9 +3,12 @@ package mirrorcache
 import (
 	"context"
 	"errors"
+	"io"
 	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -218,5 +221,57 @@ func TestStartsWhileUpstreamDown(t *testing.T) {
 		if d := after[series] - before[series]; d != 0 {
 			t.Errorf("the /v2/ check sent %v requests upstream (%s), want none", d, r)
 		}
+	}
+}
+
+// A redirect (to blob storage) gets the upstream's credentials only where the one rule allows:
+// here another port of the upstream's address, which Go's own redirect policy would give them to
+// (it compares host names, not ports). The blob is served all the same.
+func TestRedirectGetsNoCredentials(t *testing.T) {
+	const user, password = "puller", "redirect-secret"
+	up := startUpstream(t, authHtpasswd, password, false)
+	img := up.push(t, "team/app")
+	layer := img.blobs[1].Digest
+	req, err := http.NewRequest(http.MethodGet, up.URL+"/v2/team/app/blobs/"+layer.String(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.SetBasicAuth(user, password)
+	resp, err := testClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("the layer from the upstream: %s %v", resp.Status, err)
+	}
+	var (
+		mu   sync.Mutex
+		auth []string
+	)
+	storage := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		auth = append(auth, r.Header.Get("Authorization"))
+		mu.Unlock()
+		w.Header().Set("Content-Type", "application/octet-stream")
+		_, _ = w.Write(body)
+	}))
+	t.Cleanup(storage.Close)
+	up.setFault(func(w http.ResponseWriter, r *http.Request) bool {
+		if r.Method != http.MethodGet || !strings.HasSuffix(r.URL.Path, "/blobs/"+layer.String()) || r.Header.Get("Authorization") == "" {
+			return false // the upstream's challenge first, as a registry answers
+		}
+		http.Redirect(w, r, storage.URL+"/layer", http.StatusTemporaryRedirect)
+		return true
+	})
+	cache := startCache(t, newCacheFiles(t, up.URL, user, password))
+	hosts := t.TempDir()
+	writeHostsDir(t, hosts, up, cache.URL)
+	mustPull(t, hosts, img.byTag(up))
+	mu.Lock()
+	defer mu.Unlock()
+	if len(auth) != 1 || auth[0] != "" {
+		t.Errorf("the blob storage the upstream redirected to got Authorization %q, want one request without", auth)
 	}
 }

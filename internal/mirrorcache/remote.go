@@ -48,10 +48,23 @@ func newRemote(upstream, credsDir string, log logr.Logger) (*remote, error) {
 	if err != nil {
 		return nil, err
 	}
-	// Counted and logged (metrics.go); redirects to blob storage are followed, and Go drops the
-	// Authorization header when one leaves the host.
-	return &remote{base: u, credsDir: credsDir, client: &http.Client{Transport: upstreamTransport(log)}, tokens: map[string]token{}}, nil
+	// Counted and logged (metrics.go). Redirects (to blob storage) are followed, with the
+	// credentials or token only where the one rule allows: Go's own policy would send them to any
+	// port of the same host name and to any subdomain, whatever the scheme.
+	client := &http.Client{Transport: upstreamTransport(log), CheckRedirect: func(req *http.Request, via []*http.Request) error {
+		if len(via) >= maxRedirects {
+			return fmt.Errorf("stopped after %d redirects", maxRedirects)
+		}
+		if !mirror.CredentialsAllowed(upstream, req.URL) {
+			req.Header.Del("Authorization")
+		}
+		return nil
+	}}
+	return &remote{base: u, credsDir: credsDir, client: client, tokens: map[string]token{}}, nil
 }
+
+// maxRedirects is how many redirects one upstream request follows (Go's default).
+const maxRedirects = 10
 
 // manifestAccept is every manifest type the cache stores: it asks for all of them, as
 // distribution's proxy does, so one stored answer serves every client.
