@@ -379,13 +379,13 @@ kubectl -n "${mirrors_ns}" get secret "mirror-${mirror}-cache" -o json |
 	jq -r '.data | to_entries[] | "\(.key) \(.value)"' | while read -r key value; do
 	base64 -d <<<"${value}" >"${state}/cache/secret/${key}"
 done
-cache_env+=("REGISTRY_HTTP_ADDR=${cache_addr}" "REGISTRY_HTTP_DEBUG_ADDR=${cache_debug_addr}")
+cache_args+=("--address=${cache_addr}" "--metrics-address=${cache_debug_addr}")
 if ${as_root}; then
 	start_in_mounts mirror-cache "${state}/cache/secret:${secret_path} ${state}/cache/volume:${claim_path}" \
 		env "${cache_env[@]}" "${root}/bin/quartermaster" "${cache_args[@]}"
-else # the same files where this user may put them: the paths in the args and the storage root moved
-	start mirror-cache env "${cache_env[@]}" REGISTRY_STORAGE_FILESYSTEM_ROOTDIRECTORY="${state}/cache/volume" \
-		"${root}/bin/quartermaster" "${cache_args[@]//${secret_path}/${state}/cache/secret}"
+else # the same files where this user may put them: the paths in the args and the storage directory moved
+	start mirror-cache env "${cache_env[@]}" \
+		"${root}/bin/quartermaster" "${cache_args[@]//${secret_path}/${state}/cache/secret}" --storage-dir="${state}/cache/volume"
 fi
 cache_ready() { alive mirror-cache && curl -fsS "http://${cache_addr}/v2/"; }
 until_ok 30 "the cache to be ready" cache_ready || die "the mirror's cache did not become ready"

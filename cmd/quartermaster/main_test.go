@@ -163,6 +163,16 @@ func TestEveryShippedCommandLineStillParses(t *testing.T) {
 	} else if got := ownerAddrs(mo.Peers.Set); !maps.Equal(got, map[string]bool{"": true, "127.0.0.1:2": true}) {
 		t.Errorf("registry-mirror with a fixed peer list: digests go to %v, want some kept by a and the rest to b", got)
 	}
+	// As test/e2e and the bench run the cache as a process beside others.
+	po, err := registryMirrorFlags([]string{"--config=/c.yml", "--address=127.0.0.1:1", "--metrics-address=127.0.0.1:2", "--storage-dir=/s", "--zap-log-level=error"}, io.Discard)
+	if err != nil || po.ConfigPath != "/c.yml" || po.Addr != "127.0.0.1:1" || po.MetricsAddr != "127.0.0.1:2" || po.StorageDir != "/s" ||
+		po.LogFlags == nil || po.LogFlags.Level == nil || po.Peers != nil {
+		t.Errorf("registry-mirror as a process: %+v, %v", po, err)
+	}
+	// The cache has one way to authenticate: no credential helper subcommand ("get") is left.
+	if _, ok := subcommands["get"]; ok {
+		t.Error(`the binary still has the subcommand "get" (distribution's credential helper)`)
+	}
 	for _, bad := range [][]string{{"--peers=a", "--peer-name=a"}, {"--peers=a=h:1", "--peers-service=s"}} {
 		if _, err := registryMirrorFlags(bad, io.Discard); err == nil {
 			t.Errorf("registry-mirror %q accepted", bad)

@@ -11,6 +11,8 @@ import (
 	"path/filepath"
 	"strconv"
 
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+
 	"github.com/quartermaster-dev/quartermaster/internal/cli"
 	"github.com/quartermaster-dev/quartermaster/internal/mirror"
 	"github.com/quartermaster-dev/quartermaster/internal/mirrorcache"
@@ -19,8 +21,6 @@ import (
 
 func init() {
 	subcommands["registry-mirror"] = registryMirror
-	// The cache runs this binary as its upstream credential helper (see internal/mirrorcache).
-	subcommands[mirrorcache.HelperAction] = registryMirrorCredentialHelper
 	subcommands["cache-storage"] = cacheStorage
 }
 
@@ -80,9 +80,13 @@ func registryMirror(ctx context.Context, args []string) error {
 
 var registryMirrorUsage = cli.Usage{
 	Command: "quartermaster registry-mirror",
-	About: `Runs a RegistryMirror's pull-through cache (distribution's registry, configured by --config) with
-the upstream's credentials read from --credentials-dir. It is the container of the mirror's
-StatefulSet; the mirrors controller renders its configuration and flags.`,
+	About: `Runs a RegistryMirror's pull-through cache: a read-only registry that answers the pull API (the /v2/
+check, manifests, blobs, tag lists) from its volume, the mirror's other replicas and the upstream,
+configured by --config (the file the mirrors controller renders) with the upstream's credentials
+read from --credentials-dir at each use. It is the container of the mirror's StatefulSet; the
+mirrors controller renders its configuration and flags. --storage-dir, --address and
+--metrics-address replace the file's settings (a cache run as a process beside others); the --zap
+flags replace its log settings.`,
 	Examples: []string{
 		"# What the StatefulSet runs\n" +
 			"quartermaster registry-mirror --config=" + filepath.Join(mirror.ConfigDir, mirror.ConfigFile) + " --credentials-dir=" + mirror.ConfigDir +
@@ -95,8 +99,13 @@ func registryMirrorFlags(args []string, out io.Writer) (mirrorcache.Options, err
 	fs := flag.NewFlagSet("registry-mirror", flag.ContinueOnError)
 	fs.SetOutput(out)
 	var o mirrorcache.Options
-	fs.StringVar(&o.ConfigPath, "config", filepath.Join(mirror.ConfigDir, mirror.ConfigFile), "the cache's distribution registry configuration file")
+	fs.StringVar(&o.ConfigPath, "config", filepath.Join(mirror.ConfigDir, mirror.ConfigFile), "the cache's configuration file (rendered by the mirrors controller)")
 	fs.StringVar(&o.CredentialsDir, "credentials-dir", mirror.ConfigDir, "directory with the upstream's username and password files; without them the upstream is pulled anonymously")
+	fs.StringVar(&o.StorageDir, "storage-dir", "", "the cache's storage directory (default: the configuration's)")
+	fs.StringVar(&o.Addr, "address", "", "where the registry API listens (default: the configuration's, :"+strconv.Itoa(mirror.CachePort)+")")
+	fs.StringVar(&o.MetricsAddr, "metrics-address", "", "where the metrics listen (default: the configuration's, :"+strconv.Itoa(mirror.MetricsPort)+")")
+	o.LogFlags = &zap.Options{}
+	o.LogFlags.BindFlags(fs)
 	service := fs.String("peers-service", "", "the mirror's headless Service (DNS name): its SRV records for the peer port list the other cache pods, which act with this one as one cache")
 	list := fs.String("peers", "", "a fixed list of the cache pods acting as one cache, name=host:port,… (instead of --peers-service)")
 	name := fs.String("peer-name", "", "this pod's name among the peers (default: the host name, a StatefulSet pod's name)")
@@ -125,13 +134,4 @@ func registryMirrorFlags(args []string, out io.Writer) (mirrorcache.Options, err
 		o.Peers.Lookup = peerset.LookupSRV(net.DefaultResolver, mirror.PeerPortName, *service)
 	}
 	return o, nil
-}
-
-// registryMirrorCredentialHelper is distribution's credential helper protocol, not a command for
-// people: its one argument is the protocol's action, and it has no flags.
-func registryMirrorCredentialHelper(_ context.Context, args []string) error {
-	if len(args) > 0 {
-		return errors.New("the credential helper takes no arguments")
-	}
-	return mirrorcache.CredentialHelper(os.Stdin, os.Stdout)
 }

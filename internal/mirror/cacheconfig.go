@@ -34,9 +34,9 @@ const (
 	PasswordKey = "password"
 	// LivePath answers 200 on CachePort once the process serves HTTP: a liveness probe.
 	LivePath = "/"
-	// ReadyPath is the registry API's base on CachePort, which containerd pings too: 200 once the
-	// registry is configured. It does not depend on the upstream, so a cache keeps serving what it
-	// holds while the upstream is down.
+	// ReadyPath is the registry API's version check on CachePort (clients such as Docker's check it
+	// before a pull; containerd's resolver does not): 200 once the cache serves. It does not depend
+	// on the upstream, so a cache keeps serving what it holds while the upstream is down.
 	ReadyPath = "/v2/"
 	// DrainTimeout is how long a stopping cache lets running pulls finish; the pod's
 	// terminationGracePeriodSeconds must be longer (the default 30 s is).
@@ -51,7 +51,11 @@ type CacheParams struct {
 	TTL time.Duration
 }
 
-// cacheConfig is the part of distribution's configuration file the cache uses (its YAML keys).
+// cacheConfig is the cache's configuration file: the keys CacheConfig renders, in the format of
+// distribution's registry configuration, which the cache embedded until it answered every request
+// itself. The file keeps that format so that a cache of either kind reads a file rendered for the
+// other during a rolling upgrade (an old pod restarting against a new Secret, a new pod against an
+// old one): the renders are the same bytes. ParseCacheConfig reads these keys and no others.
 type cacheConfig struct {
 	Version string      `json:"version"`
 	Log     cacheLog    `json:"log"`
@@ -95,9 +99,12 @@ type cacheHTTP struct {
 type cacheRemote struct {
 	RemoteURL string `json:"remoteurl"`
 	TTL       string `json:"ttl"`
+	// Never rendered: read only to refuse a file that holds credentials.
+	Username string `json:"username,omitempty"`
+	Password string `json:"password,omitempty"`
 }
 
-// CacheConfig renders the distribution registry configuration of one mirror's cache.
+// CacheConfig renders the configuration of one mirror's cache (ParseCacheConfig reads it).
 func CacheConfig(p CacheParams) ([]byte, error) {
 	// Checked before NormalizeUpstream, whose errors quote the URL: this one must not.
 	raw := p.UpstreamURL
@@ -119,7 +126,7 @@ func CacheConfig(p CacheParams) ([]byte, error) {
 		Log:     cacheLog{Level: "info", Formatter: "json"},
 		Proxy: cacheRemote{
 			RemoteURL: upstream,
-			// Always written: distribution reads a missing ttl as 7 days, and 0s as forever.
+			// Always written: a missing ttl reads as 7 days (as distribution read it), 0s as forever.
 			TTL: p.TTL.String(),
 		},
 	}
@@ -147,6 +154,99 @@ func CacheConfig(p CacheParams) ([]byte, error) {
 const configHeader = "# Quartermaster's registry mirror cache (distribution registry configuration).\n" +
 	"# Upstream credentials are not here: the cache reads the username and password files next to\n" +
 	"# this one. Listen addresses, storage and metrics are fixed by the cache's pod.\n"
+
+// CacheSettings are what the cache does with its configuration file (ParseCacheConfig).
+type CacheSettings struct {
+	// Upstream is the registry the cache pulls through (proxy.remoteurl).
+	Upstream string
+	// TTL is how long content is kept after its last pull; 0 keeps it forever (proxy.ttl; a
+	// file without one means 7 days, as it did for distribution).
+	TTL time.Duration
+	// StorageDir is the cache's directory of the volume (storage.filesystem.rootdirectory).
+	StorageDir string
+	// Addr is where the registry API is served (http.addr); DrainTimeout how long a stopping
+	// cache lets running requests finish (http.draintimeout, default DrainTimeout); Headers are
+	// set on every answer of the registry port (http.headers).
+	Addr         string
+	DrainTimeout time.Duration
+	Headers      map[string][]string
+	// MetricsAddr serves Prometheus metrics at MetricsPath (http.debug.addr, when
+	// http.debug.prometheus.enabled); "" serves none.
+	MetricsAddr, MetricsPath string
+	// LogLevel (debug, info, warn or error) and LogFormat (json or text) of the cache's log.
+	LogLevel, LogFormat string
+}
+
+// defaultFileTTL is a file's TTL when it names none (distribution's default, kept for files
+// written by hand).
+const defaultFileTTL = 7 * 24 * time.Hour
+
+// ParseCacheConfig reads the configuration file CacheConfig renders. It refuses any key the
+// renderer never wrote (distribution's other settings: TLS, auth, notifications, other storage),
+// so a file that asks for something the cache does not do fails the start instead of being
+// half-obeyed, and it refuses credentials in the file: the cache reads them from the files beside
+// it.
+func ParseCacheConfig(b []byte) (CacheSettings, error) {
+	var c cacheConfig
+	if err := yaml.UnmarshalStrict(b, &c); err != nil {
+		return CacheSettings{}, fmt.Errorf("the cache reads only the keys Quartermaster renders: %w", err)
+	}
+	s := CacheSettings{
+		Upstream:    c.Proxy.RemoteURL,
+		TTL:         defaultFileTTL,
+		StorageDir:  c.Storage.Filesystem.RootDirectory,
+		Addr:        c.HTTP.Addr,
+		Headers:     c.HTTP.Headers,
+		MetricsPath: c.HTTP.Debug.Prometheus.Path,
+		LogLevel:    c.Log.Level,
+		LogFormat:   c.Log.Formatter,
+	}
+	switch {
+	case c.Version != "0.1":
+		return s, fmt.Errorf("version %q: want \"0.1\"", c.Version)
+	case c.Proxy.RemoteURL == "":
+		return s, errors.New("proxy.remoteurl is empty: the cache needs an upstream")
+	case c.Proxy.Username != "" || c.Proxy.Password != "":
+		return s, errors.New("proxy.username and proxy.password must be unset: the cache reads the credentials from its credentials directory")
+	case s.StorageDir == "":
+		return s, errors.New("storage.filesystem.rootdirectory is empty: the cache needs a directory")
+	}
+	if _, err := NormalizeUpstream(c.Proxy.RemoteURL); err != nil {
+		return s, fmt.Errorf("proxy.remoteurl: %w", err)
+	}
+	if c.Proxy.TTL != "" {
+		ttl, err := time.ParseDuration(c.Proxy.TTL)
+		if err != nil || ttl < 0 {
+			return s, fmt.Errorf("proxy.ttl %q is not a duration of 0 or more", c.Proxy.TTL)
+		}
+		s.TTL = ttl
+	}
+	s.DrainTimeout = DrainTimeout
+	if c.HTTP.DrainTimeout != "" {
+		d, err := time.ParseDuration(c.HTTP.DrainTimeout)
+		if err != nil || d <= 0 {
+			return s, fmt.Errorf("http.draintimeout %q is not a positive duration", c.HTTP.DrainTimeout)
+		}
+		s.DrainTimeout = d
+	}
+	if c.HTTP.Debug.Prometheus.Enabled {
+		s.MetricsAddr = c.HTTP.Debug.Addr
+		if s.MetricsPath == "" {
+			s.MetricsPath = MetricsPath
+		}
+	}
+	switch s.LogLevel {
+	case "", "debug", "info", "warn", "error":
+	default:
+		return s, fmt.Errorf("log.level %q is not debug, info, warn or error", s.LogLevel)
+	}
+	switch s.LogFormat {
+	case "", "json", "text":
+	default:
+		return s, fmt.Errorf("log.formatter %q is not json or text", s.LogFormat)
+	}
+	return s, nil
+}
 
 // upstreamDir names an upstream's directory in the cache volume: "https_registry-1.docker.io".
 func upstreamDir(upstream string) string {

@@ -2,13 +2,17 @@ package mirror
 
 import (
 	"bytes"
+	"maps"
+	"os"
 	"path/filepath"
+	"reflect"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/distribution/distribution/v3/configuration"
+	"sigs.k8s.io/yaml"
 )
 
 var cacheConfigCases = map[string]CacheParams{
@@ -32,7 +36,6 @@ func TestCacheConfigGolden(t *testing.T) {
 	}
 }
 
-// The rendered file means to distribution what the cache pod relies on.
 // TestUpstreamDirs: each upstream gets its own directory of the volume, a plain name.
 func TestUpstreamDirs(t *testing.T) {
 	seen := map[string]string{}
@@ -49,6 +52,9 @@ func TestUpstreamDirs(t *testing.T) {
 	}
 }
 
+// The rendered file still means to distribution's parser what the cache relies on: a cache of the
+// release that embedded distribution, restarting against a file this release renders (a rolling
+// upgrade, or a rollback), reads the same settings.
 func TestCacheConfigParsesAsDistributionConfig(t *testing.T) {
 	for name, p := range cacheConfigCases {
 		t.Run(name, func(t *testing.T) {
@@ -117,5 +123,106 @@ func TestCacheConfigRefusesBadInput(t *testing.T) {
 				t.Errorf("the error repeats the credentials: %v", err)
 			}
 		})
+	}
+}
+
+// The cache reads back what CacheConfig renders: every value it serves with.
+func TestParseCacheConfigReadsTheRender(t *testing.T) {
+	for name, p := range cacheConfigCases {
+		t.Run(name, func(t *testing.T) {
+			out, err := CacheConfig(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			s, err := ParseCacheConfig(out)
+			if err != nil {
+				t.Fatalf("ParseCacheConfig: %v\n%s", err, out)
+			}
+			upstream, _ := NormalizeUpstream(p.UpstreamURL)
+			want := CacheSettings{
+				Upstream: upstream, TTL: p.TTL, StorageDir: StorageDir + "/" + upstreamDir(upstream),
+				Addr: ":" + strconv.Itoa(CachePort), DrainTimeout: DrainTimeout,
+				Headers:     map[string][]string{"X-Content-Type-Options": {"nosniff"}},
+				MetricsAddr: ":" + strconv.Itoa(MetricsPort), MetricsPath: MetricsPath,
+				LogLevel: "info", LogFormat: "json",
+			}
+			if !reflect.DeepEqual(s, want) {
+				t.Errorf("ParseCacheConfig = %+v\nwant %+v", s, want)
+			}
+		})
+	}
+}
+
+// A file with a key the renderer never writes, credentials, or a value the cache cannot use
+// fails the start with the key named, instead of being half-obeyed.
+func TestParseCacheConfigRefuses(t *testing.T) {
+	base, err := CacheConfig(cacheConfigCases["docker-hub"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ name, edit, want string }{
+		{"TLS", "http:\n  tls:\n    certificate: /c.pem\n", "tls"},
+		{"auth", "auth:\n  htpasswd:\n    realm: x\n", "auth"},
+		{"notifications", "notifications:\n  endpoints: []\n", "notifications"},
+		{"another storage", "storage:\n  s3:\n    bucket: b\n", "s3"},
+		{"credentials", "proxy:\n  remoteurl: https://r.example\n  username: u\n  password: p\n", "credentials directory"},
+		{"the exec helper", "proxy:\n  remoteurl: https://r.example\n  exec:\n    command: /bin/helper\n", "exec"},
+		{"no upstream", "proxy:\n  ttl: 1h\n", "proxy.remoteurl is empty"},
+		{"a bad ttl", "proxy:\n  remoteurl: https://r.example\n  ttl: soon\n", "proxy.ttl"},
+		{"a negative ttl", "proxy:\n  remoteurl: https://r.example\n  ttl: -1h\n", "proxy.ttl"},
+		{"no storage", "storage:\n  filesystem: {}\n", "rootdirectory is empty"},
+		{"a log level", "log:\n  level: chatty\n", "log.level"},
+		{"another version", "version: \"0.2\"\n", "version"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			in := mergeYAML(t, base, tc.edit)
+			if _, err := ParseCacheConfig(in); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("ParseCacheConfig = %v; want an error containing %q\n%s", err, tc.want, in)
+			}
+		})
+	}
+	// Without a ttl a file keeps content 7 days, as distribution read it; 0s keeps it forever.
+	s, err := ParseCacheConfig(mergeYAML(t, base, "proxy:\n  remoteurl: https://r.example\n"))
+	if err != nil || s.TTL != 7*24*time.Hour {
+		t.Errorf("no ttl: %v %v, want 168h", s.TTL, err)
+	}
+}
+
+// mergeYAML replaces base's top-level sections with edit's.
+func mergeYAML(t *testing.T, base []byte, edit string) []byte {
+	t.Helper()
+	var b, e map[string]any
+	if err := yaml.Unmarshal(base, &b); err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.Unmarshal([]byte(edit), &e); err != nil {
+		t.Fatal(err)
+	}
+	maps.Copy(b, e)
+	out, err := yaml.Marshal(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// Every file an earlier release rendered (testdata/cacheconfig-earlier, named by the commit that
+// rendered it; the current render is the golden files) is read by this release's cache: a pod of
+// this release may start against a Secret the earlier manager wrote (a rolling upgrade, or an
+// upgrade of the image alone).
+func TestParseCacheConfigReadsEarlierRenders(t *testing.T) {
+	files, err := filepath.Glob(filepath.Join("testdata", "cacheconfig-earlier", "*.yml"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no earlier renders: %v", err)
+	}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := ParseCacheConfig(b)
+		if err != nil || s.Upstream == "" || s.StorageDir == "" || s.Addr != ":"+strconv.Itoa(CachePort) || s.MetricsAddr == "" {
+			t.Errorf("%s: %+v, %v", f, s, err)
+		}
 	}
 }

@@ -83,8 +83,7 @@ func startChild(t *testing.T, files cacheFiles, env ...string) *childCache {
 	c.cmd = exec.Command(os.Args[0], "-test.run=^$")
 	c.cmd.Stdout, c.cmd.Stderr = c.logs, c.logs
 	c.cmd.Env = append(append(os.Environ(), envChildCache+"="+files.config,
-		"REGISTRY_HTTP_ADDR="+c.addr, "REGISTRY_HTTP_DEBUG_ADDR="+c.metricsAddr,
-		"REGISTRY_STORAGE_FILESYSTEM_ROOTDIRECTORY="+files.storage), env...)
+		envChildAddr+"="+c.addr, envChildMetricsAddr+"="+c.metricsAddr, envChildStorage+"="+files.storage), env...)
 	if err := c.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}

@@ -13,8 +13,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/opencontainers/go-digest"
-	"github.com/sirupsen/logrus"
 )
 
 // A fill fetches one digest from the upstream into a temporary file of the store, once, however
@@ -25,6 +25,7 @@ import (
 type fill struct {
 	d        digest.Digest
 	repo     string // the repository it is fetched for
+	log      logr.Logger
 	manifest bool
 	path     string // the temporary file while it runs
 
@@ -59,13 +60,13 @@ const wakeBytes = 128 << 10
 // reserveBytes is kept free on the volume: a fill needs its length plus this.
 const reserveBytes = 64 << 20
 
-// maxManifestBytes bounds a manifest the cache parses (distribution's own limit is 4 MiB).
+// maxManifestBytes bounds a manifest the cache parses (distribution's limit too).
 const maxManifestBytes = 4 << 20
 
 // newFill starts a fill's state; toUpstream: a peer asked for the content, so the fill never
 // reads from another peer.
-func newFill(d digest.Digest, repo string, manifest, toUpstream bool) *fill {
-	f := &fill{d: d, repo: repo, manifest: manifest, size: -1, toUpstream: toUpstream}
+func newFill(d digest.Digest, repo string, manifest, toUpstream bool, log logr.Logger) *fill {
+	f := &fill{d: d, repo: repo, manifest: manifest, size: -1, toUpstream: toUpstream, log: log}
 	f.cond = sync.NewCond(&f.mu)
 	return f
 }
@@ -392,7 +393,7 @@ func (f *fill) storeFailed(err error) {
 
 func (f *fill) fail(result string, status int, err error) {
 	fills.WithLabelValues(result).Inc()
-	logrus.WithError(err).WithField("digest", f.d.String()).Warn("cache fill failed")
+	f.log.Error(err, "cache fill failed", "digest", f.d.String())
 	f.mu.Lock()
 	f.done, f.err, f.status = true, err, status
 	if !f.ready {

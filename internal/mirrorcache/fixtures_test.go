@@ -30,14 +30,14 @@ import (
 	specs "github.com/opencontainers/image-spec/specs-go"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"golang.org/x/crypto/bcrypt"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/quartermaster-dev/quartermaster/internal/mirror"
 	"github.com/quartermaster-dev/quartermaster/internal/testing/promtext"
 	"github.com/quartermaster-dev/quartermaster/internal/testing/testenv"
 )
 
-// testClient is the tests' own HTTP client: the cache wraps http.DefaultTransport to count its
-// upstream requests, and the tests' requests must not count.
+// testClient is the tests' own HTTP client, with connections of its own.
 var testClient = &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 30 * time.Second}
 
 // Upstream authentication schemes.
@@ -338,9 +338,6 @@ func startCache(t *testing.T, f cacheFiles) *runningCache {
 // data path hook) set.
 func startCacheWith(t *testing.T, f cacheFiles, extra Options) *runningCache {
 	t.Helper()
-	// distribution's documented override of a configuration value: the file stays as rendered,
-	// the storage is the test's.
-	t.Setenv("REGISTRY_STORAGE_FILESYSTEM_ROOTDIRECTORY", f.storage)
 	ln, mln := extra.Listener, listenLoopback(t)
 	if ln == nil {
 		ln = listenLoopback(t)
@@ -354,8 +351,9 @@ func startCacheWith(t *testing.T, f cacheFiles, extra Options) *runningCache {
 		done:       make(chan error, 1),
 	}
 	go func() {
-		c.done <- Run(ctx, Options{ConfigPath: f.config, CredentialsDir: f.credentials, Listener: ln, MetricsListener: mln, LogOutput: c.log,
-			Peers: extra.Peers, now: extra.now, started: extra.started})
+		// The file stays as rendered; the storage is the test's.
+		c.done <- Run(ctx, Options{ConfigPath: f.config, CredentialsDir: f.credentials, StorageDir: f.storage, Listener: ln, MetricsListener: mln,
+			Log: zap.New(zap.WriteTo(c.log)), Peers: extra.Peers, now: extra.now, started: extra.started})
 	}()
 	t.Cleanup(func() { c.stop(t) })
 	deadline := time.Now().Add(20 * time.Second)

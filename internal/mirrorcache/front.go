@@ -13,21 +13,22 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/opencontainers/go-digest"
-	"github.com/sirupsen/logrus"
 )
 
-// front is the cache's data path: it answers GET and HEAD of manifests and blobs itself, from
-// its store or a coalesced fill, and hands every other request (the /v2/ base, tag lists) to
-// distribution. distribution's proxy is not used for content: it sends a request for a blob
-// being fetched straight to the upstream, ties the fill to the first client, and expires shared
-// blobs while other repositories still link them (docs/mirrors.md, The cache).
+// front is the cache's registry: it answers GET and HEAD of manifests and blobs from its store
+// or a coalesced fill, and every other request itself (api.go). Unlike distribution's proxy,
+// which the cache embedded before, it never sends a request for a blob being fetched straight to
+// the upstream, never ties a fill to the first client, and never expires shared blobs while other
+// repositories still use them (docs/mirrors.md, The cache).
 type front struct {
-	next   http.Handler
 	remote *remote
 	peers  *peers // nil: no other replicas
 	store  *store
 	ttl    time.Duration
+	root   string // the storage directory: the store's and distribution's (legacy.go)
+	log    logr.Logger
 
 	ctx    context.Context // the fills' context: the cache's, never a client's
 	cancel context.CancelFunc
@@ -62,11 +63,11 @@ type tagLookup struct {
 	err    error
 }
 
-func newFront(next http.Handler, r *remote, p *peers, s *store, ttl time.Duration) *front {
+func newFront(r *remote, p *peers, s *store, ttl time.Duration, storageDir string, log logr.Logger) *front {
 	ctx, cancel := context.WithCancel(context.Background())
 	root := s.root
 	return &front{
-		next: next, remote: r, peers: p, store: s, ttl: ttl, ctx: ctx, cancel: cancel,
+		remote: r, peers: p, store: s, ttl: ttl, root: storageDir, log: log, ctx: ctx, cancel: cancel,
 		fills: map[digest.Digest]*fill{}, tags: map[string]*tagLookup{},
 		freeSpace: func() (uint64, error) {
 			var st syscall.Statfs_t
@@ -98,7 +99,7 @@ func (f *front) run() {
 				peersKnown.WithLabelValues("down").Set(float64(down))
 			}
 			if err := f.store.flush(); err != nil {
-				logrus.WithError(err).Warn("writing the cache index")
+				f.log.Error(err, "writing the cache index")
 			}
 		}
 	}
@@ -107,7 +108,7 @@ func (f *front) run() {
 func (f *front) sweep() {
 	if n := f.store.sweep(f.ttl); n > 0 {
 		expired.Add(float64(n))
-		logrus.WithField("deleted", n).Info("cache content expired")
+		f.log.Info("cache content expired", "deleted", n)
 	}
 }
 
@@ -122,12 +123,12 @@ func (f *front) close() error {
 var repoName = regexp.MustCompile(`^[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*$`)
 
 func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Docker-Distribution-API-Version", "registry/2.0")
 	repo, kind, ref, ok := contentPath(r)
 	if !ok {
-		f.next.ServeHTTP(w, r)
+		f.serveAPI(w, r)
 		return
 	}
-	w.Header().Set("Docker-Distribution-API-Version", "registry/2.0")
 	if kind == "/blobs/" {
 		d, err := digest.Parse(ref)
 		if err != nil {
@@ -335,7 +336,7 @@ func (f *front) join(repo string, d digest.Digest, manifest, fromPeer bool) (fl 
 		file.Close()
 		return nil, false
 	}
-	fl = newFill(d, repo, manifest, fromPeer)
+	fl = newFill(d, repo, manifest, fromPeer, f.log)
 	f.fills[d] = fl
 	// In flight from the moment a request can join it until none can: a request after the gauge
 	// drops to 0 is served from the store (a hit), never from this fill.
@@ -432,7 +433,7 @@ func (f *front) serveFill(w http.ResponseWriter, r *http.Request, repo string, f
 	}
 	if err := fl.tail(r.Context(), w, from, to); err != nil {
 		if r.Context().Err() == nil {
-			logrus.WithError(err).WithField("digest", fl.d.String()).Warn("aborting a response: its fill failed")
+			f.log.Error(err, "aborting a response: its fill failed", "digest", fl.d.String())
 		}
 		panic(http.ErrAbortHandler)
 	}

@@ -17,10 +17,14 @@ import (
 )
 
 // envChildCache makes the test binary run a cache as its own process (the configuration file
-// named; the rest from distribution's REGISTRY_* variables), so a test can kill it.
+// named; its storage and listen addresses from the variables below, as registry-mirror's flags
+// give them), so a test can kill it.
 const (
-	envChildCache     = "QM_TEST_CHILD_CACHE_CONFIG"
-	envChildFileLimit = "QM_TEST_CHILD_FILE_SIZE_LIMIT"
+	envChildCache       = "QM_TEST_CHILD_CACHE_CONFIG"
+	envChildStorage     = "QM_TEST_CHILD_STORAGE"
+	envChildAddr        = "QM_TEST_CHILD_ADDR"
+	envChildMetricsAddr = "QM_TEST_CHILD_METRICS_ADDR"
+	envChildFileLimit   = "QM_TEST_CHILD_FILE_SIZE_LIMIT"
 	// A replica: its name, its peer port's address and the fixed list of replicas.
 	envChildPeerName = "QM_TEST_CHILD_PEER_NAME"
 	envChildPeerAddr = "QM_TEST_CHILD_PEER_ADDR"
@@ -36,16 +40,8 @@ const (
 // for every replica to see a change of the replicas.
 const childLookupInterval = 100 * time.Millisecond
 
-// TestMain makes the test binary the cache's credential helper, as the quartermaster binary is in
-// a pod: a cache runs os.Executable(), here this binary, with "get".
+// TestMain makes the test binary a cache run as a process when envChildCache says so.
 func TestMain(m *testing.M) {
-	if HelperRequested(os.Args[1:]) {
-		if err := CredentialHelper(os.Stdin, os.Stdout); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			os.Exit(1)
-		}
-		os.Exit(0)
-	}
 	if config := os.Getenv(envChildCache); config != "" {
 		// A volume that refuses writes past this size (EFBIG), for the tests of a full volume.
 		if limit, err := strconv.ParseUint(os.Getenv(envChildFileLimit), 10, 64); err == nil {
@@ -54,7 +50,8 @@ func TestMain(m *testing.M) {
 				os.Exit(1)
 			}
 		}
-		opts := Options{ConfigPath: config, CredentialsDir: os.TempDir()}
+		opts := Options{ConfigPath: config, CredentialsDir: os.TempDir(),
+			StorageDir: os.Getenv(envChildStorage), Addr: os.Getenv(envChildAddr), MetricsAddr: os.Getenv(envChildMetricsAddr)}
 		if list := os.Getenv(envChildPeers); list != "" {
 			members, err := peerset.ParseList(list)
 			if err != nil {

@@ -8,14 +8,13 @@ import (
 	"sync"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"github.com/sirupsen/logrus"
 )
 
-// Metrics the cache adds to distribution's own (registry_proxy_{requests,hits,misses}_total and
-// registry_proxy_{pulled,pushed}_bytes_total by type blob|manifest, registry_storage_*), all in
-// the process's default Prometheus registry, which distribution's packages register into.
+// The cache's metrics, in the process's default Prometheus registry (registerMetrics), beside the
+// Go runtime's and the process's.
 var (
 	servedRequests = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "quartermaster_mirror_http_requests_total",
@@ -131,17 +130,12 @@ const (
 	resultCanceled     = "canceled"
 )
 
-var processSetup sync.Once
+var metricsRegistered sync.Once
 
-// setUpProcess registers the cache's metrics and observes the upstream, once per process.
-//
-// distribution's proxy reaches the upstream through http.DefaultTransport (its transport, token
-// handler and challenge ping all use it) and offers no other hook, so the cache replaces it with
-// one that counts and logs the answers and gives up connecting sooner; the process runs nothing
-// else that makes HTTP requests. A swallowed upstream error is otherwise invisible: a tag lookup
-// the upstream refuses falls back to the cache's copy or ends in a plain 404, with no log line.
-func setUpProcess() {
-	processSetup.Do(func() {
+// registerMetrics registers the cache's metrics in the process's default Prometheus registry,
+// once: the caches of one process (tests run several) share them.
+func registerMetrics() {
+	metricsRegistered.Do(func() {
 		prometheus.MustRegister(servedRequests, upstreamRequests, upstreamBytes, cacheRequests, coalesced, fillsInFlight, fills, storeFull, storeErrors, expired,
 			peerRequests, peerBytes, peerServed, peersKnown)
 		for _, r := range []string{resultPeerOK, resultPeerRefused, resultPeerError, resultPeerUnreachable, resultPeerStalled, resultPeerCut, resultPeerMismatch, resultPeerCanceled} {
@@ -162,14 +156,18 @@ func setUpProcess() {
 		for _, r := range []string{resultOK, resultChallenge, resultUnauthorized, resultDenied, resultNotFound, resultError, resultUnreachable, resultCanceled} {
 			upstreamRequests.WithLabelValues(r)
 		}
-		next := http.DefaultTransport
-		if t, ok := next.(*http.Transport); ok {
-			t = t.Clone()
-			t.DialContext = (&net.Dialer{Timeout: upstreamDialTimeout, KeepAlive: 30 * time.Second}).DialContext
-			next = t
-		}
-		http.DefaultTransport = upstreamObserver{next: next}
 	})
+}
+
+// upstreamTransport is the transport of the cache's one upstream client (remote.go): every
+// request to the upstream, its token service and its blob redirects goes through it, counted
+// and logged by upstreamObserver, and gives up connecting sooner than Go's default. A swallowed
+// upstream error is otherwise invisible: a tag lookup the upstream refuses falls back to the
+// cache's copy, with no other log line.
+func upstreamTransport(log logr.Logger) http.RoundTripper {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.DialContext = (&net.Dialer{Timeout: upstreamDialTimeout, KeepAlive: 30 * time.Second}).DialContext
+	return upstreamObserver{next: t, log: log}
 }
 
 // upstreamDialTimeout bounds a connection attempt to the upstream (Go's default is 30 s). While
@@ -179,22 +177,25 @@ const upstreamDialTimeout = 5 * time.Second
 
 // upstreamObserver counts and logs the upstream's answers. It logs the host and path, never a
 // header or the query (a token request's query names the account).
-type upstreamObserver struct{ next http.RoundTripper }
+type upstreamObserver struct {
+	next http.RoundTripper
+	log  logr.Logger
+}
 
 func (o upstreamObserver) RoundTrip(req *http.Request) (*http.Response, error) {
 	resp, err := o.next.RoundTrip(req)
 	result := classify(req, resp, err)
 	upstreamRequests.WithLabelValues(result).Inc()
-	log := logrus.WithFields(logrus.Fields{"upstream.host": req.URL.Host, "upstream.method": req.Method, "upstream.path": req.URL.Path})
+	log := o.log.WithValues("upstream.host", req.URL.Host, "upstream.method", req.Method, "upstream.path", req.URL.Path)
 	switch result {
 	case resultUnreachable:
-		log.WithError(err).Warn("upstream unreachable")
+		log.Error(err, "upstream unreachable")
 	case resultUnauthorized, resultDenied:
-		log = log.WithField("upstream.status", resp.Status)
+		log = log.WithValues("upstream.status", resp.Status)
 		if req.Header.Get("Authorization") != "" {
-			log.Warn("upstream " + result + ": it refused the cache's credentials (check the username and password of the mirror's credentials Secret)")
+			log.Error(nil, "upstream "+result+": it refused the cache's credentials (check the username and password of the mirror's credentials Secret)")
 		} else {
-			log.Warn("upstream " + result + ": it wants credentials and the cache has none")
+			log.Error(nil, "upstream "+result+": it wants credentials and the cache has none")
 		}
 	}
 	return resp, err
@@ -221,13 +222,12 @@ func classify(req *http.Request, resp *http.Response, err error) string {
 	}
 }
 
-// countServed counts the cache's answers: distribution's own HTTP metrics register per App and
-// would panic on the second cache of a process, so the cache turns them off and counts here.
+// countServed counts the cache's answers on its registry port.
 func countServed(h http.Handler) http.Handler {
 	return promhttp.InstrumentHandlerCounter(servedRequests, h)
 }
 
-// metricsHandler serves the default registry: distribution's metrics and the cache's.
+// metricsHandler serves the default registry: the cache's metrics and the process's (Go runtime).
 func metricsHandler() http.Handler {
 	return promhttp.HandlerFor(prometheus.DefaultGatherer, promhttp.HandlerOpts{})
 }

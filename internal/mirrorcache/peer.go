@@ -13,9 +13,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/opencontainers/go-digest"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/sirupsen/logrus"
 
 	"github.com/quartermaster-dev/quartermaster/internal/mirrorcache/peerset"
 )
@@ -67,9 +67,10 @@ type peers struct {
 	client                        *http.Client
 	stall                         time.Duration
 	lookupInterval, lookupTimeout time.Duration
+	log                           logr.Logger
 }
 
-func newPeers(o PeerOptions) *peers {
+func newPeers(o PeerOptions, log logr.Logger) *peers {
 	connect, stall, every, lookup := o.ConnectTimeout, o.StallTimeout, o.LookupInterval, o.LookupTimeout
 	if connect <= 0 {
 		connect = peerConnectTimeout
@@ -94,18 +95,19 @@ func newPeers(o PeerOptions) *peers {
 		stall:          stall,
 		lookupInterval: every,
 		lookupTimeout:  lookup,
+		log:            log,
 	}
 }
 
 // logPeers says who the replicas are now, by name: a scale up or down, a pod becoming ready or
 // going away shows in each pod's log.
-func logPeers(members []peerset.Peer) {
+func (p *peers) logPeers(members []peerset.Peer) {
 	names := make([]string, 0, len(members))
 	for _, p := range members {
 		names = append(names, p.Name)
 	}
 	slices.Sort(names)
-	logrus.WithField("peers", strings.Join(names, ",")).Info("cache peers changed")
+	p.log.Info("cache peers changed", "peers", strings.Join(names, ","))
 }
 
 // source is an open body a fill reads: from the upstream or from a peer, starting at offset.
@@ -236,8 +238,7 @@ func (p *peers) ended(peer, result string, err error) {
 		return
 	}
 	p.set.Failed(peer)
-	logrus.WithError(err).WithFields(logrus.Fields{"peer": peer, "peer.result": result}).
-		Warn("peer failed: the next owner or the upstream serves instead")
+	p.log.Error(err, "peer failed: the next owner or the upstream serves instead", "peer", peer, "peer.result", result)
 }
 
 // bodyStart checks that resp's body starts at byte from of the content (a 206 for that range,

@@ -3,8 +3,12 @@ package mirrorcache
 import (
 	"context"
 	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -87,7 +91,7 @@ func TestPullThrough(t *testing.T) {
 	after = cache.metrics(t)
 
 	// Second pull by tag: the content comes from the cache; the upstream only answers the HEAD
-	// that checks where the tag points now (tags move; distribution asks every time).
+	// that checks where the tag points now (tags move: the cache asks every time).
 	before = after
 	mustPull(t, hosts, img.byTag(up))
 	after = cache.metrics(t)
@@ -121,8 +125,8 @@ func TestPullThrough(t *testing.T) {
 		t.Errorf("metric changes %v, want unreachable upstream requests counted", d)
 	}
 
-	// The cache restarts during the outage (distribution's own server panics here): it starts,
-	// and serves the same content from its volume.
+	// The cache restarts during the outage (distribution's own server panics here, issue #4038):
+	// it starts, and serves the same content from its volume.
 	cache.stop(t)
 	restarted := startCache(t, files)
 	writeHostsDir(t, hosts, up, restarted.URL)
@@ -196,27 +200,78 @@ func TestPullThroughTokenAuth(t *testing.T) {
 	})
 }
 
-// Why the cache is its own credential helper: configured the usual way (proxy.username and
-// proxy.password), distribution contacts the upstream while it starts and fails without it
-// (distribution issue #4038). Should a later distribution start anyway, this test says so, and
-// the helper is no longer needed for starting (it still keeps the credentials out of the file).
-func TestDistributionAloneDoesNotStartWhileUpstreamDown(t *testing.T) {
+// The cache contacts the upstream only when a request needs it: started while nothing listens at
+// the upstream's address, it is ready at once (distribution, which the cache embedded before,
+// panicked here: it fetched the upstream's challenge while starting, distribution issue #4038), and
+// its /v2/ check sends nothing upstream.
+func TestStartsWhileUpstreamDown(t *testing.T) {
 	down := listenLoopback(t)
 	upstreamURL := "http://" + down.Addr().String()
 	down.Close() // nothing listens there any more
-	files := newCacheFiles(t, upstreamURL, "", "")
-	t.Setenv("REGISTRY_STORAGE_FILESYSTEM_ROOTDIRECTORY", files.storage)
-	cfg, err := loadConfig(files.config)
+	cache := startCache(t, newCacheFiles(t, upstreamURL, "puller", "secret"))
+	before := cache.metrics(t)
+	for range 3 {
+		if resp := getFrom(context.Background(), t, cache.URL+"/v2/", "", http.StatusOK); resp != nil {
+			resp.Body.Close()
+		}
+	}
+	after := cache.metrics(t)
+	for _, r := range []string{resultOK, resultChallenge, resultUnauthorized, resultDenied, resultNotFound, resultError, resultUnreachable, resultCanceled} {
+		series := `quartermaster_mirror_upstream_requests_total{result="` + r + `"}`
+		if d := after[series] - before[series]; d != 0 {
+			t.Errorf("the /v2/ check sent %v requests upstream (%s), want none", d, r)
+		}
+	}
+}
+
+// A redirect (to blob storage) gets the upstream's credentials only where the one rule allows:
+// here another port of the upstream's address, which Go's own redirect policy would give them to
+// (it compares host names, not ports). The blob is served all the same.
+func TestRedirectGetsNoCredentials(t *testing.T) {
+	const user, password = "puller", "redirect-secret"
+	up := startUpstream(t, authHtpasswd, password, false)
+	img := up.push(t, "team/app")
+	layer := img.blobs[1].Digest
+	req, err := http.NewRequest(http.MethodGet, up.URL+"/v2/team/app/blobs/"+layer.String(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg.Proxy.Username, cfg.Proxy.Password = "puller", "secret"
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel) // stops what distribution started before it gave up
-	app, err := newApp(ctx, cfg)
-	if err == nil {
-		_ = app.Shutdown()
-		t.Fatal("distribution started a pull-through cache of an unreachable upstream without the exec helper: see whether the helper is still needed")
+	req.SetBasicAuth(user, password)
+	resp, err := testClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
 	}
-	t.Logf("as expected: %v", err)
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("the layer from the upstream: %s %v", resp.Status, err)
+	}
+	var (
+		mu   sync.Mutex
+		auth []string
+	)
+	storage := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		auth = append(auth, r.Header.Get("Authorization"))
+		mu.Unlock()
+		w.Header().Set("Content-Type", "application/octet-stream")
+		_, _ = w.Write(body)
+	}))
+	t.Cleanup(storage.Close)
+	up.setFault(func(w http.ResponseWriter, r *http.Request) bool {
+		if r.Method != http.MethodGet || !strings.HasSuffix(r.URL.Path, "/blobs/"+layer.String()) || r.Header.Get("Authorization") == "" {
+			return false // the upstream's challenge first, as a registry answers
+		}
+		http.Redirect(w, r, storage.URL+"/layer", http.StatusTemporaryRedirect)
+		return true
+	})
+	cache := startCache(t, newCacheFiles(t, up.URL, user, password))
+	hosts := t.TempDir()
+	writeHostsDir(t, hosts, up, cache.URL)
+	mustPull(t, hosts, img.byTag(up))
+	mu.Lock()
+	defer mu.Unlock()
+	if len(auth) != 1 || auth[0] != "" {
+		t.Errorf("the blob storage the upstream redirected to got Authorization %q, want one request without", auth)
+	}
 }

@@ -6,20 +6,27 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net/http"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/go-logr/logr"
+
 	"github.com/quartermaster-dev/quartermaster/internal/mirror"
 )
 
-// remote is the cache's client of the upstream registry: the data path's fills and checks go
-// through it, not through distribution's proxy (whose auth client is internal to its module). It
-// answers the upstream's challenge itself: Basic with the credentials, or a Bearer token from the
-// realm the challenge names, the credentials given only to a realm mirror.CredentialsAllowed trusts.
+// remote is the cache's one client of the upstream registry: fills, checks, tag lookups and tag
+// lists all go through it. It answers the upstream's challenge itself, learned from the first 401
+// (the cache never pings the upstream, so it starts while the upstream is down): Basic with the
+// credentials, or a Bearer token from the realm the challenge names, the credentials read fresh
+// from their files (a rotated Secret is used at once) and given only to a realm
+// mirror.CredentialsAllowed trusts, judged on its whole URL.
 type remote struct {
 	base     *url.URL
 	credsDir string
@@ -36,15 +43,28 @@ type token struct {
 	expires time.Time
 }
 
-func newRemote(upstream, credsDir string) (*remote, error) {
+func newRemote(upstream, credsDir string, log logr.Logger) (*remote, error) {
 	u, err := url.Parse(upstream)
 	if err != nil {
 		return nil, err
 	}
-	// http.DefaultTransport is the counting observer (metrics.go); redirects to blob storage
-	// are followed, and Go drops the Authorization header when one leaves the host.
-	return &remote{base: u, credsDir: credsDir, client: &http.Client{}, tokens: map[string]token{}}, nil
+	// Counted and logged (metrics.go). Redirects (to blob storage) are followed, with the
+	// credentials or token only where the one rule allows: Go's own policy would send them to any
+	// port of the same host name and to any subdomain, whatever the scheme.
+	client := &http.Client{Transport: upstreamTransport(log), CheckRedirect: func(req *http.Request, via []*http.Request) error {
+		if len(via) >= maxRedirects {
+			return fmt.Errorf("stopped after %d redirects", maxRedirects)
+		}
+		if !mirror.CredentialsAllowed(upstream, req.URL) {
+			req.Header.Del("Authorization")
+		}
+		return nil
+	}}
+	return &remote{base: u, credsDir: credsDir, client: client, tokens: map[string]token{}}, nil
 }
+
+// maxRedirects is how many redirects one upstream request follows (Go's default).
+const maxRedirects = 10
 
 // manifestAccept is every manifest type the cache stores: it asks for all of them, as
 // distribution's proxy does, so one stored answer serves every client.
@@ -63,19 +83,26 @@ func (r *remote) do(ctx context.Context, method, repo, kind, ref string) (*http.
 
 // send is do asking for the content from byte from on (a Range request when from > 0).
 func (r *remote) send(ctx context.Context, method, repo, kind, ref string, from int64) (*http.Response, error) {
-	target := r.base.JoinPath("/v2/", repo, kind, ref).String()
-	scope := "repository:" + repo + ":pull"
-	for attempt := 0; ; attempt++ {
-		req, err := http.NewRequestWithContext(ctx, method, target, nil)
-		if err != nil {
-			return nil, err
-		}
+	return r.roundTrip(ctx, method, r.base.JoinPath("/v2/", repo, kind, ref), repo, func(req *http.Request) {
 		if kind == "manifests" {
 			req.Header.Set("Accept", manifestAccept)
 		}
 		if from > 0 {
 			req.Header.Set("Range", "bytes="+strconv.FormatInt(from, 10)+"-")
 		}
+	})
+}
+
+// roundTrip sends method to target, a URL of the upstream, authenticated for pulls of repo;
+// prepare sets the request's own headers.
+func (r *remote) roundTrip(ctx context.Context, method string, target *url.URL, repo string, prepare func(*http.Request)) (*http.Response, error) {
+	scope := "repository:" + repo + ":pull"
+	for attempt := 0; ; attempt++ {
+		req, err := http.NewRequestWithContext(ctx, method, target.String(), nil)
+		if err != nil {
+			return nil, err
+		}
+		prepare(req)
 		if err := r.authorize(ctx, req, scope); err != nil {
 			return nil, err
 		}
@@ -157,7 +184,7 @@ func (r *remote) fetchToken(ctx context.Context, params map[string]string, scope
 		return token{}, err
 	}
 	// The one rule for where the upstream's credentials may go, on the realm's whole URL (scheme
-	// included: distribution's helper sees only a host).
+	// included).
 	if mirror.CredentialsAllowed(r.base.String(), realm) {
 		user, pass, err := readCredentials(r.credsDir)
 		if err != nil {
@@ -232,4 +259,122 @@ func parseChallenge(h string) (scheme string, params map[string]string) {
 func drain(resp *http.Response) {
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 	resp.Body.Close()
+}
+
+// readCredentials reads the username and password files; neither present means anonymous.
+func readCredentials(dir string) (username, password string, err error) {
+	u, uerr := os.ReadFile(filepath.Join(dir, mirror.UsernameKey))
+	p, perr := os.ReadFile(filepath.Join(dir, mirror.PasswordKey))
+	switch {
+	case errors.Is(uerr, fs.ErrNotExist) && errors.Is(perr, fs.ErrNotExist):
+		return "", "", nil
+	case uerr != nil:
+		return "", "", fmt.Errorf("upstream credentials: %w", uerr)
+	case perr != nil:
+		return "", "", fmt.Errorf("upstream credentials: %w", perr)
+	}
+	// A file made with kubectl create secret --from-file often ends with a line break.
+	return strings.TrimRight(string(u), "\r\n"), strings.TrimRight(string(p), "\r\n"), nil
+}
+
+// maxTagPages bounds the pages of one upstream tag list the cache follows, and maxTagPageBytes
+// the size of one page. A client asking for more than maxTagsAsked tags at once gets the whole list
+// paged by the cache.
+const (
+	maxTagPages     = 100
+	maxTagPageBytes = 8 << 20
+	maxTagsAsked    = 10000
+)
+
+// tags lists repo's tags at the upstream, after last when it is set: every one (n < 0: the
+// upstream's pages followed, on its own host only), or one page of at most n+1 (n >= 0: one more
+// than the client asked for says whether more follow without a request that finds nothing), and
+// more when the upstream's Link says others follow. status is the upstream's answer when it was
+// not a list (404 …), 0 when it gave none.
+func (r *remote) tags(ctx context.Context, repo string, n int, last string) (tags []string, more bool, status int, err error) {
+	page := r.base.JoinPath("/v2/", repo, "tags", "list")
+	q := url.Values{}
+	if n >= 0 {
+		q.Set("n", strconv.Itoa(n+1))
+	}
+	if last != "" {
+		q.Set("last", last)
+	}
+	page.RawQuery = q.Encode()
+	for range maxTagPages {
+		resp, err := r.roundTrip(ctx, http.MethodGet, page, repo, func(req *http.Request) {
+			req.Header.Set("Accept", "application/json")
+		})
+		if err != nil {
+			return nil, false, 0, err
+		}
+		if resp.StatusCode != http.StatusOK {
+			drain(resp)
+			return nil, false, resp.StatusCode, fmt.Errorf("the upstream answered %s", resp.Status)
+		}
+		var body struct {
+			Tags []string `json:"tags"`
+		}
+		err = json.NewDecoder(io.LimitReader(resp.Body, maxTagPageBytes)).Decode(&body)
+		link := resp.Header.Get("Link")
+		drain(resp)
+		if err != nil {
+			return nil, false, resp.StatusCode, fmt.Errorf("the upstream's tag list: %w", err)
+		}
+		tags = append(tags, body.Tags...)
+		next := nextLink(link)
+		switch {
+		case next == "":
+			return tags, false, http.StatusOK, nil
+		case n >= 0:
+			return tags, true, http.StatusOK, nil
+		}
+		u, err := page.Parse(next)
+		if err != nil || u.Scheme != r.base.Scheme || u.Host != r.base.Host {
+			return nil, false, resp.StatusCode, fmt.Errorf("the upstream's tag list goes on at %q, not on the upstream", next)
+		}
+		page = u
+	}
+	return nil, false, http.StatusOK, fmt.Errorf("the upstream's tag list of %s has more than %d pages", repo, maxTagPages)
+}
+
+// nextLink is the target of an RFC 8288 Link header's rel="next" link, "" when it has none.
+func nextLink(h string) string {
+	for h != "" {
+		open := strings.IndexByte(h, '<')
+		end := strings.IndexByte(h, '>')
+		if open < 0 || end < open {
+			return ""
+		}
+		target := h[open+1 : end]
+		params := h[end+1:]
+		// The link's parameters run to the next link (a comma outside quotes).
+		stop, quoted := len(params), false
+		for i := 0; i < len(params); i++ {
+			switch {
+			case params[i] == '"':
+				quoted = !quoted
+			case params[i] == ',' && !quoted:
+				stop = i
+			}
+			if stop != len(params) {
+				break
+			}
+		}
+		for _, p := range strings.Split(params[:stop], ";") {
+			k, v, ok := strings.Cut(strings.TrimSpace(p), "=")
+			if ok && strings.EqualFold(strings.TrimSpace(k), "rel") {
+				for _, rel := range strings.Fields(strings.Trim(strings.TrimSpace(v), `"`)) {
+					if strings.EqualFold(rel, "next") {
+						return target
+					}
+				}
+			}
+		}
+		h = params[stop:]
+		if h != "" {
+			h = h[1:]
+		}
+	}
+	return ""
 }

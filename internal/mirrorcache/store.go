@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
@@ -160,6 +162,17 @@ func (s *store) tag(repo, tag string) (digest.Digest, bool) {
 	}
 	d, ok := r.Tags[tag]
 	return d, ok
+}
+
+// tags are the tags repo's index holds (the last answer for each, resolved through this cache).
+func (s *store) tags(repo string) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r := s.idx.Repos[repo]
+	if r == nil {
+		return nil
+	}
+	return slices.Collect(maps.Keys(r.Tags))
 }
 
 func (s *store) setTag(repo, tag string, d digest.Digest) {

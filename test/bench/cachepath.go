@@ -455,7 +455,7 @@ type registryProcess struct {
 }
 
 // startCacheProcess runs `quartermaster registry-mirror` as the StatefulSet does, with the
-// rendered configuration, its ports and storage overridden by distribution's variables.
+// rendered configuration, its ports and storage overridden by its flags.
 func startCacheProcess(bin, upstream, dir string, args ...string) (*registryProcess, error) {
 	conf, err := mirror.CacheConfig(mirror.CacheParams{UpstreamURL: upstream, TTL: mirror.DefaultTTL})
 	if err != nil {
@@ -477,9 +477,8 @@ func startCacheProcess(bin, upstream, dir string, args ...string) (*registryProc
 		return nil, err
 	}
 	p := &registryProcess{url: "http://" + addr, metricsURL: "http://" + maddr + mirror.MetricsPath}
-	return p, p.start(exec.Command(bin, append([]string{"registry-mirror", "--config", config, "--credentials-dir", filepath.Join(dir, "credentials")}, args...)...),
-		"REGISTRY_HTTP_ADDR="+addr, "REGISTRY_HTTP_DEBUG_ADDR="+maddr, "REGISTRY_STORAGE_FILESYSTEM_ROOTDIRECTORY="+filepath.Join(dir, "storage"),
-		"REGISTRY_LOG_LEVEL=warn")
+	return p, p.start(exec.Command(bin, append([]string{"registry-mirror", "--config", config, "--credentials-dir", filepath.Join(dir, "credentials"),
+		"--address=" + addr, "--metrics-address=" + maddr, "--storage-dir=" + filepath.Join(dir, "storage"), "--zap-log-level=error"}, args...)...))
 }
 
 // startDistribution runs distribution's registry as shipped: a pull-through proxy of upstream,

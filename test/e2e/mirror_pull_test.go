@@ -304,8 +304,8 @@ func waitNodeState(t *testing.T, c client.Client, pod *corev1.Pod, configured, r
 // cachePod runs the mirror's cache as its StatefulSet's pod would: the quartermaster binary with
 // the container's args and env, the cache Secret's keys as files at the Secret volume's mount
 // path and a directory at the volume claim's, in a mount namespace of its own. Only the listen
-// addresses differ (distribution's REGISTRY_HTTP_ADDR and REGISTRY_HTTP_DEBUG_ADDR, on
-// loopback): a pod has a network namespace of its own, this process shares the machine's.
+// addresses differ (registry-mirror's --address and --metrics-address, on loopback): a pod has a
+// network namespace of its own, this process shares the machine's.
 type cachePod struct {
 	// owner is the test whose end stops the cache (a subtest restarting it does not).
 	owner           *testing.T
@@ -330,7 +330,7 @@ func newCachePod(t *testing.T, sts *appsv1.StatefulSet, secret *corev1.Secret) *
 	cp := &cachePod{owner: t, addr: freeLoopbackAddr(t), debug: freeLoopbackAddr(t), args: expandVars(container.Args, env), env: env}
 	cp.URL = "http://" + cp.addr
 	cp.metricsURL = "http://" + cp.debug + mirror.MetricsPath
-	cp.env = append(cp.env, "REGISTRY_HTTP_ADDR="+cp.addr, "REGISTRY_HTTP_DEBUG_ADDR="+cp.debug)
+	cp.args = append(cp.args, "--address="+cp.addr, "--metrics-address="+cp.debug)
 	volumes := map[string]corev1.Volume{}
 	for _, v := range spec.Volumes {
 		volumes[v.Name] = v

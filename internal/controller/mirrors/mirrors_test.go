@@ -10,7 +10,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/distribution/distribution/v3/configuration"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
@@ -224,10 +223,10 @@ func testObjects(t *testing.T, f *fixture) {
 	t.Run("the cache runs the rendered configuration; the agents get the Service's address", func(t *testing.T) {
 		secret := &corev1.Secret{}
 		f.object(t, mirror.SecretName("hub"), secret)
-		cfg, err := configuration.Parse(strings.NewReader(string(secret.Data[mirror.ConfigFile])))
+		cfg, err := mirror.ParseCacheConfig(secret.Data[mirror.ConfigFile])
 		must(t, err)
-		if cfg.Proxy.RemoteURL != f.open {
-			t.Errorf("proxy.remoteurl %q", cfg.Proxy.RemoteURL)
+		if cfg.Upstream != f.open {
+			t.Errorf("proxy.remoteurl %q", cfg.Upstream)
 		}
 		if _, ok := secret.Data[mirror.UsernameKey]; ok {
 			t.Errorf("an anonymous mirror's Secret has a username")
