@@ -290,4 +290,3 @@ func metricsOptions(o *Options) metricsserver.Options {
 	}
 	return m
 }
-
