@@ -219,7 +219,7 @@ func Run(ctx context.Context, args []string, all []registry.Controller, scheme *
 		RetryPeriod:                   &o.RetryPeriod,
 		// A standby's controllers start their watches before it leads: on failover its caches are
 		// already synced and it reconciles at once, instead of listing everything first.
-		Controller: ControllerConfig(ctrlconfig.Controller{EnableWarmup: ptr.To(true)}),
+		Controller: ctrlconfig.Controller{EnableWarmup: ptr.To(true)},
 	})
 	if err != nil {
 		return fmt.Errorf("creating the manager: %w", err)
@@ -289,15 +289,4 @@ func metricsOptions(o *Options) metricsserver.Options {
 		m.TLSOpts = []func(*tls.Config){func(c *tls.Config) { c.NextProtos = []string{"http/1.1"} }}
 	}
 	return m
-}
-
-// ControllerConfig is c as every manager of the project runs its controllers (the binary's, the
-// test fixtures', the bench's): with client-go's rate-limited workqueue instead of
-// controller-runtime's priority queue, whose v0.24 implementation can deadlock on shutdown
-// (kubernetes-sigs/controller-runtime#3538, fixed after v0.24.1): a ready item handed to a worker
-// that already left on the stop blocks the queue's lock, and the next worker's Done waits on it for
-// ever, so a stop overruns its grace period (seen in CI and in the intents envtests).
-func ControllerConfig(c ctrlconfig.Controller) ctrlconfig.Controller {
-	c.UsePriorityQueue = ptr.To(false)
-	return c
 }

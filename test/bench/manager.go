@@ -12,7 +12,6 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/quartermaster-dev/quartermaster/internal/cachemeta"
-	"github.com/quartermaster-dev/quartermaster/internal/manager"
 )
 
 // newManager is a manager for one run of a case: metrics off, the cache's transform the binary's
@@ -21,7 +20,7 @@ import (
 func newManager(cfg *rest.Config, opts ctrl.Options) (ctrl.Manager, error) {
 	opts.Cache.DefaultTransform = cachemeta.Transform
 	opts.Metrics = metricsserver.Options{BindAddress: "0"}
-	opts.Controller = manager.ControllerConfig(config.Controller{SkipNameValidation: ptr.To(true)})
+	opts.Controller = config.Controller{SkipNameValidation: ptr.To(true)}
 	return ctrl.New(cfg, opts)
 }
 

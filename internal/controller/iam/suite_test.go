@@ -100,7 +100,7 @@ func (f *fixture) run(t *testing.T, opts Options) {
 		Cache:   cache.Options{DefaultTransform: cache.TransformStripManagedFields()},
 		Metrics: metricsserver.Options{BindAddress: "0"},
 		// Several managers run in one process: controller names must not collide.
-		Controller: manager.ControllerConfig(crconfig.Controller{SkipNameValidation: ptr.To(true)}),
+		Controller: crconfig.Controller{SkipNameValidation: ptr.To(true)},
 	})
 	must(t, err)
 	cfg, err := opts.validate()

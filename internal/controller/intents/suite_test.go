@@ -75,7 +75,7 @@ func (f *fixture) newManager(t *testing.T) (ctrl.Manager, *base) {
 		Scheme:     f.scheme,
 		Cache:      cache.Options{DefaultTransform: cachemeta.Transform},
 		Metrics:    metricsserver.Options{BindAddress: "0"},
-		Controller: manager.ControllerConfig(config.Controller{SkipNameValidation: ptr.To(true)}),
+		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
 	})
 	must(t, err)
 	b, err := setup(mgr, Options{Concurrency: 4, Engines: f.engines}, 200*time.Millisecond)

@@ -38,9 +38,9 @@ func TestStandbyKeepsRunning(t *testing.T) {
 		Cache:          cache.Options{DefaultTransform: cachemeta.Transform},
 		Metrics:        metricsserver.Options{BindAddress: "0"},
 		LeaderElection: true, LeaderElectionID: "mirrors-standby", LeaderElectionNamespace: "default",
-		Controller: manager.ControllerConfig(config.Controller{
+		Controller: config.Controller{
 			EnableWarmup: ptr.To(true), SkipNameValidation: ptr.To(true), CacheSyncTimeout: 3 * time.Second,
-		}),
+		},
 	})
 	must(t, err)
 	_, err = setup(mgr, Options{Namespace: testNamespace, Image: "quartermaster:test", AgentServiceAccount: "quartermaster-node-agent",

@@ -85,7 +85,7 @@ func (f *fixture) newManager(t *testing.T) (ctrl.Manager, *Reconciler, *testenv.
 		Scheme:     f.scheme,
 		Cache:      cache.Options{DefaultTransform: cachemeta.Transform},
 		Metrics:    metricsserver.Options{BindAddress: "0"},
-		Controller: manager.ControllerConfig(config.Controller{SkipNameValidation: ptr.To(true)}),
+		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
 	})
 	must(t, err)
 	r, err := setup(mgr, f.opts)

@@ -88,7 +88,7 @@ func runController(t *testing.T, env *testenv.Env, tweak func(*Options)) *fixtur
 		Cache:   cacheOpts,
 		Metrics: metricsserver.Options{BindAddress: "0"},
 		// envtest runs several managers in one process: controller names must not collide.
-		Controller: manager.ControllerConfig(config.Controller{SkipNameValidation: ptr.To(true)}),
+		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
 	})
 	if err != nil {
 		t.Fatal(err)

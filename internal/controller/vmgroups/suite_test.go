@@ -92,7 +92,7 @@ func (f *fixture) setup(t *testing.T, tune func(*Reconciler)) {
 		Cache:   cache.Options{DefaultTransform: cache.TransformStripManagedFields()},
 		Metrics: metricsserver.Options{BindAddress: "0"},
 		// envtest runs several managers in one process: controller names must not collide.
-		Controller: manager.ControllerConfig(config.Controller{SkipNameValidation: ptr.To(true)}),
+		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
 	})
 	must(t, err)
 	f.r, err = NewReconciler(f.mgr, f.opts)
