@@ -3,15 +3,12 @@ package iam
 import (
 	"context"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"sigs.k8s.io/controller-runtime/pkg/reconcile"
-
-	"k8s.io/apimachinery/pkg/api/equality"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	ctrl "sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	iamv1alpha1 "github.com/quartermaster-dev/quartermaster/api/iam/v1alpha1"
 	"github.com/quartermaster-dev/quartermaster/internal/controller/status"
@@ -56,9 +53,8 @@ func (b *base) patchFinalizer(ctx context.Context, obj client.Object, add bool) 
 }
 
 // reconcileObject is the skeleton both reconcilers share, for an object just read: deletion
-// (which may release the object), or the finalizer then sync; then the outcome into the
-// conditions and one status patch, only when the status changed.
-func (b *base) reconcileObject(ctx context.Context, obj client.Object, conds *[]metav1.Condition, observedGeneration *int64,
+// (which may release the object), or the finalizer then sync; then the status step.
+func (b *base) reconcileObject(ctx context.Context, obj client.Object, reported status.Reported,
 	deleteObject func() (status.Outcome, bool), sync func() status.Outcome) (reconcile.Result, error) {
 	before := obj.DeepCopyObject().(client.Object)
 	var o status.Outcome
@@ -72,43 +68,5 @@ func (b *base) reconcileObject(ctx context.Context, obj client.Object, conds *[]
 	} else {
 		o = sync()
 	}
-	*observedGeneration = obj.GetGeneration()
-	status.Report(b.recorder, obj, conds, obj.GetGeneration(), o)
-	if err := b.patchStatus(ctx, obj, before); err != nil {
-		return reconcile.Result{}, err
-	}
-	return o.Result()
-}
-
-// patchStatus writes obj's status once, and only when it changed from before's.
-func (b *base) patchStatus(ctx context.Context, obj, before client.Object) error {
-	if equality.Semantic.DeepEqual(statusOf(obj), statusOf(before)) {
-		return nil
-	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), statusTimeout)
-	defer cancel()
-	// The base is obj with before's status, so the patch carries only the status difference and
-	// the resourceVersion from the finalizer patch does not matter.
-	base := obj.DeepCopyObject().(client.Object)
-	setStatusOf(base, statusOf(before))
-	return client.IgnoreNotFound(b.client.Status().Patch(ctx, obj, client.MergeFrom(base)))
-}
-
-func statusOf(obj client.Object) any {
-	switch o := obj.(type) {
-	case *iamv1alpha1.IAMPolicy:
-		return o.Status
-	case *iamv1alpha1.IAMServiceAccount:
-		return o.Status
-	}
-	return nil
-}
-
-func setStatusOf(obj client.Object, status any) {
-	switch o := obj.(type) {
-	case *iamv1alpha1.IAMPolicy:
-		o.Status = status.(iamv1alpha1.IAMPolicyStatus)
-	case *iamv1alpha1.IAMServiceAccount:
-		o.Status = status.(iamv1alpha1.IAMServiceAccountStatus)
-	}
+	return b.step().End(ctx, obj, before, reported, o)
 }

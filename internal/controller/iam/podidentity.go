@@ -41,7 +41,7 @@ func (r *ServiceAccountReconciler) ensureAssociation(ctx context.Context, sa *ia
 		sa.Status.PodIdentityAssociation = &iamv1alpha1.PodIdentityAssociationStatus{ClusterName: cluster}
 		// A copy is patched: the patch reads the object back, and sa holds this reconcile's
 		// observations (the role) that the status patch at its end writes.
-		if err := r.patchStatus(ctx, sa.DeepCopy(), before); err != nil {
+		if err := r.step().Write(ctx, sa.DeepCopy(), before); err != nil {
 			return ptr.To(status.Transient(ReasonAWSError, "recording the Pod Identity association to create: "+err.Error(), err))
 		}
 	}

@@ -68,7 +68,7 @@ func (r *PolicyReconciler) Reconcile(ctx context.Context, req reconcile.Request)
 	if err := r.client.Get(ctx, req.NamespacedName, p); err != nil {
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
-	return r.reconcileObject(ctx, p, &p.Status.Conditions, &p.Status.ObservedGeneration,
+	return r.reconcileObject(ctx, p, status.Reported{Conditions: &p.Status.Conditions, ObservedGeneration: &p.Status.ObservedGeneration},
 		func() (status.Outcome, bool) { return r.delete(ctx, p) },
 		func() status.Outcome { return r.sync(ctx, p) })
 }

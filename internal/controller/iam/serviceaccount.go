@@ -82,7 +82,7 @@ func (r *ServiceAccountReconciler) Reconcile(ctx context.Context, req reconcile.
 	if err := r.client.Get(ctx, req.NamespacedName, sa); err != nil {
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
-	return r.reconcileObject(ctx, sa, &sa.Status.Conditions, &sa.Status.ObservedGeneration,
+	return r.reconcileObject(ctx, sa, status.Reported{Conditions: &sa.Status.Conditions, ObservedGeneration: &sa.Status.ObservedGeneration},
 		func() (status.Outcome, bool) { return r.delete(ctx, sa) },
 		func() status.Outcome { return r.sync(ctx, sa) })
 }

@@ -36,7 +36,6 @@ const (
 	maxFailureBackoff = 5 * time.Minute
 	// reconcileTimeout bounds one reconcile's AWS calls (the SDK retries within it).
 	reconcileTimeout = 2 * time.Minute
-	statusTimeout    = 10 * time.Second
 )
 
 // AWS is the part of the IAM API the controller uses; *awsiam.Client implements it.
@@ -93,6 +92,9 @@ type base struct {
 	accountMu sync.Mutex
 	account   string
 }
+
+// step ends every reconcile (status.Step): the guarded client, the recorder.
+func (b *base) step() status.Step { return status.Step{Client: b.client, Recorder: b.recorder} }
 
 // accountID is --aws-account-id, or the caller's account learnt once from STS.
 func (b *base) accountID(ctx context.Context) (string, error) {

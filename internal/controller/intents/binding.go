@@ -116,16 +116,11 @@ func (r *intentReconciler) Reconcile(ctx context.Context, req reconcile.Request)
 	before := si.DeepCopy()
 	in := si.Spec.Intent
 	si.Status.ID, si.Status.Action, si.Status.Status = in.ID, in.Action, intentv1alpha1.StatusCreated
-	si.Status.ObservedGeneration = si.Generation
 	o, err := r.intentOutcome(ctx, si)
 	if err != nil {
 		o = status.Transient("Error", err.Error(), err)
 	}
-	status.Report(r.recorder, si, &si.Status.Conditions, si.Generation, o)
-	if err := r.writeStatus(ctx, si, !equality.Semantic.DeepEqual(before.Status, si.Status)); err != nil {
-		return reconcile.Result{}, err
-	}
-	return o.Result()
+	return r.step().End(ctx, si, before, status.Reported{Conditions: &si.Status.Conditions, ObservedGeneration: &si.Status.ObservedGeneration}, o)
 }
 
 // intentOutcome says which engines enforce the intent here and whether the bindings naming it are
@@ -301,23 +296,16 @@ func (r *bindingReconciler) Reconcile(ctx context.Context, req reconcile.Request
 		// status saying "waiting" now would be a second write per binding, outdated at once.
 		return reconcile.Result{}, nil
 	}
-	return r.reportBinding(ctx, sib, &sib.Status.ObservedGeneration, &sib.Status.Conditions, o, err,
-		func() bool { return !equality.Semantic.DeepEqual(before.Status, sib.Status) })
+	return r.reportBinding(ctx, sib, before, status.Reported{Conditions: &sib.Status.Conditions, ObservedGeneration: &sib.Status.ObservedGeneration}, o, err)
 }
 
-// reportBinding ends a binding's reconcile: an error shows as Error (and backs off), the outcome
-// goes into the conditions, and the status is written when changed says it changed.
-func (b *base) reportBinding(ctx context.Context, obj client.Object, observed *int64, conds *[]metav1.Condition,
-	o status.Outcome, err error, changed func() bool) (reconcile.Result, error) {
+// reportBinding ends a binding's reconcile (obj, read as before): an error shows as Error (and
+// backs off), then the status step.
+func (b *base) reportBinding(ctx context.Context, obj, before client.Object, reported status.Reported, o status.Outcome, err error) (reconcile.Result, error) {
 	if err != nil {
 		o = status.Transient("Error", err.Error(), err)
 	}
-	*observed = obj.GetGeneration()
-	status.Report(b.recorder, obj, conds, obj.GetGeneration(), o)
-	if err := b.writeStatus(ctx, obj, changed()); err != nil {
-		return reconcile.Result{}, err
-	}
-	return o.Result()
+	return b.step().End(ctx, obj, before, reported, o)
 }
 
 func (r *bindingReconciler) bind(ctx context.Context, sib *intentv1alpha1.SecurityIntentBinding) (status.Outcome, error) {

@@ -8,7 +8,6 @@ import (
 	"strings"
 
 	"golang.org/x/sync/errgroup"
-	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
@@ -92,8 +91,7 @@ func (r *clusterBindingReconciler) Reconcile(ctx context.Context, req reconcile.
 	}
 	before := csib.DeepCopy()
 	o, err := r.bind(ctx, csib)
-	return r.reportBinding(ctx, csib, &csib.Status.ObservedGeneration, &csib.Status.Conditions, o, err,
-		func() bool { return !equality.Semantic.DeepEqual(before.Status, csib.Status) })
+	return r.reportBinding(ctx, csib, before, status.Reported{Conditions: &csib.Status.Conditions, ObservedGeneration: &csib.Status.ObservedGeneration}, o, err)
 }
 
 func (r *clusterBindingReconciler) bind(ctx context.Context, csib *intentv1alpha1.ClusterSecurityIntentBinding) (status.Outcome, error) {

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -220,11 +219,8 @@ func (r *policyReconciler) Reconcile(ctx context.Context, req reconcile.Request)
 		return reconcile.Result{}, nil // enforcement first: reported once its binding is enforced (reports.go)
 	}
 	a.changes = slices.Concat(earlier.changes, a.changes)
-	o := r.report(np, &np.Status, np.Generation, a, err, unenforced(np.Spec.NimbusRules, intent.ClusterGenerated(np)))
-	if err := r.writeStatus(ctx, np, !equality.Semantic.DeepEqual(before.Status, np.Status)); err != nil {
-		return reconcile.Result{}, err
-	}
-	return o.Result()
+	o := r.report(np, &np.Status, a, err, unenforced(np.Spec.NimbusRules, intent.ClusterGenerated(np)))
+	return r.step().End(ctx, np, before, status.Reported{Conditions: &np.Status.Conditions, ObservedGeneration: &np.Status.ObservedGeneration}, o)
 }
 
 // madeByBinding reports whether a binding of one of the kinds controls obj: only what bindings make
@@ -273,9 +269,9 @@ func (r *policyReconciler) inputs(ctx context.Context, namespace string, rules [
 	return in, nil
 }
 
-// report writes the Nimbus status fields and the conditions of a (Cluster)NimbusPolicy, with one
-// Event saying what changed, and returns the outcome.
-func (b *base) report(obj client.Object, st *intentv1alpha1.NimbusPolicyStatus, generation int64, a applied, err error, unenforced []string) status.Outcome {
+// report writes the Nimbus status fields of a (Cluster)NimbusPolicy, with one Event saying what
+// changed, and returns the outcome (for the status step).
+func (b *base) report(obj client.Object, st *intentv1alpha1.NimbusPolicyStatus, a applied, err error, unenforced []string) status.Outcome {
 	var o status.Outcome
 	switch {
 	case err != nil:
@@ -312,8 +308,6 @@ func (b *base) report(obj client.Object, st *intentv1alpha1.NimbusPolicyStatus, 
 		st.Status = intentv1alpha1.StatusCreated
 		st.LastUpdated = b.now()
 	}
-	st.ObservedGeneration = generation
-	status.Report(b.recorder, obj, &st.Conditions, generation, o)
 	return o
 }
 
@@ -325,14 +319,6 @@ func onlyCreated(changes []string) bool {
 		}
 	}
 	return true
-}
-
-// writeStatus writes obj's status when it changed.
-func (b *base) writeStatus(ctx context.Context, obj client.Object, changed bool) error {
-	if !changed {
-		return nil
-	}
-	return client.IgnoreNotFound(b.client.Status().Update(ctx, obj))
 }
 
 // clusterPolicyReconciler generates the cluster-wide engine policies of each ClusterNimbusPolicy.
@@ -362,9 +348,6 @@ func (r *clusterPolicyReconciler) Reconcile(ctx context.Context, req reconcile.R
 	}
 	before := cnp.DeepCopy()
 	a, err := r.applyPolicies(ctx, cnp.UID, intent.ForClusterNimbusPolicy(cnp), cnp.Status.Policies, "", clusterKinds)
-	o := r.report(cnp, &cnp.Status, cnp.Generation, a, err, unenforced(cnp.Spec.NimbusRules, true))
-	if err := r.writeStatus(ctx, cnp, !equality.Semantic.DeepEqual(before.Status, cnp.Status)); err != nil {
-		return reconcile.Result{}, err
-	}
-	return o.Result()
+	o := r.report(cnp, &cnp.Status, a, err, unenforced(cnp.Spec.NimbusRules, true))
+	return r.step().End(ctx, cnp, before, status.Reported{Conditions: &cnp.Status.Conditions, ObservedGeneration: &cnp.Status.ObservedGeneration}, o)
 }

@@ -65,6 +65,9 @@ type base struct {
 	now         func() metav1.Time
 }
 
+// step ends every reconcile of an object the controllers report on (status.Step).
+func (b *base) step() status.Step { return status.Step{Client: b.client, Recorder: b.recorder} }
+
 // policies writes the engine policies, read from the controller's own cache.
 func (b *base) policies() *owned.Writer {
 	return &owned.Writer{Client: b.client, Reader: b.objects, APIReader: b.apiReader}

@@ -9,7 +9,6 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/tools/events"
@@ -36,8 +35,6 @@ const (
 	ReasonCacheFailing = "CacheFailing"
 )
 
-const statusTimeout = 10 * time.Second
-
 // Reconciler keeps each RegistryMirror's objects as its spec says.
 type Reconciler struct {
 	client    client.Client // RegistryMirrors, from the shared cache, never older than our writes
@@ -50,6 +47,9 @@ type Reconciler struct {
 	resync    time.Duration
 	slowRetry time.Duration
 }
+
+// step ends every reconcile (status.Step): the guarded client, the recorder.
+func (r *Reconciler) step() status.Step { return status.Step{Client: r.client, Recorder: r.recorder} }
 
 // Reconcile brings one mirror's objects to its spec and reports what they show.
 func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
@@ -73,22 +73,14 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	if err != nil {
 		o = status.Transient("Error", err.Error(), err)
 	}
-	rm.Status.ObservedGeneration = rm.Generation
-	status.Report(r.recorder, rm, &rm.Status.Conditions, rm.Generation, o)
-	if !equality.Semantic.DeepEqual(before.Status, rm.Status) {
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), statusTimeout)
-		defer cancel()
-		if err := r.client.Status().Patch(sctx, rm, client.MergeFrom(before)); err != nil {
-			return reconcile.Result{}, client.IgnoreNotFound(err)
-		}
-	}
-	if after != nil {
+	res, err := r.step().End(ctx, rm, before, status.Reported{Conditions: &rm.Status.Conditions, ObservedGeneration: &rm.Status.ObservedGeneration}, o)
+	if err == nil && after != nil {
 		// After the status: the node agents read it to know their files are released.
 		if err := after(ctx); err != nil {
 			return reconcile.Result{}, err
 		}
 	}
-	return o.Result()
+	return res, err
 }
 
 // reconcile brings the mirror's objects to its spec. after, when not nil, is what must happen

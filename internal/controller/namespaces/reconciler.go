@@ -607,7 +607,9 @@ func (r *Reconciler) writeStatus(ctx context.Context, cm *corev1.ConfigMap, out 
 		return nil
 	}
 	// A merge patch without a resourceVersion: it names only the annotations it changes, so a stale
-	// cached copy does not make it fail.
+	// cached copy does not make it fail. Written even when the reconcile ran out of time.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), status.WriteTimeout)
+	defer cancel()
 	if err := r.Client.Patch(ctx, want, client.MergeFrom(cm)); err != nil {
 		return err
 	}

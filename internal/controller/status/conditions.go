@@ -60,11 +60,3 @@ func Announce(rec events.EventRecorder, obj runtime.Object, previousReason strin
 	}
 	rec.Eventf(obj, nil, typ, o.Reason, "Reconcile", "%s", o.Message)
 }
-
-// Report is SetConditions and Announce together, for a status whose previous Ready reason is read
-// from conds before they change.
-func Report(rec events.EventRecorder, obj runtime.Object, conds *[]metav1.Condition, generation int64, o Outcome) {
-	previous := ReadyReason(*conds)
-	SetConditions(conds, generation, o)
-	Announce(rec, obj, previous, o)
-}

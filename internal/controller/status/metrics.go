@@ -37,7 +37,7 @@ func init() {
 	crmetrics.Registry.MustRegister(reconcileErrors, objects)
 }
 
-// countError is called for every outcome Report writes.
+// countError is called for every outcome a Step concludes (and every one namespaces announce).
 func countError(obj runtime.Object, o Outcome) {
 	if o.Err != nil {
 		reconcileErrors.WithLabelValues(kindOf(obj), o.Reason).Inc()

@@ -1,6 +1,7 @@
 // Package status is how every Quartermaster controller reports what a reconcile concluded: an
-// Outcome becomes kstatus conditions (Ready, Reconciling, Stalled) with observedGeneration, an
-// Event when the Ready reason changes, and the workqueue's next step. Its client (NewClient) never
+// Outcome, ended by the one status Step (step.go), becomes kstatus conditions (Ready, Reconciling,
+// Stalled) with observedGeneration, an Event when the Ready reason changes, one status patch when
+// the status changed, and the workqueue's next step. Its client (NewClient) never
 // hands a reconcile a cached copy older than this process's own last write, so a status-driven
 // decision (an Event, a cloud call, a path recorded in the status) is not taken twice.
 //

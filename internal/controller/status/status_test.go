@@ -83,10 +83,12 @@ func statusOf(conds []metav1.Condition, t string) metav1.ConditionStatus {
 	return ""
 }
 
-func TestReportAnnouncesTransitionsOnly(t *testing.T) {
+func TestConcludeAnnouncesTransitionsOnly(t *testing.T) {
 	rec := events.NewFakeRecorder(10)
-	obj := &metav1.PartialObjectMetadata{}
+	obj := &metav1.PartialObjectMetadata{ObjectMeta: metav1.ObjectMeta{Generation: 3}}
 	var conds []metav1.Condition
+	var observed int64
+	step := Step{Recorder: rec}
 	steps := []struct {
 		o    Outcome
 		want string // the Event, "" for none
@@ -101,7 +103,10 @@ func TestReportAnnouncesTransitionsOnly(t *testing.T) {
 		{Outcome{Reason: "Expired", Message: "ttl passed", EventType: "Normal"}, "Normal Expired"},
 	}
 	for i, s := range steps {
-		Report(rec, obj, &conds, 1, s.o)
+		step.Conclude(obj, Reported{Conditions: &conds, ObservedGeneration: &observed}, s.o)
+		if observed != 3 || meta.FindStatusCondition(conds, Ready).ObservedGeneration != 3 {
+			t.Errorf("step %d: observedGeneration %d, the Ready condition's %d; want the object's 3", i, observed, meta.FindStatusCondition(conds, Ready).ObservedGeneration)
+		}
 		got := ""
 		select {
 		case e := <-rec.Events:

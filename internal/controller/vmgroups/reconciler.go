@@ -49,7 +49,6 @@ const Finalizer = "compute.quartermaster.dev/vms"
 
 const (
 	reconcileTimeout = 10 * time.Minute
-	statusTimeout    = 10 * time.Second
 	// defaultShutdownTimeout is spec.shutdownTimeout's default, for objects written before it had one.
 	defaultShutdownTimeout = time.Minute
 )
@@ -173,16 +172,16 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (res 
 		}
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
-	before := vg.Status.DeepCopy()
+	read := vg.DeepCopy()
+	before := &read.Status
 	released := false
 	defer func() {
 		if released {
 			return // the finalizer is gone, and likely the object with it
 		}
-		// The status is written even when the reconcile ran out of time.
-		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), statusTimeout)
-		defer cancel()
-		if err := r.patchStatus(pctx, vg, before); err != nil {
+		// Once, whatever concluded (status.Step.Conclude, in report), even when the reconcile
+		// ran out of time.
+		if err := r.step().Write(ctx, vg, read); err != nil {
 			res, retErr = reconcile.Result{}, errors.Join(retErr, err)
 		}
 	}()
@@ -433,14 +432,4 @@ func unmanagedNote(obs vsphere.Observation) string {
 		names = append(names, vm.Name)
 	}
 	return fmt.Sprintf("; %d VM(s) in the folder not created by Quartermaster, left alone: %s", len(names), strings.Join(names, ", "))
-}
-
-// patchStatus writes the status once, and only when it changed.
-func (r *Reconciler) patchStatus(ctx context.Context, vg *computev1alpha1.VmGroup, before *computev1alpha1.VmGroupStatus) error {
-	if equality.Semantic.DeepEqual(*before, vg.Status) {
-		return nil
-	}
-	base := vg.DeepCopy()
-	base.Status = *before
-	return client.IgnoreNotFound(r.Client.Status().Patch(ctx, vg, client.MergeFrom(base)))
 }

@@ -70,6 +70,8 @@ func (r *Reconciler) fail(vg *computev1alpha1.VmGroup, f *failure) (reconcile.Re
 func (r *Reconciler) report(vg *computev1alpha1.VmGroup, phase computev1alpha1.Phase, o status.Outcome) {
 	vg.Status.Phase = phase
 	vg.Status.LastMessage = o.Message
-	vg.Status.ObservedGeneration = vg.Generation
-	status.Report(r.Recorder, vg, &vg.Status.Conditions, vg.Generation, o)
+	r.step().Conclude(vg, status.Reported{Conditions: &vg.Status.Conditions, ObservedGeneration: &vg.Status.ObservedGeneration}, o)
 }
+
+// step is how the reconciler reports (status.Step): its client and recorder.
+func (r *Reconciler) step() status.Step { return status.Step{Client: r.Client, Recorder: r.Recorder} }

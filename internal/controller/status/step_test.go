@@ -1,0 +1,109 @@
+package status
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/events"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+
+	computev1alpha1 "github.com/quartermaster-dev/quartermaster/api/compute/v1alpha1"
+	"github.com/quartermaster-dev/quartermaster/internal/manager"
+	"github.com/quartermaster-dev/quartermaster/internal/testing/testenv"
+)
+
+// TestStepWritesOnlyChanges: against a real API server, End writes the status once when it
+// changed and not at all when it did not; its patch carries only the status (a finalizer patch in
+// between neither conflicts nor is undone); a reconcile whose context has ended still writes; an
+// object deleted meanwhile is no error.
+func TestStepWritesOnlyChanges(t *testing.T) {
+	env := testenv.Start(t)
+	ctx := context.Background()
+	scheme := manager.Scheme(computev1alpha1.AddToScheme)
+	counted, requests := testenv.Counting(env.Config)
+	c, err := client.New(counted, client.Options{Scheme: scheme})
+	must(t, err)
+	must(t, c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "step"}}))
+	vg := &computev1alpha1.VmGroup{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "step", Name: "g"},
+		Spec:       computev1alpha1.VmGroupSpec{CPU: 1, Memory: 1, Template: "t"},
+	}
+	must(t, c.Create(ctx, vg))
+	step := Step{Client: c, Recorder: events.NewFakeRecorder(10)}
+	reported := func(vg *computev1alpha1.VmGroup) Reported {
+		return Reported{Conditions: &vg.Status.Conditions, ObservedGeneration: &vg.Status.ObservedGeneration}
+	}
+
+	// A reconcile: a finalizer patch (a new resourceVersion), then the conclusion.
+	before := vg.DeepCopy()
+	withFinalizer := vg.DeepCopy()
+	controllerutil.AddFinalizer(withFinalizer, "test.quartermaster.dev/f")
+	must(t, c.Patch(ctx, withFinalizer, client.MergeFrom(vg)))
+	vg.Status.Phase = computev1alpha1.PhaseRunning
+	requests.Reset()
+	res, err := step.End(ctx, vg, before, reported(vg), Healthy("Running", "1/1 VMs running", 0))
+	must(t, err)
+	if res.RequeueAfter != 0 || requests.Writes() != 1 {
+		t.Fatalf("End: %+v, %d writes (%v); want one status patch", res, requests.Writes(), requests.Log())
+	}
+	stored := &computev1alpha1.VmGroup{}
+	must(t, c.Get(ctx, client.ObjectKeyFromObject(vg), stored))
+	if stored.Status.Phase != computev1alpha1.PhaseRunning || ReadyReason(stored.Status.Conditions) != "Running" ||
+		stored.Status.ObservedGeneration != stored.Generation || !controllerutil.ContainsFinalizer(stored, "test.quartermaster.dev/f") {
+		t.Fatalf("stored: phase %q, Ready %q, observedGeneration %d of %d, finalizers %v",
+			stored.Status.Phase, ReadyReason(stored.Status.Conditions), stored.Status.ObservedGeneration, stored.Generation, stored.Finalizers)
+	}
+
+	// The same conclusion again: nothing to write.
+	again := stored.DeepCopy()
+	requests.Reset()
+	_, err = step.End(ctx, again, stored, reported(again), Healthy("Running", "1/1 VMs running", 0))
+	must(t, err)
+	if requests.Total() != 0 {
+		t.Errorf("an unchanged status made requests: %v", requests.Log())
+	}
+
+	// The reconcile ran out of time: the status is written all the same.
+	ended, cancel := context.WithCancel(ctx)
+	cancel()
+	late := stored.DeepCopy()
+	late.Status.Phase = computev1alpha1.PhasePending
+	_, err = step.End(ended, late, stored, reported(late), Transient("VCenterUnavailable", "vCenter did not answer", context.DeadlineExceeded))
+	if err == nil || !strings.Contains(err.Error(), "deadline") {
+		t.Errorf("End of a failed reconcile returned %v, want its error for the workqueue", err)
+	}
+	must(t, c.Get(ctx, client.ObjectKeyFromObject(vg), stored))
+	if ReadyReason(stored.Status.Conditions) != "VCenterUnavailable" || stored.Status.Phase != computev1alpha1.PhasePending {
+		t.Errorf("after a reconcile whose context ended: Ready %q, phase %q; want VCenterUnavailable, Pending", ReadyReason(stored.Status.Conditions), stored.Status.Phase)
+	}
+
+	// Deleted meanwhile: nothing to report to, no error.
+	gone := stored.DeepCopy()
+	withoutFinalizer := stored.DeepCopy()
+	withoutFinalizer.Finalizers = nil
+	must(t, c.Patch(ctx, withoutFinalizer, client.MergeFrom(stored)))
+	must(t, c.Delete(ctx, withoutFinalizer))
+	gone.Status.Phase = computev1alpha1.PhaseRunning
+	if err := step.Write(ctx, gone, stored); err != nil {
+		t.Errorf("Write of a deleted object: %v", err)
+	}
+}
+
+// TestStatusPatchSendsTheWholeStatusAndItsRemovals: the patch carries every field of the new
+// status (a required field left at its zero value included: the stored object may have no status
+// yet) and null for what was removed, at any depth.
+func TestStatusPatchSendsTheWholeStatusAndItsRemovals(t *testing.T) {
+	was := json.RawMessage(`{"count":0,"name":"","association":{"cluster":"a","id":"x"},"gone":"yes","conditions":[{"type":"Ready"}]}`)
+	now := json.RawMessage(`{"count":0,"name":"","association":{"cluster":"a"},"conditions":[{"type":"Ready"},{"type":"Stalled"}]}`)
+	patch, err := statusPatch(was, now)
+	must(t, err)
+	want := `{"status":{"association":{"cluster":"a","id":null},"conditions":[{"type":"Ready"},{"type":"Stalled"}],"count":0,"gone":null,"name":""}}`
+	if string(patch) != want {
+		t.Errorf("patch\n%s\nwant\n%s", patch, want)
+	}
+}
