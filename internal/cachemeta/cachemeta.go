@@ -46,8 +46,12 @@ func Transform(obj any) (any, error) {
 	if ns, shared := m.GetNamespace(), Intern(m.GetNamespace()); !sameString(ns, shared) {
 		m.SetNamespace(shared)
 	}
-	internMap(m.GetLabels(), true)
-	internMap(m.GetAnnotations(), false)
+	if labels := internMap(m.GetLabels(), true); !sameMap(labels, m.GetLabels()) {
+		m.SetLabels(labels)
+	}
+	if annotations := internMap(m.GetAnnotations(), false); !sameMap(annotations, m.GetAnnotations()) {
+		m.SetAnnotations(annotations)
+	}
 	owners := m.GetOwnerReferences()
 	for i := range owners {
 		InternAt(&owners[i].APIVersion)
@@ -56,20 +60,30 @@ func Transform(obj any) (any, error) {
 	return obj, nil
 }
 
-// internMap replaces m's keys (and its values, with values) by their shared copies, in place:
-// assigning to an existing string key stores the new key's bytes too. It writes only what is not
-// shared yet: a map already shared (cachemeta.Shared) is read by other objects' transforms at the
-// same time, and an object may be transformed again.
-func internMap(m map[string]string, values bool) {
-	for k, v := range m {
-		nv := v
+// internMap returns m with its keys (and its values, with values) replaced by their shared
+// copies: m itself when they are all shared already, else a new map. It never writes into m: m
+// may be a map other cached objects share (cachemeta.Shared), read by other objects' transforms at
+// the same time. (A string interned before may have a new shared copy now: unique keeps a
+// canonical copy only while a handle to it lives, and a map holding the old copy keeps no handle.
+// Writing into m then crashed a manager: concurrent map iteration and map write.)
+func internMap(m map[string]string, values bool) map[string]string {
+	interned := func(k, v string) (string, string) {
 		if values {
-			nv = Intern(v)
+			v = Intern(v)
 		}
-		if nk := Intern(k); !sameString(nk, k) || !sameString(nv, v) {
-			m[nk] = nv
+		return Intern(k), v
+	}
+	for k, v := range m {
+		if nk, nv := interned(k, v); !sameString(nk, k) || !sameString(nv, v) {
+			out := make(map[string]string, len(m))
+			for k, v := range m {
+				nk, nv := interned(k, v)
+				out[nk] = nv
+			}
+			return out
 		}
 	}
+	return m
 }
 
 // InternAt makes *s its shared copy, writing only when it is not one already.

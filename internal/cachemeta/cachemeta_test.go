@@ -2,6 +2,7 @@ package cachemeta
 
 import (
 	"strings"
+	"sync"
 	"testing"
 	"unsafe"
 
@@ -79,5 +80,40 @@ func TestOtherShapesPassThrough(t *testing.T) {
 	}
 	if u.GetNamespace() != "requests" || u.GetLabels()["a"] != "b" {
 		t.Errorf("unstructured changed: %v", u.Object)
+	}
+}
+
+// TestTransformNeverWritesIntoAMapOthersShare: a shared labels map whose strings are not (or no
+// longer) the interned copies is read by other transforms at the same time; transforming an
+// object that holds it gives the object a new map and leaves the shared one as it was (the race
+// detector and Go's map checks see any write). A manager crashed on such a write.
+func TestTransformNeverWritesIntoAMapOthersShare(t *testing.T) {
+	shared := map[string]string{strings.Clone("team"): strings.Clone("payments"), strings.Clone("app"): strings.Clone("web")}
+	keys := map[string]*byte{}
+	for k, v := range shared {
+		keys[k] = unsafe.StringData(v)
+	}
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			for range 200 {
+				cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "x", Labels: shared, Annotations: shared}}
+				if _, err := Transform(cm); err != nil {
+					t.Error(err)
+					return
+				}
+				ShareMaps(&cm.ObjectMeta)
+				if cm.Labels["team"] != "payments" {
+					t.Errorf("labels %v", cm.Labels)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	for k, v := range shared {
+		if keys[k] != unsafe.StringData(v) {
+			t.Errorf("the shared map's %q was rewritten", k)
+		}
 	}
 }

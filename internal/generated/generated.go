@@ -1,6 +1,7 @@
 // Package generated decides whether an object a controller generated is still what it generated,
-// without mistaking the API server's defaults for an edit. One rule for every controller that owns
-// generated objects (engine policies, NimbusPolicies, a mirror's StatefulSet):
+// without mistaking the API server's defaults for an edit. One rule for every object a controller
+// makes (internal/controller/owned writes them all: engine policies, NimbusPolicies, a mirror's
+// StatefulSet, a namespace request's RBAC and defaults, the IAM compatibility mode's objects):
 //
 //   - what the controller wants is recorded as a hash in the object's HashAnnotation when it writes
 //     it: a changed hash is a changed want (a field dropped from the want shows there too, where
@@ -20,6 +21,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"maps"
+	"slices"
 	"strings"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -134,6 +136,111 @@ func Edits(entries []metav1.ManagedFieldsEntry, others ...Path) []string {
 		}
 	}
 	return out
+}
+
+// TakeEdits is entries with the content fields Edits counts moved from the writers who own them
+// to FieldManager (their metadata and the paths others may write stay theirs; an entry left with
+// nothing goes). An update that sends it as the object's managedFields takes those fields over:
+// a field whose value an update does not change keeps its owner otherwise, and would read as
+// their edit at every later look (an adopted object, one written under another field manager).
+func TakeEdits(entries []metav1.ManagedFieldsEntry, others ...Path) []metav1.ManagedFieldsEntry {
+	out := make([]metav1.ManagedFieldsEntry, 0, len(entries)+1)
+	taken := map[string]map[string]any{} // apiVersion → the fields taken
+	for _, e := range entries {
+		if len(Edits([]metav1.ManagedFieldsEntry{e}, others...)) == 0 {
+			out = append(out, e)
+			continue
+		}
+		fields := map[string]any{}
+		if err := json.Unmarshal(e.FieldsV1.GetRawBytes(), &fields); err != nil {
+			continue // unreadable: nothing of it can be kept
+		}
+		kept := map[string]any{}
+		for k, v := range fields {
+			if metaField(k) {
+				kept[k] = v
+			}
+		}
+		for _, p := range others {
+			keep(kept, fields, strings.Split(string(p), "."))
+		}
+		if taken[e.APIVersion] == nil {
+			taken[e.APIVersion] = map[string]any{}
+		}
+		for k, v := range fields {
+			if !metaField(k) {
+				mergeFields(taken[e.APIVersion], map[string]any{k: v})
+			}
+		}
+		for _, p := range others {
+			drop(taken[e.APIVersion], strings.Split(string(p), "."))
+		}
+		if len(kept) == 0 {
+			continue
+		}
+		if raw, err := json.Marshal(kept); err == nil {
+			e.FieldsV1 = metav1.NewFieldsV1(string(raw))
+			out = append(out, e)
+		}
+	}
+	for version, fields := range taken {
+		ours := slices.IndexFunc(out, func(e metav1.ManagedFieldsEntry) bool {
+			return e.Manager == FieldManager && e.Operation == metav1.ManagedFieldsOperationUpdate && e.Subresource == "" && e.APIVersion == version
+		})
+		if ours < 0 {
+			out = append(out, metav1.ManagedFieldsEntry{Manager: FieldManager, Operation: metav1.ManagedFieldsOperationUpdate, APIVersion: version, FieldsType: "FieldsV1"})
+			ours = len(out) - 1
+		} else {
+			mine := map[string]any{}
+			if err := json.Unmarshal(out[ours].FieldsV1.GetRawBytes(), &mine); err == nil {
+				mergeFields(fields, mine)
+			}
+		}
+		if raw, err := json.Marshal(fields); err == nil {
+			out[ours].FieldsV1 = metav1.NewFieldsV1(string(raw))
+		}
+	}
+	return out
+}
+
+// mergeFields adds the fieldsV1 tree from into into.
+func mergeFields(into, from map[string]any) {
+	for k, v := range from {
+		sub, isMap := v.(map[string]any)
+		have, hasMap := into[k].(map[string]any)
+		if isMap && hasMap {
+			mergeFields(have, sub)
+			continue
+		}
+		if _, exists := into[k]; !exists || isMap {
+			into[k] = v
+		}
+	}
+}
+
+// keep copies the subtree at path (field names) from fields into kept.
+func keep(kept, fields map[string]any, path []string) {
+	key := "f:" + path[0]
+	v, ok := fields[key]
+	if !ok {
+		return
+	}
+	if len(path) == 1 {
+		kept[key] = v
+		return
+	}
+	sub, ok := v.(map[string]any)
+	if !ok {
+		return
+	}
+	into, _ := kept[key].(map[string]any)
+	if into == nil {
+		into = map[string]any{}
+	}
+	keep(into, sub, path[1:])
+	if len(into) > 0 {
+		kept[key] = into
+	}
 }
 
 // Summary is what a cache keeps of an object's managedFields for Current: the entries that are

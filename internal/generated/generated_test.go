@@ -136,3 +136,36 @@ func TestSummaryKeepsOnlyEdits(t *testing.T) {
 		t.Errorf("Edits = %v", Edits(entries))
 	}
 }
+
+// TestTakeEdits: the content fields others own move to FieldManager's entry; their metadata and the
+// paths others may write stay theirs; status entries are untouched; the result has no edits.
+func TestTakeEdits(t *testing.T) {
+	entries := []metav1.ManagedFieldsEntry{
+		entry(FieldManager, "", `{"f:metadata":{"f:annotations":{"f:quartermaster.dev/generated":{}}},"f:spec":{"f:replicas":{}}}`),
+		entry("kubectl-edit", "", `{"f:metadata":{"f:labels":{"f:team":{}}},"f:spec":{"f:template":{"f:metadata":{"f:annotations":{"f:kubectl.kubernetes.io/restartedAt":{}}}},"f:selector":{}}}`),
+		entry("creator", "", `{"f:roleRef":{}}`),
+		entry("kube-controller-manager", "status", `{"f:status":{"f:replicas":{}}}`),
+	}
+	others := []Path{"spec.template.metadata.annotations"}
+	got := TakeEdits(entries, others...)
+	if e := Edits(got, others...); len(e) != 0 {
+		t.Fatalf("after TakeEdits, edits by %v", e)
+	}
+	byManager := map[string]string{}
+	for _, e := range got {
+		byManager[e.Manager+"/"+e.Subresource] = e.FieldsV1.String()
+	}
+	want := map[string]string{
+		FieldManager + "/":               `{"f:metadata":{"f:annotations":{"f:quartermaster.dev/generated":{}}},"f:roleRef":{},"f:spec":{"f:replicas":{},"f:selector":{}}}`,
+		"kubectl-edit/":                  `{"f:metadata":{"f:labels":{"f:team":{}}},"f:spec":{"f:template":{"f:metadata":{"f:annotations":{"f:kubectl.kubernetes.io/restartedAt":{}}}}}}`,
+		"kube-controller-manager/status": `{"f:status":{"f:replicas":{}}}`,
+	}
+	if len(byManager) != len(want) {
+		t.Errorf("entries %v, want %v", byManager, want)
+	}
+	for k, v := range want {
+		if byManager[k] != v {
+			t.Errorf("%s: %s\nwant %s", k, byManager[k], v)
+		}
+	}
+}

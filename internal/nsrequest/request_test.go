@@ -6,9 +6,6 @@ import (
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
-	networkingv1 "k8s.io/api/networking/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/util/validation"
 )
 
@@ -127,33 +124,6 @@ func TestTokenRefreshBeforeEightyPercent(t *testing.T) {
 	}
 	if j := Jitter("a"); j < 0 || j >= 1 || j != Jitter("a") {
 		t.Errorf("Jitter not stable in [0,1): %v", j)
-	}
-}
-
-func TestServerDefaultsAreNotDrift(t *testing.T) {
-	d := &Defaults{
-		LimitRange:     &corev1.LimitRangeSpec{Limits: []corev1.LimitRangeItem{{Type: corev1.LimitTypeContainer, Default: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("500m")}}}},
-		IsolateNetwork: true,
-	}
-	objs := NamespaceObjects("r", "n", d)
-	lr := objs[4].(*corev1.LimitRange)
-	stored := lr.DeepCopy()
-	stored.Spec.Limits[0].DefaultRequest = corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("500m")} // defaulted by the server
-	stored.Labels["team"] = "x"                                                                                // added by someone else
-	if NeedsUpdate(stored, lr) {
-		t.Error("server-defaulted fields read as drift")
-	}
-	stored.Spec.Limits[0].Default[corev1.ResourceCPU] = resource.MustParse("1")
-	if !NeedsUpdate(stored, lr) {
-		t.Error("a changed default is not drift")
-	}
-	fixed := ApplyTo(stored, lr)
-	if NeedsUpdate(fixed, lr) || fixed.GetLabels()["team"] != "x" {
-		t.Errorf("ApplyTo did not restore the spec or dropped a foreign label: %+v", fixed)
-	}
-	np := objs[5].(*networkingv1.NetworkPolicy)
-	if NeedsUpdate(np.DeepCopy(), np) {
-		t.Error("an identical NetworkPolicy needs an update")
 	}
 }
 

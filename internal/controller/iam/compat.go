@@ -27,6 +27,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	iamv1alpha1 "github.com/quartermaster-dev/quartermaster/api/iam/v1alpha1"
+	"github.com/quartermaster-dev/quartermaster/internal/controller/owned"
 
 	"github.com/quartermaster-dev/quartermaster/internal/cachemeta"
 	"github.com/quartermaster-dev/quartermaster/internal/registry"
@@ -190,14 +191,7 @@ func (r *CompatReconciler) apply(ctx context.Context, cm *corev1.ConfigMap, poli
 	expected = map[string]bool{}
 	for _, p := range policies {
 		want["IAMPolicy/"+p.Name] = true
-		problem, err := r.upsert(ctx, cm, p, &iamv1alpha1.IAMPolicy{}, func(cur client.Object) bool {
-			c := cur.(*iamv1alpha1.IAMPolicy)
-			if equality.Semantic.DeepEqual(c.Spec, p.Spec) {
-				return false
-			}
-			c.Spec = p.Spec
-			return true
-		})
+		problem, err := r.upsert(ctx, cm, p)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -206,14 +200,7 @@ func (r *CompatReconciler) apply(ctx context.Context, cm *corev1.ConfigMap, poli
 	}
 	for _, a := range accounts {
 		want["IAMServiceAccount/"+a.Name] = true
-		problem, err := r.upsert(ctx, cm, a, &iamv1alpha1.IAMServiceAccount{}, func(cur client.Object) bool {
-			c := cur.(*iamv1alpha1.IAMServiceAccount)
-			if slices.Equal(c.Spec.Policies, a.Spec.Policies) {
-				return false
-			}
-			c.Spec.Policies = a.Spec.Policies
-			return true
-		})
+		problem, err := r.upsert(ctx, cm, a)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -221,11 +208,11 @@ func (r *CompatReconciler) apply(ctx context.Context, cm *corev1.ConfigMap, poli
 		problems = append(problems, problem...)
 	}
 	// Objects the ConfigMap no longer lists go (their finalizers clean up AWS).
-	owned, err := r.owned(ctx, cm)
+	made, err := r.made(ctx, cm)
 	if err != nil {
 		return nil, nil, err
 	}
-	for _, obj := range owned {
+	for _, obj := range made {
 		if want[kindOf(obj)+"/"+obj.GetName()] || !obj.GetDeletionTimestamp().IsZero() {
 			continue
 		}
@@ -236,47 +223,31 @@ func (r *CompatReconciler) apply(ctx context.Context, cm *corev1.ConfigMap, poli
 	return expected, problems, nil
 }
 
-// upsert creates obj, or updates the existing object (into cur) when change says so.
-func (r *CompatReconciler) upsert(ctx context.Context, cm *corev1.ConfigMap, obj, cur client.Object, change func(client.Object) bool) ([]string, error) {
+// upsert brings the ConfigMap's object obj about through the one path for owned objects
+// (owned.Writer): created, repaired when its spec was edited or the ConfigMap changed it, left
+// alone (and reported) when the name is held by an object the ConfigMap does not control; a spec
+// the API server refuses is reported too.
+func (r *CompatReconciler) upsert(ctx context.Context, cm *corev1.ConfigMap, obj client.Object) ([]string, error) {
 	kind := kindOf(obj)
-	err := r.client.Get(ctx, client.ObjectKeyFromObject(obj), cur)
-	if apierrors.IsNotFound(err) {
-		obj.SetLabels(map[string]string{LabelCompat: CompatConfigMap})
-		if err := controllerutil.SetControllerReference(cm, obj, r.client.Scheme()); err != nil {
-			return nil, err
-		}
-		err = r.client.Create(ctx, obj)
-		switch {
-		case err == nil:
-			return nil, nil
-		case apierrors.IsInvalid(err):
-			return []string{fmt.Sprintf("%s %s: %v", kind, obj.GetName(), err)}, nil
-		case apierrors.IsAlreadyExists(err):
-			// The cache has not seen it yet (often: created by the previous reconcile); the API
-			// server tells whose it is.
-			err = r.apiReader.Get(ctx, client.ObjectKeyFromObject(obj), cur)
-		}
-	}
-	if err != nil {
+	obj.SetLabels(map[string]string{LabelCompat: CompatConfigMap})
+	if err := controllerutil.SetControllerReference(cm, obj, r.client.Scheme()); err != nil {
 		return nil, err
 	}
-	if !metav1.IsControlledBy(cur, cm) {
+	w := owned.Writer{Client: r.client, Reader: r.client, APIReader: r.apiReader}
+	did, _, err := w.Ensure(ctx, obj, owned.Options{})
+	switch {
+	case apierrors.IsInvalid(err):
+		return []string{fmt.Sprintf("%s %s: %v", kind, obj.GetName(), err)}, nil
+	case err != nil:
+		return nil, err
+	case did == owned.Taken:
 		return []string{fmt.Sprintf("%s %s exists and was not created from this ConfigMap; it is left alone", kind, obj.GetName())}, nil
-	}
-	if !change(cur) {
-		return nil, nil
-	}
-	if err := r.client.Update(ctx, cur); err != nil {
-		if apierrors.IsInvalid(err) {
-			return []string{fmt.Sprintf("%s %s: %v", kind, obj.GetName(), err)}, nil
-		}
-		return nil, err
 	}
 	return nil, nil
 }
 
-// owned lists the objects of the namespace that this ConfigMap controls.
-func (r *CompatReconciler) owned(ctx context.Context, cm *corev1.ConfigMap) ([]client.Object, error) {
+// made lists the objects of the namespace that this ConfigMap controls.
+func (r *CompatReconciler) made(ctx context.Context, cm *corev1.ConfigMap) ([]client.Object, error) {
 	sel := client.MatchingLabels{LabelCompat: CompatConfigMap}
 	var out []client.Object
 	pols := &iamv1alpha1.IAMPolicyList{}
@@ -312,14 +283,14 @@ func kindOf(obj client.Object) string {
 // expected (nil when the ConfigMap does not translate) are the objects it stands for: the cache
 // may not show those just created yet, or still show those just deleted, and neither is Ready.
 func (r *CompatReconciler) report(ctx context.Context, cm *corev1.ConfigMap, expected map[string]bool, problems []string) error {
-	owned, err := r.owned(ctx, cm)
+	made, err := r.made(ctx, cm)
 	if err != nil {
 		return err
 	}
-	ready, total := 0, len(owned)
+	ready, total := 0, len(made)
 	var waiting []string
 	seen := map[string]bool{}
-	for _, obj := range owned {
+	for _, obj := range made {
 		c := readyOf(obj)
 		key := kindOf(obj) + "/" + obj.GetName()
 		seen[key] = true

@@ -3,7 +3,6 @@ package mirrors
 import (
 	"context"
 	"fmt"
-	"maps"
 	"sync"
 
 	"golang.org/x/sync/errgroup"
@@ -117,18 +116,11 @@ func prepareUpdate(desired, current client.Object) {
 	switch d := desired.(type) {
 	case *appsv1.StatefulSet:
 		c := current.(*appsv1.StatefulSet)
-		d.Spec.Template.Annotations = merged(c.Spec.Template.Annotations, d.Spec.Template.Annotations)
+		d.Spec.Template.Annotations = owned.Merged(c.Spec.Template.Annotations, d.Spec.Template.Annotations)
 	case *appsv1.DaemonSet:
 		c := current.(*appsv1.DaemonSet)
-		d.Spec.Template.Annotations = merged(c.Spec.Template.Annotations, d.Spec.Template.Annotations)
+		d.Spec.Template.Annotations = owned.Merged(c.Spec.Template.Annotations, d.Spec.Template.Annotations)
 	}
-}
-
-func merged(base, over map[string]string) map[string]string {
-	out := make(map[string]string, len(base)+len(over))
-	maps.Copy(out, base)
-	maps.Copy(out, over)
-	return out
 }
 
 func (a *applier) nameTaken(obj client.Object) {

@@ -13,6 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
+	"github.com/quartermaster-dev/quartermaster/internal/controller/owned"
 	"github.com/quartermaster-dev/quartermaster/internal/kubeconfig"
 	"github.com/quartermaster-dev/quartermaster/internal/nsrequest"
 )
@@ -57,15 +58,13 @@ func (r *Reconciler) ensureCredentials(ctx context.Context, req *nsrequest.Reque
 	if err != nil {
 		return nil, outcome{}, err
 	}
-	want := secret.DeepCopy()
-	if !exists {
-		want = &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: rns, Name: req.Namespace}, Type: corev1.SecretTypeOpaque}
+	want := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{
+			Namespace: rns, Name: req.Namespace, Labels: nsrequest.Labels(rns, req.Namespace),
+			Annotations: map[string]string{nsrequest.AnnotationRequest: rns + "/" + req.Namespace},
+		},
+		Type: corev1.SecretTypeOpaque,
 	}
-	want.Labels = nsrequest.Labels(rns, req.Namespace)
-	if want.Annotations == nil {
-		want.Annotations = map[string]string{}
-	}
-	want.Annotations[nsrequest.AnnotationRequest] = rns + "/" + req.Namespace
 	issued, expires, ok := nsrequest.TokenTimes(tr.Status.Token)
 	if !ok { // not a JWT: fall back to our clock and the server's expiry
 		issued, expires = now, tr.Status.ExpirationTimestamp.Time
@@ -83,25 +82,32 @@ func (r *Reconciler) ensureCredentials(ctx context.Context, req *nsrequest.Reque
 	if err := controllerutil.SetOwnerReference(ns, want, r.Client.Scheme()); err != nil {
 		return nil, outcome{}, err
 	}
-	if exists {
-		err = r.Client.Update(ctx, want)
-	} else {
-		err = r.Client.Create(ctx, want)
-	}
-	if err != nil {
+	// Written through the one path for owned objects; the request's labels are its claim.
+	// (Whether a new token is due is credentialsStale's question: the cache holds a summary of the
+	// data, not the token, so the Secret is written only with a new one.)
+	w := owned.Writer{Client: r.Client, Reader: r.Client, APIReader: r.APIReader}
+	did, stored, err := w.Ensure(ctx, want, owned.Options{Claims: func(current client.Object) bool {
+		return nsrequest.IsOurs(current.GetLabels(), rns, req.Namespace)
+	}})
+	switch {
+	case err != nil:
 		return nil, outcome{}, err
+	case did == owned.Taken:
+		return nil, secretConflict(rns, req.Namespace), nil
+	case did == owned.Terminating:
+		return nil, outcome{}, fmt.Errorf("namespace %s is being deleted", rns)
 	}
+	written := stored.(*corev1.Secret)
 	// The first token is told by the request's Ready Event (one Event per outcome); a refresh has
 	// its own.
-	if !exists {
+	if did == owned.Created {
 		credentialsIssued.Inc()
-	}
-	if exists {
+	} else {
 		tokensRotated.Inc()
-		r.Recorder.Eventf(want, nil, corev1.EventTypeNormal, "CredentialsRefreshed", "Refresh",
+		r.Recorder.Eventf(written, nil, corev1.EventTypeNormal, "CredentialsRefreshed", "Refresh",
 			"token for ServiceAccount %s/%s valid until %s", sa.Namespace, sa.Name, want.Annotations[nsrequest.AnnotationTokenExpiresAt])
 	}
-	return want, outcome{}, nil
+	return written, outcome{}, nil
 }
 
 // credentialsStale reports whether the Secret must get a new token.

@@ -14,6 +14,7 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -294,6 +295,19 @@ func TestDriftIsRepaired(t *testing.T) {
 		err := f.c.Get(ctx, client.ObjectKeyFromObject(role), role)
 		return err == nil && slices.Equal(role.Rules[0].ResourceNames, []string{"drift"})
 	}, nil)
+
+	// Someone's edit of a default is undone; the label they added stays (and what the API server
+	// defaulted, the LimitRange's defaultRequest, never counted as an edit: TestSecondReconcileWritesNothing).
+	lr := &corev1.LimitRange{}
+	lrKey := client.ObjectKey{Namespace: "drift", Name: nsrequest.DefaultsObjectsName}
+	must(t, f.c.Get(ctx, lrKey, lr))
+	lr.Labels["team"] = "payments"
+	lr.Spec.Limits[0].Default[corev1.ResourceCPU] = resource.MustParse("4")
+	must(t, f.c.Update(ctx, lr))
+	eventually(t, "the LimitRange's default to be restored, the other label kept", func() bool {
+		err := f.c.Get(ctx, lrKey, lr)
+		return err == nil && lr.Spec.Limits[0].Default.Cpu().String() == "500m" && lr.Labels["team"] == "payments"
+	}, func() string { return fmt.Sprintf("%v %v", lr.Spec.Limits, lr.Labels) })
 }
 
 func TestDeletingTheRequestLeavesTheNamespace(t *testing.T) {

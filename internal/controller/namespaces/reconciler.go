@@ -29,6 +29,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
+	"github.com/quartermaster-dev/quartermaster/internal/controller/owned"
 	"github.com/quartermaster-dev/quartermaster/internal/controller/status"
 	"github.com/quartermaster-dev/quartermaster/internal/nsrequest"
 )
@@ -550,38 +551,32 @@ func wanted(obj client.Object, d *nsrequest.Defaults) bool {
 	return false
 }
 
-// ensureObject creates want, or updates the existing object when what the operator sets differs.
-// It returns the object as stored.
+// ensureObject brings an object made inside the request's namespace to want through the one path
+// for owned objects (owned.Writer: drift is another writer's edit or a changed want, never a
+// defaulted field; others' labels and annotations stay). The objects have no controller: the
+// namespace, checked to be the request's, is the claim (inTheRequestsNamespace). A RoleBinding whose roleRef changed is
+// deleted and created again (the API server does not update a roleRef). It returns the object as
+// stored.
 func (r *Reconciler) ensureObject(ctx context.Context, want client.Object) (client.Object, error) {
-	got := want.DeepCopyObject().(client.Object)
-	err := r.Client.Get(ctx, client.ObjectKeyFromObject(want), got)
-	if apierrors.IsNotFound(err) {
-		err = r.Client.Create(ctx, want)
-		if err == nil {
-			return want, nil
-		}
-		if !apierrors.IsAlreadyExists(err) {
-			return nil, err
-		}
-		// It exists without our labels, so the cache does not see it: adopt it (the namespace is ours).
-		err = r.APIReader.Get(ctx, client.ObjectKeyFromObject(want), got)
-	}
+	w := owned.Writer{Client: r.Client, Reader: r.Client, APIReader: r.APIReader}
+	did, got, err := w.Ensure(ctx, want, owned.Options{Claims: inTheRequestsNamespace, Recreate: roleRefChanged})
 	if err != nil {
 		return nil, err
 	}
-	if !nsrequest.NeedsUpdate(got, want) {
-		return got, nil
+	if did == owned.Terminating {
+		return nil, fmt.Errorf("namespace %s is being deleted", want.GetNamespace())
 	}
-	if rbWant, ok := want.(*rbacv1.RoleBinding); ok && got.(*rbacv1.RoleBinding).RoleRef != rbWant.RoleRef {
-		// roleRef is immutable: replace the binding.
-		if err := r.Client.Delete(ctx, got); client.IgnoreNotFound(err) != nil {
-			return nil, err
-		}
-		want.SetResourceVersion("")
-		return want, r.Client.Create(ctx, want)
-	}
-	merged := nsrequest.ApplyTo(got, want)
-	return merged, r.Client.Update(ctx, merged)
+	return got, nil
+}
+
+// inTheRequestsNamespace: every object in a namespace made for a request is the request's (an
+// object of that name made there without our labels is adopted).
+func inTheRequestsNamespace(client.Object) bool { return true }
+
+// roleRefChanged: a RoleBinding's roleRef cannot be updated.
+func roleRefChanged(desired, current client.Object) bool {
+	d, ok := desired.(*rbacv1.RoleBinding)
+	return ok && d.RoleRef != current.(*rbacv1.RoleBinding).RoleRef
 }
 
 // writeStatus records the outcome on the request ConfigMap (status, reason and message

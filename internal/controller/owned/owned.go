@@ -1,7 +1,11 @@
-// Package owned creates and repairs the objects a controller generates and controls: the one
-// create-or-update path of every controller that owns generated objects (the intents engine
-// policies and NimbusPolicies, a registry mirror's StatefulSet, Services, Secret…). What counts as
-// drift is internal/generated's rule; this package reads, writes and handles a cache that lags.
+// Package owned creates and repairs the objects a controller generates: the one create-or-update
+// path of every controller (the intents engine policies and NimbusPolicies, a registry mirror's
+// StatefulSet, Services, Secret…, a namespace request's RBAC, defaults and credentials Secret, the
+// IAM compatibility mode's objects). What counts as drift is internal/generated's rule; this package
+// reads, writes (as generated.FieldManager), handles a cache that lags, takes over the fields
+// another writer owns when it repairs their edit, replaces an object whose immutable fields
+// changed (Options.Recreate), and tells whose an object is: its controller reference, or
+// Options.Claims for objects without one.
 package owned
 
 import (
@@ -44,6 +48,7 @@ const (
 	Created     Outcome = "created"
 	Updated     Outcome = "updated"  // the want changed
 	Reverted    Outcome = "reverted" // someone's edit was undone
+	Replaced    Outcome = "replaced" // deleted and created again (Options.Recreate)
 	Taken       Outcome = "taken"    // the name is held by an object the owner does not control
 	Terminating Outcome = "terminating"
 )
@@ -63,11 +68,21 @@ type Options struct {
 	// Prepare adjusts the update of current to desired: fields an update may not change, fields
 	// others set that must be kept.
 	Prepare func(desired, current client.Object)
+	// Recreate reports whether current must be deleted and desired created in its place, for a
+	// field the API server does not update (a RoleBinding's roleRef), as Flux's ssa replaces an
+	// object whose immutable fields changed.
+	Recreate func(desired, current client.Object) bool
+	// Claims, for objects with no controller reference, says whether an existing object is the
+	// owner's to write (a namespace request's objects: any in the namespace made for it; its
+	// credentials Secret: one with the request's labels); one it does not claim is Taken. Nil:
+	// desired carries its controller reference, and a name held by an object another controls is
+	// Taken.
+	Claims func(current client.Object) bool
 }
 
-// Ensure brings the object desired names to desired, which must carry its controller reference.
-// It returns what it did and the object as stored (nil when Taken or Terminating). A current object
-// makes no write.
+// Ensure brings the object desired names to desired, which must carry its controller reference
+// (unless Options.Claims says which objects are the owner's). It returns what it did and the object as stored (nil when Taken
+// or Terminating). A current object makes no write.
 func (w *Writer) Ensure(ctx context.Context, desired client.Object, o Options) (Outcome, client.Object, error) {
 	if err := generated.Stamp(desired); err != nil {
 		return "", nil, err
@@ -97,23 +112,42 @@ func (w *Writer) Ensure(ctx context.Context, desired client.Object, o Options) (
 	if err != nil {
 		return "", nil, err
 	}
-	want, have := metav1.GetControllerOfNoCopy(desired), metav1.GetControllerOfNoCopy(current)
-	if have == nil || want == nil || have.UID != want.UID {
+	if o.Claims != nil {
+		if !o.Claims(current) {
+			return Taken, nil, nil
+		}
+	} else if want, have := metav1.GetControllerOfNoCopy(desired), metav1.GetControllerOfNoCopy(current); have == nil || want == nil || have.UID != want.UID {
 		return Taken, nil, nil
 	}
 	if generated.Current(desired, current, o.Others...) {
 		return Unchanged, current, nil
 	}
+	if o.Recreate != nil && o.Recreate(desired, current) {
+		return w.replace(ctx, writes, desired, current)
+	}
+	var ownership []metav1.ManagedFieldsEntry
+	if len(generated.Edits(current.GetManagedFields(), o.Others...)) > 0 {
+		// Another writer owns content fields. Those whose values this update does not change
+		// would stay theirs and read as their edit at every later look: the update takes them
+		// over (generated.TakeEdits of the object's whole managedFields, read from the API
+		// server: a cache keeps a summary).
+		live := newLike(desired)
+		if err := w.APIReader.Get(ctx, key, live); err != nil {
+			return "", nil, err
+		}
+		current, ownership = live, generated.TakeEdits(live.GetManagedFields(), o.Others...)
+	}
 	update := desired.DeepCopyObject().(client.Object)
 	update.SetResourceVersion(current.GetResourceVersion())
 	update.SetFinalizers(current.GetFinalizers())
 	if !o.ExactLabels {
-		update.SetLabels(merged(current.GetLabels(), desired.GetLabels()))
+		update.SetLabels(Merged(current.GetLabels(), desired.GetLabels()))
 	}
-	update.SetAnnotations(merged(current.GetAnnotations(), desired.GetAnnotations()))
+	update.SetAnnotations(Merged(current.GetAnnotations(), desired.GetAnnotations()))
 	if o.Prepare != nil {
 		o.Prepare(update, current)
 	}
+	update.SetManagedFields(ownership) // nil: the API server keeps the object's
 	did := Updated
 	if current.GetAnnotations()[generated.HashAnnotation] == desired.GetAnnotations()[generated.HashAnnotation] {
 		did = Reverted // the same want: what differs is someone else's doing
@@ -122,6 +156,22 @@ func (w *Writer) Ensure(ctx context.Context, desired client.Object, o Options) (
 		return "", nil, fmt.Errorf("updating %s %s: %w", Kind(desired), key, err)
 	}
 	return did, update, nil
+}
+
+// replace deletes current (that very object: a precondition on its UID and resourceVersion) and
+// creates desired in its place.
+func (w *Writer) replace(ctx context.Context, writes client.Client, desired, current client.Object) (Outcome, client.Object, error) {
+	uid, version := current.GetUID(), current.GetResourceVersion()
+	err := writes.Delete(ctx, current, client.Preconditions{UID: &uid, ResourceVersion: &version})
+	if client.IgnoreNotFound(err) != nil {
+		return "", nil, fmt.Errorf("deleting %s %s to create it anew: %w", Kind(desired), client.ObjectKeyFromObject(desired), err)
+	}
+	created := desired.DeepCopyObject().(client.Object)
+	created.SetResourceVersion("")
+	if err := writes.Create(ctx, created); err != nil {
+		return "", nil, fmt.Errorf("creating %s %s anew: %w", Kind(desired), client.ObjectKeyFromObject(desired), err)
+	}
+	return Replaced, created, nil
 }
 
 // newLike returns an empty object of obj's type (and, unstructured, its kind).
@@ -142,7 +192,9 @@ func Kind(obj client.Object) string {
 	return reflect.TypeOf(obj).Elem().Name()
 }
 
-func merged(base, over map[string]string) map[string]string {
+// Merged is base with over's entries added or replacing base's: how an update keeps others' labels
+// and annotations (and a pod template's annotations others set, for a controller's Prepare).
+func Merged(base, over map[string]string) map[string]string {
 	out := make(map[string]string, len(base)+len(over))
 	maps.Copy(out, base)
 	maps.Copy(out, over)

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -146,6 +147,68 @@ func TestEnsure(t *testing.T) {
 	if err := api.Get(ctx, client.ObjectKeyFromObject(desired), &corev1.ConfigMap{}); !apierrors.IsNotFound(err) {
 		t.Errorf("the object in a terminating namespace: %v, want NotFound", err)
 	}
+}
+
+// TestEnsureWithoutController: objects that have no controller (a namespace request's, in the
+// namespace made for it) are written when Claims claims what holds the name: an object made by
+// someone else without the owner's labels is adopted, one Claims refuses is Taken and left alone,
+// and a RoleBinding whose roleRef changed (which the API server does not update) is deleted and
+// made again.
+func TestEnsureWithoutController(t *testing.T) {
+	env := testenv.Start(t)
+	ctx := context.Background()
+	cfg, counter := testenv.Counting(env.Config)
+	api, err := client.New(cfg, client.Options{Scheme: manager.Scheme()})
+	must(t, err)
+	const ns = "uncontrolled"
+	must(t, api.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}))
+	w := &Writer{Client: api, Reader: api, APIReader: api}
+	binding := func(role string) *rbacv1.RoleBinding {
+		return &rbacv1.RoleBinding{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "self", Labels: map[string]string{"request": "r"}},
+			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role},
+			Subjects:   []rbacv1.Subject{{Kind: "ServiceAccount", Name: "admin", Namespace: ns}},
+		}
+	}
+	labelled := func(current client.Object) bool { return current.GetLabels()["request"] == "r" }
+	anything := func(client.Object) bool { return true }
+	stored := func() *rbacv1.RoleBinding {
+		rb := &rbacv1.RoleBinding{}
+		must(t, api.Get(ctx, client.ObjectKey{Namespace: ns, Name: "self"}, rb))
+		return rb
+	}
+	ensure := func(what string, desired *rbacv1.RoleBinding, o Options, want Outcome, writes int) {
+		t.Helper()
+		counter.Reset()
+		did, _, err := w.Ensure(ctx, desired, o)
+		if err != nil || did != want || counter.Writes() != writes {
+			t.Errorf("%s: %q, %v, %d writes (%v); want %q, %d writes", what, did, err, counter.Writes(), counter.Log(), want, writes)
+		}
+	}
+
+	// Someone made it first, without the owner's labels.
+	theirs := binding("view")
+	theirs.Labels = nil
+	must(t, api.Create(ctx, theirs))
+	ensure("an object Claims refuses", binding("view"), Options{Claims: labelled}, Taken, 0)
+	if got := stored(); got.Labels["request"] != "" {
+		t.Errorf("the refused object was changed: %v", got.Labels)
+	}
+	ensure("an object Claims claims", binding("view"), Options{Claims: anything}, Updated, 1)
+	if got := stored(); got.Labels["request"] != "r" || got.Annotations[generated.HashAnnotation] == "" {
+		t.Errorf("adopted: labels %v annotations %v", got.Labels, got.Annotations)
+	}
+	ensure("current", binding("view"), Options{Claims: anything}, Unchanged, 0)
+
+	roleRefChanged := func(desired, current client.Object) bool {
+		return desired.(*rbacv1.RoleBinding).RoleRef != current.(*rbacv1.RoleBinding).RoleRef
+	}
+	uid := stored().UID
+	ensure("a new roleRef", binding("edit"), Options{Claims: anything, Recreate: roleRefChanged}, Replaced, 2)
+	if got := stored(); got.RoleRef.Name != "edit" || got.UID == uid {
+		t.Errorf("after the roleRef change: roleRef %+v, UID %s (was %s); want edit, a new object", got.RoleRef, got.UID, uid)
+	}
+	ensure("current after the replacement", binding("edit"), Options{Claims: anything, Recreate: roleRefChanged}, Unchanged, 0)
 }
 
 func must(t *testing.T, err error) {
