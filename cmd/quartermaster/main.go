@@ -18,13 +18,13 @@ import (
 	"github.com/quartermaster-dev/quartermaster/internal/controller/mirrors"
 	"github.com/quartermaster-dev/quartermaster/internal/controller/namespaces"
 	"github.com/quartermaster-dev/quartermaster/internal/controller/vmgroups"
+	"github.com/quartermaster-dev/quartermaster/internal/controllers"
 	"github.com/quartermaster-dev/quartermaster/internal/manager"
-	"github.com/quartermaster-dev/quartermaster/internal/registry"
 )
 
-// controllers lists every controller the manager can host, in start order.
-func controllers() []registry.Controller {
-	return []registry.Controller{
+// hosted lists every controller the manager can host, in start order.
+func hosted() []controllers.Controller {
+	return []controllers.Controller{
 		namespaces.Controller(),
 		vmgroups.Controller(),
 		iam.Controller(),
@@ -56,7 +56,7 @@ func main() {
 		}
 	}
 	scheme := manager.Scheme(computev1alpha1.AddToScheme, iamv1alpha1.AddToScheme, intentv1alpha1.AddToScheme, registryv1alpha1.AddToScheme)
-	if err := manager.Run(ctrl.SetupSignalHandler(), os.Args[1:], controllers(), scheme, os.Stderr); err != nil {
+	if err := manager.Run(ctrl.SetupSignalHandler(), os.Args[1:], hosted(), scheme, os.Stderr); err != nil {
 		fmt.Fprintln(os.Stderr, "quartermaster:", err)
 		leaveTerminationMessage(err.Error())
 		os.Exit(1)

@@ -106,12 +106,12 @@ func TestEveryShippedCommandLineStillParses(t *testing.T) {
 	}
 	for _, args := range managerArgs {
 		for _, args := range [][]string{args, singleDash(args)} {
-			if _, err := manager.ParseFlags(args, controllers(), io.Discard); err != nil {
+			if _, err := manager.ParseFlags(args, hosted(), io.Discard); err != nil {
 				t.Errorf("manager %q: %v", args, err)
 			}
 		}
 	}
-	o, err := manager.ParseFlags([]string{"-leader-elect", "-zap-log-level", "debug", "--controllers", "namespaces", "-vsphere-insecure=false"}, controllers(), io.Discard)
+	o, err := manager.ParseFlags([]string{"-leader-elect", "-zap-log-level", "debug", "--controllers", "namespaces", "-vsphere-insecure=false"}, hosted(), io.Discard)
 	if err != nil || !o.LeaderElect || o.Controllers != "namespaces" || o.Zap.Level == nil {
 		t.Errorf("manager, mixed forms: %+v, %v", o, err)
 	}

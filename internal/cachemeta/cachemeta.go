@@ -10,11 +10,11 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 
-	"github.com/quartermaster-dev/quartermaster/internal/generated"
+	"github.com/quartermaster-dev/quartermaster/internal/drift"
 )
 
 // Transform drops an object's managedFields (as cache.TransformStripManagedFields does; of an object
-// a controller generated it keeps generated.Summary, usually nothing) and makes
+// a controller generated it keeps drift.Summary, usually nothing) and makes
 // the strings its metadata shares with thousands of other cached objects point to one copy: label
 // keys and values, annotation keys, the namespace, its own and its owners' apiVersion and kind.
 // Decoding gives every object its own copy of each ("quartermaster.dev/managed-by" once per
@@ -25,10 +25,10 @@ func Transform(obj any) (any, error) {
 	m, ok := obj.(metav1.Object)
 	if ok && len(m.GetManagedFields()) > 0 {
 		// A generated object keeps what shows someone else's edits (usually nothing): the drift
-		// rule reads it (generated.Current).
+		// rule reads it (drift.Current).
 		var keep []metav1.ManagedFieldsEntry
-		if _, ours := m.GetAnnotations()[generated.HashAnnotation]; ours {
-			keep = generated.Summary(m.GetManagedFields())
+		if _, ours := m.GetAnnotations()[drift.HashAnnotation]; ours {
+			keep = drift.Summary(m.GetManagedFields())
 		}
 		m.SetManagedFields(keep)
 	}

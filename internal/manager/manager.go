@@ -33,8 +33,8 @@ import (
 	"github.com/quartermaster-dev/quartermaster/internal/cachemeta"
 	"github.com/quartermaster-dev/quartermaster/internal/cli"
 	"github.com/quartermaster-dev/quartermaster/internal/codepages"
+	"github.com/quartermaster-dev/quartermaster/internal/controllers"
 	"github.com/quartermaster-dev/quartermaster/internal/memlimit"
-	"github.com/quartermaster-dev/quartermaster/internal/registry"
 )
 
 // The manager's own RBAC: Events for every controller, and the TokenReviews and SubjectAccessReviews
@@ -114,13 +114,13 @@ node-agent (the mirrors controller's workloads run them).`,
 // ParseFlags parses args into Options and into every controller's own flags (internal/cli: flags
 // in any order, --flag=value or --flag value, Go's -flag accepted too).
 // flag.ErrHelp is returned for -h/--help, after the usage was written to out.
-func ParseFlags(args []string, all []registry.Controller, out io.Writer) (*Options, error) {
+func ParseFlags(args []string, all []controllers.Controller, out io.Writer) (*Options, error) {
 	o := &Options{}
 	fs := flag.NewFlagSet("quartermaster", flag.ContinueOnError)
 	fs.SetOutput(out)
 	fs.StringVar(&o.Controllers, "controllers", "",
 		"Comma-separated controllers to run; empty runs every controller that is configured. Valid: "+
-			strings.Join(registry.Names(all), ", "))
+			strings.Join(controllers.Names(all), ", "))
 	fs.BoolVar(&o.LeaderElect, "leader-elect", false,
 		"Elect a leader through a Lease so only one replica reconciles at a time.")
 	fs.StringVar(&o.LeaderElectionID, "leader-election-id", "quartermaster.quartermaster.dev",
@@ -146,7 +146,7 @@ func ParseFlags(args []string, all []registry.Controller, out io.Writer) (*Optio
 		"Address the /healthz and /readyz probes bind to; 0 disables them.")
 	fs.StringVar(&o.PprofBindAddress, "pprof-bind-address", "0",
 		"Address Go's /debug/pprof endpoints bind to, e.g. 127.0.0.1:6060, to profile CPU and memory; 0 (the default) disables them.")
-	fs.DurationVar(&o.KindPollInterval, "crd-poll-interval", registry.DefaultKindPollInterval,
+	fs.DurationVar(&o.KindPollInterval, "crd-poll-interval", controllers.DefaultKindPollInterval,
 		"How often a controller whose CustomResourceDefinition is not installed checks for it again.")
 	config.RegisterFlags(fs) // --kubeconfig, read by config.GetConfig
 	o.Zap.BindFlags(fs)
@@ -169,7 +169,7 @@ func ParseFlags(args []string, all []registry.Controller, out io.Writer) (*Optio
 }
 
 // Run parses args, selects the controllers and runs the manager until ctx ends.
-func Run(ctx context.Context, args []string, all []registry.Controller, scheme *runtime.Scheme, out io.Writer) error {
+func Run(ctx context.Context, args []string, all []controllers.Controller, scheme *runtime.Scheme, out io.Writer) error {
 	o, err := ParseFlags(args, all, out)
 	if errors.Is(err, flag.ErrHelp) {
 		return nil
@@ -189,11 +189,11 @@ func Run(ctx context.Context, args []string, all []registry.Controller, scheme *
 	}
 	logger.V(1).Info("collector growth target", "gogc", memlimit.SetGCPercent())
 
-	sel, err := registry.Select(o.Controllers, all)
+	sel, err := controllers.Select(o.Controllers, all)
 	if err != nil {
 		return err
 	}
-	registry.LogDisabled(logger, sel)
+	controllers.LogDisabled(logger, sel)
 	cacheOpts, notes := CacheOptions(sel.Enabled)
 	for _, note := range notes {
 		logger.Info("cache widened", "why", note)
@@ -236,7 +236,7 @@ func Run(ctx context.Context, args []string, all []registry.Controller, scheme *
 		return err
 	}
 	for _, c := range sel.Enabled {
-		err := mgr.Add(&registry.Starter{
+		err := mgr.Add(&controllers.Starter{
 			Controller:   c,
 			Manager:      mgr,
 			Discovery:    disco,
@@ -247,7 +247,7 @@ func Run(ctx context.Context, args []string, all []registry.Controller, scheme *
 			return err
 		}
 	}
-	logger.Info("starting manager", "controllers", registry.Names(sel.Enabled))
+	logger.Info("starting manager", "controllers", controllers.Names(sel.Enabled))
 	releaseStartupPages(logger)
 	return StartUntilStopped(ctx, mgr.Start)
 }
@@ -256,12 +256,12 @@ func Run(ctx context.Context, args []string, all []registry.Controller, scheme *
 // note for each widening), every object stored through cachemeta.Transform, and informers without
 // the per-namespace index where the controllers mark it unneeded. Tests and benchmarks that run a
 // controller in-process build their cache with it too.
-func CacheOptions(enabled []registry.Controller) (cache.Options, []string) {
-	byObject, notes := registry.CacheOptions(enabled)
+func CacheOptions(enabled []controllers.Controller) (cache.Options, []string) {
+	byObject, notes := controllers.CacheOptions(enabled)
 	return cache.Options{
 		ByObject:         byObject,
 		DefaultTransform: cachemeta.Transform,
-		NewInformer:      registry.NewInformer(enabled),
+		NewInformer:      controllers.NewInformer(enabled),
 	}, notes
 }
 

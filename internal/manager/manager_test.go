@@ -19,16 +19,16 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/yaml"
 
+	"github.com/quartermaster-dev/quartermaster/internal/controllers"
 	"github.com/quartermaster-dev/quartermaster/internal/manager"
-	"github.com/quartermaster-dev/quartermaster/internal/registry"
 	"github.com/quartermaster-dev/quartermaster/internal/testing/testenv"
 )
 
 var widgetGVK = schema.GroupVersionKind{Group: "test.quartermaster.dev", Version: "v1", Kind: "Widget"}
 
 // widgetController reconciles test Widgets and reports each reconciled name.
-func widgetController(reconciled chan<- string) registry.Controller {
-	return registry.Controller{
+func widgetController(reconciled chan<- string) controllers.Controller {
+	return controllers.Controller{
 		Name:     "widgets",
 		Requires: []schema.GroupVersionKind{widgetGVK},
 		Setup: func(mgr ctrl.Manager) error {
@@ -43,8 +43,8 @@ func widgetController(reconciled chan<- string) registry.Controller {
 	}
 }
 
-func unconfiguredController() registry.Controller {
-	return registry.Controller{
+func unconfiguredController() controllers.Controller {
+	return controllers.Controller{
 		Name:       "needs-config",
 		Configured: func() error { return errors.New("--needs-config-endpoint is required") },
 		Setup:      func(ctrl.Manager) error { return errors.New("must not be set up") },
@@ -52,7 +52,7 @@ func unconfiguredController() registry.Controller {
 }
 
 func TestUnknownControllerIsAnErrorNamingTheValidOnes(t *testing.T) {
-	all := []registry.Controller{widgetController(nil), unconfiguredController()}
+	all := []controllers.Controller{widgetController(nil), unconfiguredController()}
 	err := manager.Run(context.Background(), []string{"--controllers=nonsense"}, all, manager.Scheme(), &testenv.LogBuffer{})
 	if err == nil {
 		t.Fatal("Run accepted an unknown controller")
@@ -65,7 +65,7 @@ func TestUnknownControllerIsAnErrorNamingTheValidOnes(t *testing.T) {
 }
 
 func TestNamedControllerWithoutConfigurationIsAnError(t *testing.T) {
-	all := []registry.Controller{widgetController(nil), unconfiguredController()}
+	all := []controllers.Controller{widgetController(nil), unconfiguredController()}
 	err := manager.Run(context.Background(), []string{"--controllers=widgets,needs-config"}, all, manager.Scheme(), &testenv.LogBuffer{})
 	if err == nil || !strings.Contains(err.Error(), "--needs-config-endpoint") {
 		t.Fatalf("want an error naming the missing flag, got %v", err)
@@ -99,7 +99,7 @@ func TestControllerWaitsForItsCRDAndStartsWhenInstalled(t *testing.T) {
 	kubeconfig := env.KubeconfigFor(t, "test-admin", "system:masters")
 
 	reconciled := make(chan string, 10)
-	all := []registry.Controller{widgetController(reconciled), unconfiguredController()}
+	all := []controllers.Controller{widgetController(reconciled), unconfiguredController()}
 	logs := &testenv.LogBuffer{}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)

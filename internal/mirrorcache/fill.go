@@ -103,46 +103,78 @@ func (f *fill) run(ctx context.Context, o origins, s *store, repo string, freeSp
 
 	src, status, err := f.open(ctx, o, repo, 0)
 	if err != nil {
-		f.fail(resultFillUpstream, status, fmt.Errorf("fetching %s: %w", f.d, err))
-		return
+		return f.end(failed(resultFillUpstream, status, fmt.Errorf("fetching %s: %w", f.d, err)))
 	}
 	defer func() { src.close() }() // the source in use when the fill ends
 	size := src.size
 	if free, err := freeSpace(); err == nil && free < reserveBytes+uint64(max(size, 0)) {
-		storeFull.Set(1)
-		fills.WithLabelValues(resultFillNoSpace).Inc()
-		f.mu.Lock()
-		f.ready, f.done, f.noSpace = true, true, true
-		f.cond.Broadcast()
-		f.mu.Unlock()
-		return
+		return f.end(&fillEnd{noSpace: true})
 	}
 	tmp, err := os.CreateTemp(s.tmpDir(), f.d.Encoded()+"-*")
 	if err != nil {
-		f.storeFailed(err)
-		return true
+		return f.end(storing(err))
 	}
 	f.mu.Lock()
 	f.path, f.ready, f.size, f.mediaType = tmp.Name(), true, size, src.mediaType
 	f.cond.Broadcast()
 	f.mu.Unlock()
 
+	n, end := f.copy(ctx, o, repo, &src, tmp, idle)
+	var meta *contentMeta
+	if end == nil && f.manifest {
+		if meta, err = manifestMeta(tmp, f.mediaType); err != nil {
+			end = failed(resultFillUpstream, 0, fmt.Errorf("manifest %s: %w", f.d, err))
+		}
+	}
+	if end != nil {
+		tmp.Close()
+		return f.end(end)
+	}
+	// The bytes are right: responses may finish now, while the file is made durable and
+	// committed (a store failure from here on only means it is not cached).
+	f.mu.Lock()
+	f.verified, f.size = true, n
+	f.cond.Broadcast()
+	f.mu.Unlock()
+	if err := errors.Join(tmp.Sync(), tmp.Close()); err != nil {
+		return f.end(storing(err))
+	}
+	f.mu.Lock()
+	err = os.Rename(f.path, s.path(f.d))
+	if err == nil {
+		s.committed(f.d, meta)
+		f.committed, f.size, f.done = s.path(f.d), n, true
+		f.cond.Broadcast()
+	}
+	f.mu.Unlock()
+	if err != nil {
+		return f.end(storing(err))
+	}
+	storeFull.Set(0)
+	fills.WithLabelValues(resultFillOK).Inc()
+	return false
+}
+
+// copy reads *src into tmp until the content has the fill's digest: a peer that fails mid-body
+// is replaced by the next owner or the upstream from the byte reached; bytes of another digest
+// from a peer, when no response has had one of them, are fetched again from the upstream. It
+// returns the size, or how the fill ends (nil: verified).
+func (f *fill) copy(ctx context.Context, o origins, repo string, src **source, tmp *os.File, idle *time.Timer) (int64, *fillEnd) {
+	size := (*src).size
 	verifier := f.d.Verifier()
 	fromPeers := map[string]bool{} // peers whose bytes the digest check covers
 	buf := make([]byte, 256<<10)
 	var n, woken int64
 	for {
 		for {
-			m, rerr := src.Read(buf)
+			m, rerr := (*src).Read(buf)
 			if m > 0 {
 				idle.Reset(fillIdleTimeout)
-				if src.peer.Name != "" {
-					fromPeers[src.peer.Name] = true
+				if (*src).peer.Name != "" {
+					fromPeers[(*src).peer.Name] = true
 				}
 				if _, werr := tmp.Write(buf[:m]); werr != nil {
-					tmp.Close()
-					f.storeFailed(werr)
-					return true
+					return n, storing(werr)
 				}
 				_, _ = verifier.Write(buf[:m])
 				n += int64(m)
@@ -159,97 +191,92 @@ func (f *fill) run(ctx context.Context, o origins, s *store, repo string, freeSp
 			if errors.Is(rerr, io.EOF) {
 				break
 			}
-			if rerr != nil && src.peer.Name != "" && ctx.Err() == nil {
+			if rerr != nil && (*src).peer.Name != "" && ctx.Err() == nil {
 				// The peer failed, stalled or was given up mid-body: the rest from the next owner
 				// or the upstream, from byte n (the digest check covers both parts).
-				o.peers.ended(src.peer.Name, src.why(resultPeerCut), rerr)
+				o.peers.ended((*src).peer.Name, (*src).why(resultPeerCut), rerr)
 				next, status, err := f.reopen(ctx, o, repo, n, size)
 				if err != nil {
-					tmp.Close()
-					f.fail(resultFillUpstream, status, fmt.Errorf("fetching %s from byte %d: %w", f.d, n, err))
-					return
+					return n, failed(resultFillUpstream, status, fmt.Errorf("fetching %s from byte %d: %w", f.d, n, err))
 				}
-				src.close()
-				src = next
+				(*src).close()
+				*src = next
 				continue
 			}
 			if rerr != nil {
-				tmp.Close()
-				f.fail(resultFillUpstream, 0, fmt.Errorf("reading %s after %d bytes: %w", f.d, n, rerr))
-				return
+				return n, failed(resultFillUpstream, 0, fmt.Errorf("reading %s after %d bytes: %w", f.d, n, rerr))
 			}
 			if f.manifest && n > maxManifestBytes {
-				tmp.Close()
-				f.fail(resultFillUpstream, 0, fmt.Errorf("manifest %s is larger than %d bytes", f.d, maxManifestBytes))
-				return
+				return n, failed(resultFillUpstream, 0, fmt.Errorf("manifest %s is larger than %d bytes", f.d, maxManifestBytes))
 			}
 		}
 		if size >= 0 && n != size {
-			tmp.Close()
-			f.fail(resultFillUpstream, 0, fmt.Errorf("got %d bytes of %s, announced %d", n, f.d, size))
-			return
+			return n, failed(resultFillUpstream, 0, fmt.Errorf("got %d bytes of %s, announced %d", n, f.d, size))
 		}
 		if verifier.Verified() {
-			break
+			if (*src).peer.Name != "" {
+				o.peers.ended((*src).peer.Name, resultPeerOK, nil)
+			}
+			return n, nil
 		}
 		for p := range fromPeers {
 			o.peers.ended(p, resultPeerMismatch, errors.New("its bytes have another digest"))
 		}
 		if len(fromPeers) == 0 || !f.startAgain(tmp) {
-			tmp.Close()
-			f.fail(resultFillMismatch, 0, fmt.Errorf("the content for %s has another digest (from the upstream, or peers %v): refused, not cached", f.d, slices.Sorted(maps.Keys(fromPeers))))
-			return
+			return n, failed(resultFillMismatch, 0, fmt.Errorf("the content for %s has another digest (from the upstream, or peers %v): refused, not cached", f.d, slices.Sorted(maps.Keys(fromPeers))))
 		}
 		// A peer's bytes of another digest that no response has had a byte of yet: the
 		// upstream's, from the start.
 		next, status, err := f.reopen(ctx, o, repo, 0, size)
 		if err != nil {
-			tmp.Close()
-			f.fail(resultFillUpstream, status, fmt.Errorf("fetching %s again: %w", f.d, err))
-			return
+			return n, failed(resultFillUpstream, status, fmt.Errorf("fetching %s again: %w", f.d, err))
 		}
-		src.close()
-		src = next
+		(*src).close()
+		*src = next
 		verifier, n, woken = f.d.Verifier(), 0, 0
 		clear(fromPeers)
 	}
-	if src.peer.Name != "" {
-		o.peers.ended(src.peer.Name, resultPeerOK, nil)
-	}
-	var meta *contentMeta
-	if f.manifest {
-		meta, err = manifestMeta(tmp, f.mediaType)
-		if err != nil {
-			tmp.Close()
-			f.fail(resultFillUpstream, 0, fmt.Errorf("manifest %s: %w", f.d, err))
-			return
-		}
-	}
-	// The bytes are right: responses may finish now, while the file is made durable and
-	// committed (a store failure from here on only means it is not cached).
-	f.mu.Lock()
-	f.verified, f.size = true, n
-	f.cond.Broadcast()
-	f.mu.Unlock()
-	if err := errors.Join(tmp.Sync(), tmp.Close()); err != nil {
-		f.storeFailed(err)
-		return true
-	}
-	f.mu.Lock()
-	err = os.Rename(f.path, s.path(f.d))
-	if err == nil {
-		s.committed(f.d, meta)
-		f.committed, f.size, f.done = s.path(f.d), n, true
+}
+
+// fillEnd is how a fill ended without committing its content: failed (what to count, the status
+// its responses get, why), the volume refusing it (store), or too little free space (noSpace).
+type fillEnd struct {
+	result  string
+	status  int
+	err     error
+	store   bool
+	noSpace bool
+}
+
+func failed(result string, status int, err error) *fillEnd {
+	return &fillEnd{result: result, status: status, err: err}
+}
+
+// storing is the volume refusing the content (full, read-only, …).
+func storing(err error) *fillEnd { return &fillEnd{err: err, store: true} }
+
+// end ends the fill as e says: every way a fill ends is written here once. It reports whether the
+// volume refused the content.
+func (f *fill) end(e *fillEnd) (refused bool) {
+	switch {
+	case e.noSpace:
+		// Not cached: the responses stream from the upstream, nothing is written.
+		storeFull.Set(1)
+		fills.WithLabelValues(resultFillNoSpace).Inc()
+		f.mu.Lock()
+		f.ready, f.done, f.noSpace = true, true, true
 		f.cond.Broadcast()
-	}
-	f.mu.Unlock()
-	if err != nil {
-		f.storeFailed(err)
+		f.mu.Unlock()
+		return false
+	case e.store:
+		storeErrors.Inc()
+		storeFull.Set(1)
+		f.fail(resultFillStore, http.StatusInsufficientStorage, fmt.Errorf("storing %s: %w", f.d, e.err))
 		return true
+	default:
+		f.fail(e.result, e.status, e.err)
+		return false
 	}
-	storeFull.Set(0)
-	fills.WithLabelValues(resultFillOK).Inc()
-	return false
 }
 
 // open starts reading the content at byte from: from the digest's owner while peerSource names
@@ -382,13 +409,6 @@ func (f *fill) startAgain(tmp *os.File) bool {
 	}
 	f.written, f.toUpstream = 0, true
 	return true
-}
-
-// storeFailed ends a fill the volume refused (full, read-only, …).
-func (f *fill) storeFailed(err error) {
-	storeErrors.Inc()
-	storeFull.Set(1)
-	f.fail(resultFillStore, http.StatusInsufficientStorage, fmt.Errorf("storing %s: %w", f.d, err))
 }
 
 func (f *fill) fail(result string, status int, err error) {

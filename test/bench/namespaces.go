@@ -22,9 +22,9 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime/pkg/manager"
 
 	"github.com/quartermaster-dev/quartermaster/internal/controller/namespaces"
+	"github.com/quartermaster-dev/quartermaster/internal/controllers"
 	"github.com/quartermaster-dev/quartermaster/internal/manager"
 	"github.com/quartermaster-dev/quartermaster/internal/nsrequest"
-	"github.com/quartermaster-dev/quartermaster/internal/registry"
 	"github.com/quartermaster-dev/quartermaster/internal/testing/testenv"
 )
 
@@ -54,7 +54,7 @@ func namespacesBench(ctx context.Context, e *env) ([]result, error) {
 		return nil, err
 	}
 	// The cache as the manager binary builds it.
-	cacheOpts, _ := manager.CacheOptions([]registry.Controller{reg})
+	cacheOpts, _ := manager.CacheOptions([]controllers.Controller{reg})
 	mgr, err := newManager(cfg, ctrl.Options{Scheme: e.client.Scheme(), Cache: cacheOpts})
 	if err != nil {
 		return nil, err

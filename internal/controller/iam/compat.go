@@ -30,7 +30,7 @@ import (
 	"github.com/quartermaster-dev/quartermaster/internal/controller/owned"
 
 	"github.com/quartermaster-dev/quartermaster/internal/cachemeta"
-	"github.com/quartermaster-dev/quartermaster/internal/registry"
+	"github.com/quartermaster-dev/quartermaster/internal/controllers"
 )
 
 // The compat mode's rules are a ClusterRole of their own, quartermaster-iam-compat, installed only
@@ -74,7 +74,7 @@ func (r *CompatReconciler) setupWithManager(mgr ctrl.Manager) error {
 	if err != nil {
 		return err
 	}
-	if err := registry.AddCache(mgr, c); err != nil {
+	if err := controllers.AddCache(mgr, c); err != nil {
 		return err
 	}
 	r.configMaps = c

@@ -16,8 +16,8 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime/pkg/manager"
 
 	iamv1alpha1 "github.com/quartermaster-dev/quartermaster/api/iam/v1alpha1"
+	"github.com/quartermaster-dev/quartermaster/internal/controllers"
 	"github.com/quartermaster-dev/quartermaster/internal/irsa"
-	"github.com/quartermaster-dev/quartermaster/internal/registry"
 )
 
 // Name is the controller's name in --controllers.
@@ -144,9 +144,9 @@ func (o *Options) validate() (config, error) {
 // Controller returns the registry entry of the iam controller. It restricts no shared cache: it
 // caches only its own kinds, reads ServiceAccounts from the API server, and keeps the legacy
 // ConfigMaps in a cache of its own.
-func Controller() registry.Controller {
+func Controller() controllers.Controller {
 	o := &Options{}
-	return registry.Controller{
+	return controllers.Controller{
 		Name: Name,
 		Requires: []schema.GroupVersionKind{
 			iamv1alpha1.GroupVersion.WithKind("IAMPolicy"),

@@ -13,7 +13,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime/pkg/manager"
 
 	"github.com/quartermaster-dev/quartermaster/internal/cachemeta"
-	"github.com/quartermaster-dev/quartermaster/internal/registry"
+	"github.com/quartermaster-dev/quartermaster/internal/controllers"
 )
 
 // +kubebuilder:rbac:groups="",resources=namespaces,verbs=get;list;watch
@@ -43,7 +43,7 @@ func newQuietRecorder(mgr ctrl.Manager, rec events.EventRecorder) (*quietWhileNa
 	if _, err := c.GetInformer(context.Background(), namespaceMetadata(), cache.BlockUntilSynced(false)); err != nil {
 		return nil, err
 	}
-	if err := registry.AddCache(mgr, c); err != nil {
+	if err := controllers.AddCache(mgr, c); err != nil {
 		return nil, err
 	}
 	return &quietWhileNamespaceTerminates{EventRecorder: rec, namespaces: c}, nil

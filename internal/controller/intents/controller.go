@@ -14,8 +14,8 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime/pkg/manager"
 
 	intentv1alpha1 "github.com/quartermaster-dev/quartermaster/api/intent/v1alpha1"
+	"github.com/quartermaster-dev/quartermaster/internal/controllers"
 	"github.com/quartermaster-dev/quartermaster/internal/intent"
-	"github.com/quartermaster-dev/quartermaster/internal/registry"
 )
 
 // Name is the controller's name in --controllers.
@@ -80,9 +80,9 @@ var Kinds = []schema.GroupVersionKind{
 
 // Controller returns the registry entry of the intents controller. It needs no configuration; it
 // restricts no shared cache (Namespaces, Nodes and engine policies live in caches of its own).
-func Controller() registry.Controller {
+func Controller() controllers.Controller {
 	o := &Options{}
-	return registry.Controller{
+	return controllers.Controller{
 		Name:       Name,
 		Requires:   Kinds,
 		AddFlags:   o.AddFlags,

@@ -24,7 +24,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	intentv1alpha1 "github.com/quartermaster-dev/quartermaster/api/intent/v1alpha1"
-	"github.com/quartermaster-dev/quartermaster/internal/generated"
+	"github.com/quartermaster-dev/quartermaster/internal/drift"
 	"github.com/quartermaster-dev/quartermaster/internal/intent"
 	"github.com/quartermaster-dev/quartermaster/internal/testing/testenv"
 )
@@ -330,12 +330,12 @@ func (f *fixture) generatedObjects(t *testing.T) map[string]map[string]any {
 }
 
 // stripServerFields removes what the API server sets on every object, the status, and the hash
-// of what the controller wrote (generated.HashAnnotation: ours, not Nimbus's).
+// of what the controller wrote (drift.HashAnnotation: ours, not Nimbus's).
 func stripServerFields(obj *unstructured.Unstructured) {
 	for _, f := range []string{"uid", "resourceVersion", "creationTimestamp", "managedFields", "generation", "selfLink"} {
 		unstructured.RemoveNestedField(obj.Object, "metadata", f)
 	}
-	unstructured.RemoveNestedField(obj.Object, "metadata", "annotations", generated.HashAnnotation)
+	unstructured.RemoveNestedField(obj.Object, "metadata", "annotations", drift.HashAnnotation)
 	if a, ok, _ := unstructured.NestedMap(obj.Object, "metadata", "annotations"); ok && len(a) == 0 {
 		unstructured.RemoveNestedField(obj.Object, "metadata", "annotations")
 	}

@@ -22,8 +22,8 @@ import (
 	"github.com/quartermaster-dev/quartermaster/internal/cachemeta"
 	"github.com/quartermaster-dev/quartermaster/internal/controller/owned"
 	"github.com/quartermaster-dev/quartermaster/internal/controller/status"
+	"github.com/quartermaster-dev/quartermaster/internal/controllers"
 	"github.com/quartermaster-dev/quartermaster/internal/intent"
-	"github.com/quartermaster-dev/quartermaster/internal/registry"
 )
 
 // +kubebuilder:rbac:groups=intent.security.nimbus.com,resources=securityintents;securityintentbindings;clustersecurityintentbindings,verbs=get;list;watch
@@ -197,7 +197,7 @@ func newCache(mgr ctrl.Manager) (cache.Cache, error) {
 	if err != nil {
 		return nil, err
 	}
-	return c, registry.AddCache(mgr, c)
+	return c, controllers.AddCache(mgr, c)
 }
 
 func nodeSpecOnly(obj any) (any, error) {

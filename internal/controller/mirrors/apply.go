@@ -14,7 +14,7 @@ import (
 
 	registryv1alpha1 "github.com/quartermaster-dev/quartermaster/api/registry/v1alpha1"
 	"github.com/quartermaster-dev/quartermaster/internal/controller/owned"
-	"github.com/quartermaster-dev/quartermaster/internal/generated"
+	"github.com/quartermaster-dev/quartermaster/internal/drift"
 	"github.com/quartermaster-dev/quartermaster/internal/mirror"
 )
 
@@ -101,7 +101,7 @@ func (a *applier) apply(ctx context.Context, desired client.Object) (client.Obje
 
 // othersMayWrite: a pod template's annotations are kubectl rollout restart's to set (it restarts
 // the pods; an update of ours keeps them, prepareUpdate).
-var othersMayWrite = []generated.Path{"spec.template.metadata.annotations"}
+var othersMayWrite = []drift.Path{"spec.template.metadata.annotations"}
 
 func (a *applier) record(verb string, obj client.Object) {
 	a.mu.Lock()

@@ -14,7 +14,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime/pkg/manager"
 
 	registryv1alpha1 "github.com/quartermaster-dev/quartermaster/api/registry/v1alpha1"
-	"github.com/quartermaster-dev/quartermaster/internal/registry"
+	"github.com/quartermaster-dev/quartermaster/internal/controllers"
 )
 
 // Name is the controller's name in --controllers.
@@ -69,9 +69,9 @@ var Kinds = []schema.GroupVersionKind{registryv1alpha1.GroupVersion.WithKind("Re
 
 // Controller returns the registry entry of the mirrors controller. Its namespaced objects live in
 // a cache of its own (one namespace), so it narrows no shared cache.
-func Controller() registry.Controller {
+func Controller() controllers.Controller {
 	o := &Options{}
-	return registry.Controller{
+	return controllers.Controller{
 		Name:       Name,
 		Requires:   Kinds,
 		AddFlags:   o.AddFlags,

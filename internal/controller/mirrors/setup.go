@@ -26,8 +26,8 @@ import (
 	"github.com/quartermaster-dev/quartermaster/internal/cachemeta"
 	"github.com/quartermaster-dev/quartermaster/internal/controller/owned"
 	"github.com/quartermaster-dev/quartermaster/internal/controller/status"
+	"github.com/quartermaster-dev/quartermaster/internal/controllers"
 	"github.com/quartermaster-dev/quartermaster/internal/mirror"
-	"github.com/quartermaster-dev/quartermaster/internal/registry"
 )
 
 // +kubebuilder:rbac:groups=registry.quartermaster.dev,resources=registrymirrors,verbs=get;list;watch
@@ -151,7 +151,7 @@ func newObjectCache(mgr ctrl.Manager, namespace string) (cache.Cache, error) {
 	if err != nil {
 		return nil, err
 	}
-	return c, registry.AddCache(mgr, c)
+	return c, controllers.AddCache(mgr, c)
 }
 
 func index(mgr ctrl.Manager) error {

@@ -17,9 +17,9 @@ import (
 	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/quartermaster-dev/quartermaster/internal/controllers"
 	"github.com/quartermaster-dev/quartermaster/internal/manager"
 	"github.com/quartermaster-dev/quartermaster/internal/nsrequest"
-	"github.com/quartermaster-dev/quartermaster/internal/registry"
 )
 
 // maxCacheBytesPerRequest bounds what the manager's cache holds per served request (measured
@@ -41,7 +41,7 @@ func TestCacheCostPerServedRequest(t *testing.T) {
 	}
 	o := &Options{RequestsNamespace: "requests"}
 	// The cache as the manager builds it: same transforms, same informers and indexes.
-	opts, _ := manager.CacheOptions([]registry.Controller{o.controller()})
+	opts, _ := manager.CacheOptions([]controllers.Controller{o.controller()})
 	transforms := map[string]toolscache.TransformFunc{}
 	for obj, by := range opts.ByObject {
 		if by.Transform != nil {

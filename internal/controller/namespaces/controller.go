@@ -18,8 +18,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrl "sigs.k8s.io/controller-runtime/pkg/manager"
 
+	"github.com/quartermaster-dev/quartermaster/internal/controllers"
 	"github.com/quartermaster-dev/quartermaster/internal/nsrequest"
-	"github.com/quartermaster-dev/quartermaster/internal/registry"
 )
 
 // Name is the controller's name in --controllers.
@@ -107,11 +107,11 @@ func (o *Options) policy() (*nsrequest.Policy, *nsrequest.Defaults, error) {
 }
 
 // Controller returns the registry entry of the namespaces controller.
-func Controller() registry.Controller { return (&Options{}).controller() }
+func Controller() controllers.Controller { return (&Options{}).controller() }
 
 // controller is the registry entry of the namespaces controller configured by o.
-func (o *Options) controller() registry.Controller {
-	return registry.Controller{
+func (o *Options) controller() controllers.Controller {
+	return controllers.Controller{
 		Name:     Name,
 		AddFlags: o.AddFlags,
 		Configured: func() error {

@@ -19,9 +19,9 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime/pkg/manager"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
+	"github.com/quartermaster-dev/quartermaster/internal/controllers"
 	"github.com/quartermaster-dev/quartermaster/internal/manager"
 	"github.com/quartermaster-dev/quartermaster/internal/nsrequest"
-	"github.com/quartermaster-dev/quartermaster/internal/registry"
 	"github.com/quartermaster-dev/quartermaster/internal/testing/testenv"
 )
 
@@ -82,7 +82,7 @@ func runController(t *testing.T, env *testenv.Env, tweak func(*Options)) *fixtur
 	if err != nil {
 		t.Fatal(err)
 	}
-	cacheOpts, _ := manager.CacheOptions([]registry.Controller{o.controller()})
+	cacheOpts, _ := manager.CacheOptions([]controllers.Controller{o.controller()})
 	mgr, err := ctrl.New(env.Config, ctrl.Options{
 		Scheme:  env.Scheme,
 		Cache:   cacheOpts,

@@ -1,8 +1,8 @@
 // Package owned creates and repairs the objects a controller generates: the one create-or-update
 // path of every controller (the intents engine policies and NimbusPolicies, a registry mirror's
 // StatefulSet, Services, Secret…, a namespace request's RBAC, defaults and credentials Secret, the
-// IAM compatibility mode's objects). What counts as drift is internal/generated's rule; this package
-// reads, writes (as generated.FieldManager), handles a cache that lags, takes over the fields
+// IAM compatibility mode's objects). What counts as drift is internal/drift's rule; this package
+// reads, writes (as drift.FieldManager), handles a cache that lags, takes over the fields
 // another writer owns when it repairs their edit, replaces an object whose immutable fields
 // changed (Options.Recreate), and tells whose an object is: its controller reference, or
 // Options.Claims for objects without one.
@@ -20,12 +20,12 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/quartermaster-dev/quartermaster/internal/generated"
+	"github.com/quartermaster-dev/quartermaster/internal/drift"
 )
 
-// Writer writes generated objects, always as generated.FieldManager (the drift rule tells our
+// Writer writes generated objects, always as drift.FieldManager (the drift rule tells our
 // writes from others' by it). Reader is where current objects are read first (a cache whose
-// transform keeps generated.Summary, as cachemeta.Transform does), APIReader where a cache that
+// transform keeps drift.Summary, as cachemeta.Transform does), APIReader where a cache that
 // may lag is checked.
 type Writer struct {
 	Client    client.Client
@@ -33,10 +33,10 @@ type Writer struct {
 	APIReader client.Reader
 }
 
-// WithFieldOwner is c writing as generated.FieldManager, as a Writer writes: a controller's other
+// WithFieldOwner is c writing as drift.FieldManager, as a Writer writes: a controller's other
 // writes of generated objects must use it too.
 func WithFieldOwner(c client.Client) client.Client {
-	return client.WithFieldOwner(c, generated.FieldManager)
+	return client.WithFieldOwner(c, drift.FieldManager)
 }
 
 // Outcome is what Ensure found and did.
@@ -63,8 +63,8 @@ type Options struct {
 	// ExactLabels: the object's labels are exactly desired's (a binding's labels copied onto its
 	// NimbusPolicy). Otherwise others' labels are kept, as others' annotations always are.
 	ExactLabels bool
-	// Others are the fields others may write without it counting as an edit (generated.Edits).
-	Others []generated.Path
+	// Others are the fields others may write without it counting as an edit (drift.Edits).
+	Others []drift.Path
 	// Prepare adjusts the update of current to desired: fields an update may not change, fields
 	// others set that must be kept.
 	Prepare func(desired, current client.Object)
@@ -84,7 +84,7 @@ type Options struct {
 // (unless Options.Claims says which objects are the owner's). It returns what it did and the object as stored (nil when Taken
 // or Terminating). A current object makes no write.
 func (w *Writer) Ensure(ctx context.Context, desired client.Object, o Options) (Outcome, client.Object, error) {
-	if err := generated.Stamp(desired); err != nil {
+	if err := drift.Stamp(desired); err != nil {
 		return "", nil, err
 	}
 	writes := WithFieldOwner(w.Client)
@@ -119,23 +119,23 @@ func (w *Writer) Ensure(ctx context.Context, desired client.Object, o Options) (
 	} else if want, have := metav1.GetControllerOfNoCopy(desired), metav1.GetControllerOfNoCopy(current); have == nil || want == nil || have.UID != want.UID {
 		return Taken, nil, nil
 	}
-	if generated.Current(desired, current, o.Others...) {
+	if drift.Current(desired, current, o.Others...) {
 		return Unchanged, current, nil
 	}
 	if o.Recreate != nil && o.Recreate(desired, current) {
 		return w.replace(ctx, writes, desired, current)
 	}
 	var ownership []metav1.ManagedFieldsEntry
-	if len(generated.Edits(current.GetManagedFields(), o.Others...)) > 0 {
+	if len(drift.Edits(current.GetManagedFields(), o.Others...)) > 0 {
 		// Another writer owns content fields. Those whose values this update does not change
 		// would stay theirs and read as their edit at every later look: the update takes them
-		// over (generated.TakeEdits of the object's whole managedFields, read from the API
+		// over (drift.TakeEdits of the object's whole managedFields, read from the API
 		// server: a cache keeps a summary).
 		live := newLike(desired)
 		if err := w.APIReader.Get(ctx, key, live); err != nil {
 			return "", nil, err
 		}
-		current, ownership = live, generated.TakeEdits(live.GetManagedFields(), o.Others...)
+		current, ownership = live, drift.TakeEdits(live.GetManagedFields(), o.Others...)
 	}
 	update := desired.DeepCopyObject().(client.Object)
 	update.SetResourceVersion(current.GetResourceVersion())
@@ -149,7 +149,7 @@ func (w *Writer) Ensure(ctx context.Context, desired client.Object, o Options) (
 	}
 	update.SetManagedFields(ownership) // nil: the API server keeps the object's
 	did := Updated
-	if current.GetAnnotations()[generated.HashAnnotation] == desired.GetAnnotations()[generated.HashAnnotation] {
+	if current.GetAnnotations()[drift.HashAnnotation] == desired.GetAnnotations()[drift.HashAnnotation] {
 		did = Reverted // the same want: what differs is someone else's doing
 	}
 	if err := writes.Update(ctx, update); err != nil {

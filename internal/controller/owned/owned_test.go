@@ -11,7 +11,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
-	"github.com/quartermaster-dev/quartermaster/internal/generated"
+	"github.com/quartermaster-dev/quartermaster/internal/drift"
 	"github.com/quartermaster-dev/quartermaster/internal/manager"
 	"github.com/quartermaster-dev/quartermaster/internal/testing/testenv"
 )
@@ -69,11 +69,11 @@ func TestEnsure(t *testing.T) {
 	}
 
 	obj := ensure("a new object", want("v1"), Options{}, Created, 1)
-	if obj.GetAnnotations()[generated.HashAnnotation] == "" || obj.GetResourceVersion() == "" {
+	if obj.GetAnnotations()[drift.HashAnnotation] == "" || obj.GetResourceVersion() == "" {
 		t.Errorf("Created returned %v without the stored hash or resourceVersion", obj.GetAnnotations())
 	}
-	if m := stored().ManagedFields; len(m) != 1 || m[0].Manager != generated.FieldManager {
-		t.Errorf("written by %v, want %s alone", m, generated.FieldManager)
+	if m := stored().ManagedFields; len(m) != 1 || m[0].Manager != drift.FieldManager {
+		t.Errorf("written by %v, want %s alone", m, drift.FieldManager)
 	}
 
 	// The reader has not seen the create: Made says the owner's status lists it, so the API server
@@ -116,7 +116,7 @@ func TestEnsure(t *testing.T) {
 	edited = stored()
 	edited.Data["theirs"] = "allowed"
 	must(t, client.WithFieldOwner(api, "someone").Update(ctx, edited))
-	ensure("a field others may write", want("v2"), Options{Others: []generated.Path{"data.theirs"}}, Unchanged, 0)
+	ensure("a field others may write", want("v2"), Options{Others: []drift.Path{"data.theirs"}}, Unchanged, 0)
 
 	// The name held by an object the owner does not control: left alone.
 	other := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "other-owner"}}
@@ -195,7 +195,7 @@ func TestEnsureWithoutController(t *testing.T) {
 		t.Errorf("the refused object was changed: %v", got.Labels)
 	}
 	ensure("an object Claims claims", binding("view"), Options{Claims: anything}, Updated, 1)
-	if got := stored(); got.Labels["request"] != "r" || got.Annotations[generated.HashAnnotation] == "" {
+	if got := stored(); got.Labels["request"] != "r" || got.Annotations[drift.HashAnnotation] == "" {
 		t.Errorf("adopted: labels %v annotations %v", got.Labels, got.Annotations)
 	}
 	ensure("current", binding("view"), Options{Claims: anything}, Unchanged, 0)

@@ -17,7 +17,7 @@ import (
 
 	computev1alpha1 "github.com/quartermaster-dev/quartermaster/api/compute/v1alpha1"
 	vcenter "github.com/quartermaster-dev/quartermaster/internal/cloud/vsphere"
-	"github.com/quartermaster-dev/quartermaster/internal/registry"
+	"github.com/quartermaster-dev/quartermaster/internal/controllers"
 )
 
 // Name is the controller's name in --controllers.
@@ -84,9 +84,9 @@ func (o *Options) secretRef() (types.NamespacedName, error) {
 
 // Controller returns the registry entry of the vmgroups controller. It needs no restrictions of
 // the manager's cache: it watches VmGroups there, and its Secret in a cache of its own.
-func Controller() registry.Controller {
+func Controller() controllers.Controller {
 	o := &Options{}
-	return registry.Controller{
+	return controllers.Controller{
 		Name:       Name,
 		Requires:   []schema.GroupVersionKind{computev1alpha1.GroupVersion.WithKind("VmGroup")},
 		AddFlags:   o.AddFlags,

@@ -32,7 +32,7 @@ import (
 	computev1alpha1 "github.com/quartermaster-dev/quartermaster/api/compute/v1alpha1"
 	vcenter "github.com/quartermaster-dev/quartermaster/internal/cloud/vsphere"
 	"github.com/quartermaster-dev/quartermaster/internal/controller/status"
-	"github.com/quartermaster-dev/quartermaster/internal/registry"
+	"github.com/quartermaster-dev/quartermaster/internal/controllers"
 	"github.com/quartermaster-dev/quartermaster/internal/vsphere"
 )
 
@@ -145,7 +145,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
 		Named(Name).
 		For(&computev1alpha1.VmGroup{}, builder.WithPredicates(predicate.Or[client.Object](predicate.GenerationChangedPredicate{}, deleting)))
 	if r.secrets != nil {
-		if err := registry.AddCache(mgr, r.secrets); err != nil {
+		if err := controllers.AddCache(mgr, r.secrets); err != nil {
 			return err
 		}
 		b = b.WatchesRawSource(r.secretSource())

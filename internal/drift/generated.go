@@ -1,4 +1,4 @@
-// Package generated decides whether an object a controller generated is still what it generated,
+// Package drift decides whether an object a controller generated is still what it generated,
 // without mistaking the API server's defaults for an edit. One rule for every object a controller
 // makes (internal/controller/owned writes them all: engine policies, NimbusPolicies, a mirror's
 // StatefulSet, a namespace request's RBAC and defaults, the IAM compatibility mode's objects):
@@ -14,7 +14,7 @@
 //
 // No value is compared, so no schema is needed and a new engine version that defaults a new field
 // changes nothing.
-package generated
+package drift
 
 import (
 	"crypto/sha256"

@@ -1,7 +1,7 @@
-// Package registry describes the controllers the Quartermaster manager can host, chooses which of
+// Package controllers describes the controllers the Quartermaster manager can host, chooses which of
 // them run from the --controllers flag and their configuration, and starts each one only once the
 // API kinds it needs are served.
-package registry
+package controllers
 
 import (
 	"errors"

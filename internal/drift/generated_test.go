@@ -1,4 +1,4 @@
-package generated
+package drift
 
 import (
 	"slices"

@@ -1,4 +1,4 @@
-package registry_test
+package controllers_test
 
 import (
 	"context"
@@ -16,8 +16,8 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime/pkg/manager"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
+	"github.com/quartermaster-dev/quartermaster/internal/controllers"
 	"github.com/quartermaster-dev/quartermaster/internal/manager"
-	"github.com/quartermaster-dev/quartermaster/internal/registry"
 	"github.com/quartermaster-dev/quartermaster/internal/testing/testenv"
 )
 
@@ -45,7 +45,7 @@ func TestAddCacheStartsInAStandby(t *testing.T) {
 		return c
 	}
 	standby, leaderOnly := newCache(), newCache()
-	must(t, registry.AddCache(mgr, standby))
+	must(t, controllers.AddCache(mgr, standby))
 	must(t, mgr.Add(leaderOnly))
 	running := testenv.Run(mgr)
 	t.Cleanup(func() {

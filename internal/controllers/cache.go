@@ -1,4 +1,4 @@
-package registry
+package controllers
 
 import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
