@@ -5,8 +5,11 @@ import (
 	"maps"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/util/workqueue"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/priorityqueue"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -48,6 +51,33 @@ func readinessCoalesced(mapped handler.MapFunc) handler.EventHandler {
 			for _, r := range mapped(ctx, e.ObjectNew) {
 				q.AddAfter(r, aggregateWindow)
 			}
+		},
+	}
+}
+
+// reportPriority is the workqueue priority of a reconcile that only reports (a binding woken by its
+// NimbusPolicy's readiness): below every reconcile that enforces, including the low priority
+// controller-runtime gives the objects it lists at start (handler.LowPriority). With 1000
+// bindings at start, their NimbusPolicies and engine policies are all written before the bindings
+// report, instead of the reports taking half the workers while policies wait.
+const reportPriority = handler.LowPriority - 1
+
+// toReport is a handler that enqueues the controller (of kind) of a watched object at
+// reportPriority on an update: the watch's predicates pass the readiness changes the controller
+// reports. Without controller-runtime's priority queue it enqueues plainly.
+func toReport(kind string) handler.EventHandler {
+	return handler.Funcs{
+		UpdateFunc: func(_ context.Context, e event.UpdateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			owner := metav1.GetControllerOfNoCopy(e.ObjectNew)
+			if owner == nil || owner.Kind != kind {
+				return
+			}
+			r := reconcile.Request{NamespacedName: client.ObjectKey{Namespace: e.ObjectNew.GetNamespace(), Name: owner.Name}}
+			if pq, ok := q.(priorityqueue.PriorityQueue[reconcile.Request]); ok {
+				pq.AddWithOpts(priorityqueue.AddOpts{Priority: ptr.To(reportPriority)}, r)
+				return
+			}
+			q.Add(r)
 		},
 	}
 }

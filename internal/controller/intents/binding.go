@@ -272,7 +272,9 @@ func (r *bindingReconciler) setup(mgr ctrl.Manager, opts controller.Options) err
 	return builder.ControllerManagedBy(mgr).
 		Named("securityintentbinding").
 		For(&intentv1alpha1.SecurityIntentBinding{}, builder.WithPredicates(specOrLabels())).
-		Owns(&intentv1alpha1.NimbusPolicy{}, builder.WithPredicates(predicate.Or(specOrLabels(), readyChanged()), notCreated())).
+		Owns(&intentv1alpha1.NimbusPolicy{}, builder.WithPredicates(specOrLabels(), notCreated())).
+		// Its NimbusPolicy's report wakes the binding to report in turn, after the work that enforces.
+		Watches(&intentv1alpha1.NimbusPolicy{}, toReport("SecurityIntentBinding"), builder.WithPredicates(readyChanged())).
 		Watches(&intentv1alpha1.SecurityIntent{}, handler.EnqueueRequestsFromMapFunc(r.bindingsOf(&intentv1alpha1.SecurityIntentBindingList{})),
 			builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		WithOptions(opts).

@@ -27,7 +27,7 @@ import (
 )
 
 // +kubebuilder:rbac:groups=intent.security.nimbus.com,resources=securityintents;securityintentbindings;clustersecurityintentbindings,verbs=get;list;watch
-// +kubebuilder:rbac:groups=intent.security.nimbus.com,resources=securityintents/status;securityintentbindings/status;clustersecurityintentbindings/status;nimbuspolicies/status;clusternimbuspolicies/status,verbs=update
+// +kubebuilder:rbac:groups=intent.security.nimbus.com,resources=securityintents/status;securityintentbindings/status;clustersecurityintentbindings/status;nimbuspolicies/status;clusternimbuspolicies/status,verbs=patch
 // +kubebuilder:rbac:groups=intent.security.nimbus.com,resources=nimbuspolicies;clusternimbuspolicies,verbs=get;list;watch;create;update;delete
 // Generated objects are owned with blockOwnerDeletion, which needs update on the owners' finalizers.
 // +kubebuilder:rbac:groups=intent.security.nimbus.com,resources=securityintentbindings/finalizers;clustersecurityintentbindings/finalizers;nimbuspolicies/finalizers;clusternimbuspolicies/finalizers,verbs=update
