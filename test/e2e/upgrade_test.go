@@ -42,8 +42,8 @@ const (
 	upPrefix    = "qm-up-"
 )
 
-// TestHelmUpgradeAndRollbackLoseNothing installs the chart as the newest earlier commit whose
-// charts/ differs released it, its CRDs included, and runs that commit's manager (built from its
+// TestHelmUpgradeAndRollbackLoseNothing installs the chart as the earlier release
+// (hack/earlier-release, the newest commit that landed) released it, its CRDs included, and runs that commit's manager (built from its
 // sources) as the Deployment's pods say; creates an object of every kind; then, while a load generator keeps
 // creating namespace requests and IAMServiceAccounts and scaling a VmGroup, upgrades the release to
 // this commit's chart and rolls it back with Helm 3 (as most clusters are managed; it installed the
@@ -60,7 +60,7 @@ func TestHelmUpgradeAndRollbackLoseNothing(t *testing.T) {
 	h := testenv.Helm3 // installs; the rollouts name theirs
 	began := time.Now()
 	prev := previousRelease(t)
-	t.Logf("the earlier release: commit %s (the newest whose charts/ differs from HEAD's), extracted and built in %s",
+	t.Logf("the earlier release: commit %s (hack/earlier-release), extracted and built in %s",
 		prev.commit, time.Since(began).Round(time.Second))
 	oldTag, newTag := "old-"+prev.commit[:12], "new"
 	sim := vsimtest.Start(t)

@@ -36,8 +36,8 @@ const (
 	upRequests  = "qm-up-requests"
 )
 
-// TestHelmUpgradeAndRollbackOnTheRealNode installs the chart of the newest earlier commit whose
-// charts/ differs from HEAD's, with that commit's image (built as its make image built it, loaded
+// TestHelmUpgradeAndRollbackOnTheRealNode installs the chart of the earlier release
+// (hack/earlier-release, the newest commit that landed), with that commit's image (built as its make image built it, loaded
 // into the node), then, while a load generator keeps creating namespace requests, upgrades the
 // release to this commit's chart and image, then rolls it back, each with helm --wait. The
 // manager's Pods really roll on the kubelet: at every moment some manager Pod is Ready, their
