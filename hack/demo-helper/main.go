@@ -22,7 +22,6 @@ import (
 	"os/signal"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -99,7 +98,7 @@ func freeAddrs(n string) error {
 	return nil
 }
 
-// runKyverno runs Kyverno through the e2e harness; runner stands in for the test.
+// runKyverno runs Kyverno through the e2e harness; a kyverno.Program stands in for the test.
 func runKyverno(kubeconfig, dir, readyFile string) error {
 	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
 	if err != nil {
@@ -110,65 +109,24 @@ func runKyverno(kubeconfig, dir, readyFile string) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	r := &runner{dir: dir}
-	k := kyverno.Start(r, cfg) // fails (and cleans up) through r.Fatalf
+	r := &kyverno.Program{Dir: dir}
+	var k *kyverno.Kyverno
+	if err := r.Run(func() { k = kyverno.Start(r, cfg) }); err != nil {
+		r.Close()
+		return err
+	}
 	if err := os.WriteFile(readyFile, []byte(k.WebhookAddr+"\n"), 0o644); err != nil {
-		r.cleanup()
+		r.Close()
 		return err
 	}
 	fmt.Printf("Kyverno %s is ready, its webhooks at https://%s (logs in %s)\n", kyverno.Version, k.WebhookAddr, dir)
 	<-ctx.Done()
-	r.cleanup()
+	r.Close()
 	if r.Failed() {
 		return errors.New("stopping Kyverno failed")
 	}
 	fmt.Println("Kyverno stopped; its webhook configurations are deleted")
 	return nil
-}
-
-// runner is the kyverno.TB of a command: it logs, and a fatal error runs the cleanups and exits.
-type runner struct {
-	dir      string
-	mu       sync.Mutex
-	failed   bool
-	cleanups []func()
-}
-
-func (r *runner) Helper() {}
-func (r *runner) Fatal(args ...any) {
-	r.Errorf("%s", fmt.Sprint(args...))
-	r.cleanup()
-	os.Exit(1)
-}
-func (r *runner) Fatalf(format string, args ...any) { r.Fatal(fmt.Sprintf(format, args...)) }
-func (r *runner) Errorf(format string, args ...any) {
-	r.mu.Lock()
-	r.failed = true
-	r.mu.Unlock()
-	fmt.Fprintf(os.Stderr, "kyverno: "+format+"\n", args...)
-}
-func (r *runner) Logf(format string, args ...any) { fmt.Fprintf(os.Stderr, format+"\n", args...) }
-func (r *runner) TempDir() string                 { return r.dir }
-func (r *runner) Failed() bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.failed
-}
-func (r *runner) Cleanup(f func()) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.cleanups = append(r.cleanups, f)
-}
-
-// cleanup runs the registered functions, last first, once.
-func (r *runner) cleanup() {
-	r.mu.Lock()
-	fs := r.cleanups
-	r.cleanups = nil
-	r.mu.Unlock()
-	for i := len(fs) - 1; i >= 0; i-- {
-		fs[i]()
-	}
 }
 
 func criPull(socket, image string) error {

@@ -40,9 +40,13 @@ func realNodeKyverno(ctx context.Context, c *realcluster.Cluster, admin client.C
 	}
 
 	var started time.Duration
-	t := &benchTB{}
-	defer t.cleanup()
-	if err := t.run(func() {
+	dir, err := os.MkdirTemp(binDir, "kyverno") // removed with binDir
+	if err != nil {
+		return nil, err
+	}
+	t := &kyverno.Program{Dir: dir}
+	defer t.Close()
+	if err := t.Run(func() {
 		start := time.Now()
 		kyverno.StartPods(t, c.Config, func(archive string) error { return c.Load("", archive) })
 		started = time.Since(start)
@@ -127,56 +131,4 @@ func benchPod(ns, name, app string) *corev1.Pod {
 			Name: "c", Image: "docker.io/local/pause:1", SecurityContext: &corev1.SecurityContext{Privileged: ptr.To(true)},
 		}}},
 	}
-}
-
-// benchTB lets the bench use the test helpers' Kyverno (kyverno.TB): a Fatal ends run with its
-// message as the error; cleanups run when cleanup is called.
-type benchTB struct {
-	cleanups []func()
-	failed   bool
-}
-
-type benchFatal struct{ msg string }
-
-func (t *benchTB) run(f func()) (err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			fatal, ok := r.(benchFatal)
-			if !ok {
-				panic(r)
-			}
-			err = errors.New(fatal.msg)
-		}
-	}()
-	f()
-	return nil
-}
-
-func (t *benchTB) cleanup() {
-	for i := len(t.cleanups) - 1; i >= 0; i-- {
-		t.cleanups[i]()
-	}
-}
-
-func (t *benchTB) Helper()           {}
-func (t *benchTB) Fatal(args ...any) { t.failed = true; panic(benchFatal{fmt.Sprint(args...)}) }
-func (t *benchTB) Fatalf(format string, args ...any) {
-	t.failed = true
-	panic(benchFatal{fmt.Sprintf(format, args...)})
-}
-func (t *benchTB) Errorf(format string, args ...any) {
-	t.failed = true
-	fmt.Fprintf(os.Stderr, "bench: "+format+"\n", args...)
-}
-func (t *benchTB) Logf(format string, args ...any) {
-	fmt.Fprintf(os.Stderr, "bench: "+format+"\n", args...)
-}
-func (t *benchTB) Failed() bool     { return t.failed }
-func (t *benchTB) Cleanup(f func()) { t.cleanups = append(t.cleanups, f) }
-func (t *benchTB) TempDir() string {
-	dir, err := os.MkdirTemp(binDir, "kyverno")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return dir
 }
