@@ -17,6 +17,7 @@
 package drift
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -41,7 +42,12 @@ type Object interface {
 }
 
 // Hash is the hash of what desired says: its labels, annotations (but HashAnnotation), controller
-// and every top-level field but metadata and status.
+// and every top-level field but metadata and status, written relative to the object's namespace:
+// wherever the want says the namespace's name, the hash reads a mark instead. An object's
+// namespace is part of its name, so the hash still changes exactly when the want does (the JSON
+// text has no raw NUL, the mark, so the rewriting is one-to-one); but objects made alike in many
+// namespaces (a namespace request's RBAC, whose subjects and labels name the namespace) carry one
+// hash, and the cache keeps one copy of their annotations (cachemeta.ShareMaps).
 func Hash(desired Object) (string, error) {
 	u, err := runtime.DefaultUnstructuredConverter.ToUnstructured(desired)
 	if err != nil {
@@ -66,6 +72,9 @@ func Hash(desired Object) (string, error) {
 	b, err := json.Marshal([]any{labels, annotations, controller, content})
 	if err != nil {
 		return "", err
+	}
+	if ns := desired.GetNamespace(); ns != "" {
+		b = bytes.ReplaceAll(b, []byte(ns), []byte{0})
 	}
 	sum := sha256.Sum256(b)
 	return hex.EncodeToString(sum[:12]), nil

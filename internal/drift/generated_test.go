@@ -115,6 +115,35 @@ func TestHashSaysWhatTheWantSays(t *testing.T) {
 	}
 }
 
+// Objects made alike in many namespaces carry one hash (the cache keeps one copy of their
+// annotations), and in one namespace the hash still tells every two wants apart, those that differ
+// only where one says the namespace's name included.
+func TestHashIsRelativeToTheNamespace(t *testing.T) {
+	in := func(ns, subject string) string {
+		u := &unstructured.Unstructured{Object: map[string]any{
+			"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+			"metadata": map[string]any{"name": "admin", "namespace": ns, "labels": map[string]any{"request": "requests." + ns}},
+			"subjects": []any{map[string]any{"kind": "ServiceAccount", "name": "admin", "namespace": subject}},
+		}}
+		s, err := Hash(u)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	if in("team-a", "team-a") != in("team-b", "team-b") {
+		t.Error("objects made alike in two namespaces have two hashes")
+	}
+	for _, other := range []string{"team-b", "team-a-x", "", "\u0000", "1"} {
+		if in("team-a", "team-a") == in("team-a", other) {
+			t.Errorf("a subject in %q hashes like one in the object's own namespace", other)
+		}
+	}
+	if in("1", "1") == in("1", "2") || in("1", "2") == in("1", "12") {
+		t.Error("a namespace named like a number makes two wants hash alike")
+	}
+}
+
 func TestSummaryKeepsOnlyEdits(t *testing.T) {
 	entries := []metav1.ManagedFieldsEntry{
 		entry(FieldManager, "", `{"f:spec":{}}`),

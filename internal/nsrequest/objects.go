@@ -61,18 +61,20 @@ func Labels(requestsNamespace, name string) map[string]string {
 	return map[string]string{LabelManagedBy: ManagedByValue, LabelRequest: RequestLabel(requestsNamespace, name)}
 }
 
+// meta is the metadata of an object made in the requested namespace: the request's labels and no
+// annotation of its own (the Namespace names the request in full), so that what the cache keeps of
+// its annotations (the drift hash, the same for objects made alike in every namespace) is one
+// shared copy.
 func meta(requestsNamespace, name, objName string) metav1.ObjectMeta {
-	return metav1.ObjectMeta{
-		Name: objName, Namespace: name,
-		Labels:      Labels(requestsNamespace, name),
-		Annotations: map[string]string{AnnotationRequest: requestsNamespace + "/" + name},
-	}
+	return metav1.ObjectMeta{Name: objName, Namespace: name, Labels: Labels(requestsNamespace, name)}
 }
 
 // Namespace returns the namespace to create, now, for the request ConfigMap with UID requestUID.
 func Namespace(requestsNamespace string, req *Request, requestUID types.UID, now time.Time) *corev1.Namespace {
-	ns := &corev1.Namespace{ObjectMeta: meta(requestsNamespace, req.Namespace, req.Namespace)}
-	ns.Namespace = ""
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{
+		Name: req.Namespace, Labels: Labels(requestsNamespace, req.Namespace),
+		Annotations: map[string]string{AnnotationRequest: requestsNamespace + "/" + req.Namespace},
+	}}
 	ns.Annotations[AnnotationRequestUID] = string(requestUID)
 	if req.TTL > 0 {
 		ns.Annotations[AnnotationExpiresAt] = now.Add(req.TTL).UTC().Format(time.RFC3339)

@@ -18,15 +18,17 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/quartermaster-dev/quartermaster/internal/controllers"
+	"github.com/quartermaster-dev/quartermaster/internal/drift"
 	"github.com/quartermaster-dev/quartermaster/internal/manager"
 	"github.com/quartermaster-dev/quartermaster/internal/nsrequest"
 )
 
 // maxCacheBytesPerRequest bounds what the manager's cache holds per served request (measured
-// 9.2 KB on 2026-11-24 with the defaults of config/manager; 17.8 KB before the cache shared what
-// repeats across requests). With Go's collector letting the heap grow to twice the live size,
+// 8.8 KB on 2026-11-27 with the defaults of config/manager and the objects as owned.Writer stamps
+// them; 11.8 KB while each object's drift hash named its namespace and the request, 9.2 KB before
+// objects carried a hash, 17.8 KB before the cache shared what repeats across requests). With Go's collector letting the heap grow to twice the live size,
 // RSS grows by about twice this per request.
-const maxCacheBytesPerRequest = 10 << 10
+const maxCacheBytesPerRequest = 9 << 10
 
 // The cache's cost of a served request: its ten objects, as the API server sends them, decoded,
 // transformed and stored the way the manager's informers do (same transforms, same indexes).
@@ -153,9 +155,15 @@ func servedObjects(requestsNS string, i int, d *nsrequest.Defaults) []client.Obj
 		// Sizes of a real one; the summary keeps none of it.
 		Data: map[string][]byte{keyToken: make([]byte, 1100), keyCA: make([]byte, 1100), keyNamespace: []byte(name), keyKubeconfig: make([]byte, 3500)},
 	}
+	if err := drift.Stamp(secret); err != nil { // written by owned.Writer.Ensure
+		panic(err)
+	}
 	stamp(secret)
 	objs := []client.Object{cm, ns, secret}
 	for _, o := range nsrequest.NamespaceObjects(requestsNS, name, d) {
+		if err := drift.Stamp(o); err != nil { // written by owned.Writer.Ensure
+			panic(err)
+		}
 		stamp(o)
 		objs = append(objs, o)
 	}

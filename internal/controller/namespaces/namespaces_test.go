@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/base64"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"testing"
@@ -20,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
+	"github.com/quartermaster-dev/quartermaster/internal/drift"
 	"github.com/quartermaster-dev/quartermaster/internal/nsrequest"
 	"github.com/quartermaster-dev/quartermaster/internal/testing/testenv"
 )
@@ -308,6 +310,30 @@ func TestDriftIsRepaired(t *testing.T) {
 		err := f.c.Get(ctx, lrKey, lr)
 		return err == nil && lr.Spec.Limits[0].Default.Cpu().String() == "500m" && lr.Labels["team"] == "payments"
 	}, func() string { return fmt.Sprintf("%v %v", lr.Spec.Limits, lr.Labels) })
+}
+
+// An object an earlier release made (its own hash, the request annotation every object then
+// carried) is brought to this release's want by one update that takes the request annotation
+// off and leaves others' annotations.
+func TestObjectsOfAnEarlierReleaseAreTakenOver(t *testing.T) {
+	f := start(t, nil)
+	ctx := context.Background()
+	f.request(t, "earlier", nil)
+	f.waitStatus(t, "earlier", nsrequest.StatusReady)
+	key := client.ObjectKey{Namespace: "earlier", Name: nsrequest.ServiceAccountName}
+	sa := &corev1.ServiceAccount{}
+	must(t, f.c.Get(ctx, key, sa))
+	ours := sa.Annotations[drift.HashAnnotation]
+	sa.Annotations = map[string]string{
+		drift.HashAnnotation:       "an-earlier-want",
+		nsrequest.AnnotationRequest: requestsNS + "/earlier",
+		"team":                      "payments",
+	}
+	must(t, f.c.Update(ctx, sa))
+	eventually(t, "the ServiceAccount to carry this release's hash and no request annotation", func() bool {
+		err := f.c.Get(ctx, key, sa)
+		return err == nil && maps.Equal(sa.Annotations, map[string]string{drift.HashAnnotation: ours, "team": "payments"})
+	}, func() string { return fmt.Sprint(sa.Annotations) })
 }
 
 func TestDeletingTheRequestLeavesTheNamespace(t *testing.T) {

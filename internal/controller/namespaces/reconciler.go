@@ -559,7 +559,7 @@ func wanted(obj client.Object, d *nsrequest.Defaults) bool {
 // stored.
 func (r *Reconciler) ensureObject(ctx context.Context, want client.Object) (client.Object, error) {
 	w := owned.Writer{Client: r.Client, Reader: r.Client, APIReader: r.APIReader}
-	did, got, err := w.Ensure(ctx, want, owned.Options{Claims: inTheRequestsNamespace, Recreate: roleRefChanged})
+	did, got, err := w.Ensure(ctx, want, owned.Options{Claims: inTheRequestsNamespace, Recreate: roleRefChanged, Prepare: dropRequestAnnotation})
 	if err != nil {
 		return nil, err
 	}
@@ -572,6 +572,15 @@ func (r *Reconciler) ensureObject(ctx context.Context, want client.Object) (clie
 // inTheRequestsNamespace: every object in a namespace made for a request is the request's (an
 // object of that name made there without our labels is adopted).
 func inTheRequestsNamespace(client.Object) bool { return true }
+
+// dropRequestAnnotation: releases before 2026-11-27 annotated every object made in a requested
+// namespace with the request (the Namespace alone carries it now); the first update takes it
+// off, so that the object's annotations are its drift hash alone, one shared copy in the cache.
+func dropRequestAnnotation(update, _ client.Object) {
+	if a := update.GetAnnotations(); a[nsrequest.AnnotationRequest] != "" {
+		delete(a, nsrequest.AnnotationRequest) // Ensure's own copy (owned.Merged)
+	}
+}
 
 // roleRefChanged: a RoleBinding's roleRef cannot be updated.
 func roleRefChanged(desired, current client.Object) bool {
