@@ -325,7 +325,7 @@ func TestObjectsOfAnEarlierReleaseAreTakenOver(t *testing.T) {
 	must(t, f.c.Get(ctx, key, sa))
 	ours := sa.Annotations[drift.HashAnnotation]
 	sa.Annotations = map[string]string{
-		drift.HashAnnotation:       "an-earlier-want",
+		drift.HashAnnotation:        "an-earlier-want",
 		nsrequest.AnnotationRequest: requestsNS + "/earlier",
 		"team":                      "payments",
 	}
