@@ -133,8 +133,9 @@ func CacheConfig(p CacheParams) ([]byte, error) {
 	// A directory per upstream: a volume kept (deletionPolicy Retain) and reused by a mirror of
 	// another upstream must not serve the first upstream's tags as the second's.
 	c.Storage.Filesystem.RootDirectory = StorageDir + "/" + upstreamDir(upstream)
-	// Expiry deletes through the storage API, which refuses deletes unless enabled; the cache
-	// itself still refuses DELETE requests.
+	// Read and ignored since the cache keeps its own store (expiry deletes without asking it);
+	// kept so that the rendered bytes, and with them the pods' config hash, stay the same. The
+	// cache refuses DELETE requests whatever it says.
 	c.Storage.Delete.Enabled = true
 	c.Storage.Cache.BlobDescriptor = "inmemory"
 	c.HTTP.Addr = ":" + strconv.Itoa(CachePort)

@@ -17,8 +17,9 @@ import (
 	"github.com/opencontainers/go-digest"
 )
 
-// A fill fetches one digest from the upstream into a temporary file of the store, once, however
-// many requests want it: the first request starts it, every request (the first included) tails
+// A fill fetches one digest (from the peer that owns it, another peer, or the upstream) into a
+// temporary file of the store, once, however many requests want it: the first request starts it,
+// every request (the first included) tails
 // the file as it grows, and the fill runs on the cache's own context, so no client leaving stops
 // it. It commits (rename into blobs/) only after the digest and length were checked; on any
 // failure the file is removed and every request still reading is aborted.
@@ -39,7 +40,7 @@ type fill struct {
 	verified  bool // the digest and length checked: the whole content may be served
 	done      bool
 	err       error
-	status    int  // the upstream's status when it refused the fill (404 …)
+	status    int  // what the fill's requests answer when it failed: the upstream's refusal (404 …), 507 when the volume refused the write
 	noSpace   bool // the volume has no room: each request goes to the upstream itself
 	committed string
 	// Whether the fill reads only from the upstream (peerSource), and how sendUpstream ends
@@ -425,7 +426,8 @@ func (f *fill) fail(result string, status int, err error) {
 	f.mu.Unlock()
 }
 
-// wait blocks until the fill's state changes past what the caller saw, or ctx ends.
+// waitLocked, called with f.mu held (and returning with it held), blocks until until() holds or
+// ctx ends.
 func (f *fill) waitLocked(ctx context.Context, until func() bool) {
 	if until() {
 		return

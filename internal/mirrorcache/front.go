@@ -79,11 +79,14 @@ func newFront(r *remote, p *peers, s *store, ttl time.Duration, storageDir strin
 	}
 }
 
+// flushInterval is how often the index is written (store.flush) and the peer gauges set.
+const flushInterval = 2 * time.Second
+
 // run sweeps expired content and writes the index until close.
 func (f *front) run() {
 	interval := min(max(f.ttl/10, time.Second), 5*time.Minute)
 	sweep := time.NewTicker(interval)
-	flush := time.NewTicker(2 * time.Second)
+	flush := time.NewTicker(flushInterval)
 	defer sweep.Stop()
 	defer flush.Stop()
 	for {
@@ -242,7 +245,6 @@ func (f *front) lookupTag(repo, tag string) *tagLookup {
 // said repo has d. fromPeer: another replica asks (on the peer port), so the content comes
 // from this cache or the upstream, never from a third replica.
 func (f *front) serve(w http.ResponseWriter, r *http.Request, repo string, d digest.Digest, manifest, confirmed, fromPeer bool) {
-	kind := kindOf(manifest)
 	known := confirmed || f.store.has(repo, d)
 	if known {
 		if f.serveStored(w, r, repo, d, manifest, fromPeer) {
@@ -283,15 +285,14 @@ func (f *front) serve(w http.ResponseWriter, r *http.Request, repo string, d dig
 		registryError(w, http.StatusServiceUnavailable, "UNAVAILABLE", "content vanished; retry")
 		return
 	}
+	result := resultCoalesced
 	switch {
-	case fromPeer: // the asking replica counted its client's request (peer_served_requests_total counts this one)
+	case fromPeer:
+		result = "" // the asking replica counted its client's request (peer_served_requests_total counts this one)
 	case leader:
-		cacheRequests.WithLabelValues(kind, resultMiss).Inc()
-	default:
-		cacheRequests.WithLabelValues(kind, resultCoalesced).Inc()
-		coalesced.WithLabelValues(kind).Inc()
+		result = resultMiss
 	}
-	f.serveFill(w, r, repo, fl)
+	f.serveFill(w, r, repo, fl, result)
 }
 
 // confirm asks the upstream (HEAD, no body) whether repo has d. For a HEAD request it also
@@ -395,11 +396,22 @@ func setContentHeaders(w http.ResponseWriter, d digest.Digest, manifest bool, me
 // serveFill answers from a fill: headers once the upstream answered, then the bytes as they
 // arrive. A fill that fails after the headers aborts the connection: a client never gets a short
 // body that looks complete.
-func (f *front) serveFill(w http.ResponseWriter, r *http.Request, repo string, fl *fill) {
+func (f *front) serveFill(w http.ResponseWriter, r *http.Request, repo string, fl *fill, result string) {
 	fl.mu.Lock()
 	fl.waitLocked(r.Context(), func() bool { return fl.ready })
 	ready, noSpace, ferr, status, size, mediaType := fl.ready, fl.noSpace, fl.err, fl.status, fl.size, fl.mediaType
 	fl.mu.Unlock()
+	// Counted once, as it is served: a fill the volume had no room for is passed through.
+	if noSpace && result != "" {
+		result = resultPassThrough
+	}
+	if result != "" {
+		kind := kindOf(fl.manifest)
+		cacheRequests.WithLabelValues(kind, result).Inc()
+		if result == resultCoalesced {
+			coalesced.WithLabelValues(kind).Inc()
+		}
+	}
 	switch {
 	case !ready:
 		return // the client left
@@ -441,8 +453,6 @@ func (f *front) serveFill(w http.ResponseWriter, r *http.Request, repo string, f
 
 // passThrough streams d from the upstream without storing it: the volume has no room.
 func (f *front) passThrough(w http.ResponseWriter, r *http.Request, repo string, d digest.Digest, manifest bool) {
-	kind := kindOf(manifest)
-	cacheRequests.WithLabelValues(kind, resultPassThrough).Inc()
 	path := pathOf(manifest)
 	resp, err := f.remote.do(r.Context(), r.Method, repo, path, d.String())
 	if err != nil {
@@ -465,7 +475,7 @@ func (f *front) passThrough(w http.ResponseWriter, r *http.Request, repo string,
 	// As from a fill, the last byte goes only once the digest is checked.
 	verifier := d.Verifier()
 	held := &holdLast{w: w}
-	n, err := io.Copy(io.MultiWriter(held, verifier), &source{body: resp.Body, bytes: upstreamBytes.WithLabelValues(kind)})
+	n, err := io.Copy(io.MultiWriter(held, verifier), &source{body: resp.Body, bytes: upstreamBytes.WithLabelValues(kindOf(manifest))})
 	if err != nil || (resp.ContentLength >= 0 && n != resp.ContentLength) || !verifier.Verified() {
 		panic(http.ErrAbortHandler)
 	}

@@ -51,7 +51,7 @@ var (
 	fills = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "quartermaster_mirror_fills_total",
 		Help: "Ended fills by result: ok (committed), upstream_error (refused, failed or cut mid-body), " +
-			"digest_mismatch (the upstream's bytes have another digest: refused), store_error (the volume refused the write), " +
+			"digest_mismatch (the upstream's or a peer's bytes have another digest: refused), store_error (the volume refused the write), " +
 			"no_space (not stored: the volume is full).",
 	}, []string{"result"})
 	storeFull = prometheus.NewGauge(prometheus.GaugeOpts{

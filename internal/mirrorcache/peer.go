@@ -185,7 +185,7 @@ var errNotFromPeer = errors.New("the peer has no content to give")
 
 // open asks src's peer (fill.peerSource) for bytes [from, …) of d for repo. It gives up when the
 // peer sends nothing for the stall timeout; it counts a failed request (ended), and src's request
-// is counted when its body ends (fill.run).
+// is counted when its body ends (fill.copy).
 func (p *peers) open(src *source, repo string, d digest.Digest, manifest bool, from int64) error {
 	target := (&url.URL{Scheme: "http", Host: src.peer.Addr, Path: "/v2/" + repo + "/" + pathOf(manifest) + "/" + d.String()}).String()
 	src.stallAfter = p.stall
