@@ -8,7 +8,6 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -28,6 +27,7 @@ import (
 
 	iamv1alpha1 "github.com/quartermaster-dev/quartermaster/api/iam/v1alpha1"
 	"github.com/quartermaster-dev/quartermaster/internal/controller/owned"
+	"github.com/quartermaster-dev/quartermaster/internal/controller/status"
 
 	"github.com/quartermaster-dev/quartermaster/internal/cachemeta"
 	"github.com/quartermaster-dev/quartermaster/internal/controllers"
@@ -58,7 +58,9 @@ const (
 // ConfigMap's annotations.
 type CompatReconciler struct {
 	*base
-	configMaps cache.Cache
+	// configMaps reads the ConfigMaps from the controller's own cache, guarded (status.NewClient):
+	// never older than its own last status write.
+	configMaps client.Client
 }
 
 func (r *CompatReconciler) setupWithManager(mgr ctrl.Manager) error {
@@ -77,7 +79,14 @@ func (r *CompatReconciler) setupWithManager(mgr ctrl.Manager) error {
 	if err := controllers.AddCache(mgr, c); err != nil {
 		return err
 	}
-	r.configMaps = c
+	cc, err := client.New(mgr.GetConfig(), client.Options{
+		HTTPClient: mgr.GetHTTPClient(), Scheme: mgr.GetScheme(), Mapper: mgr.GetRESTMapper(),
+		Cache: &client.CacheOptions{Reader: c},
+	})
+	if err != nil {
+		return err
+	}
+	r.configMaps = status.NewClient(owned.WithFieldOwner(cc), &corev1.ConfigMap{})
 	owned := handler.EnqueueRequestForOwner(mgr.GetScheme(), mgr.GetRESTMapper(), &corev1.ConfigMap{}, handler.OnlyControllerOwner())
 	return builder.ControllerManagedBy(mgr).
 		Named("iam-configmap").
@@ -95,15 +104,9 @@ func dataChanged() predicate.TypedPredicate[*corev1.ConfigMap] {
 	}}
 }
 
-// readyChanged passes changes of an object's Ready condition (and its deletion).
+// readyChanged passes changes of an object's Ready condition, its creation and its deletion.
 func readyChanged() predicate.Predicate {
-	return predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
-		return !equality.Semantic.DeepEqual(readyOf(e.ObjectOld), readyOf(e.ObjectNew))
-	}}
-}
-
-func readyOf(obj client.Object) *metav1.Condition {
-	return meta.FindStatusCondition(conditionsOf(obj), iamv1alpha1.ConditionReady)
+	return predicate.Or[client.Object](status.ReadyChanged(), predicate.Funcs{UpdateFunc: func(event.UpdateEvent) bool { return false }})
 }
 
 // Reconcile translates one ConfigMap.
@@ -291,7 +294,7 @@ func (r *CompatReconciler) report(ctx context.Context, cm *corev1.ConfigMap, exp
 	var waiting []string
 	seen := map[string]bool{}
 	for _, obj := range made {
-		c := readyOf(obj)
+		c := status.ReadyOf(obj)
 		key := kindOf(obj) + "/" + obj.GetName()
 		seen[key] = true
 		switch {
@@ -299,7 +302,7 @@ func (r *CompatReconciler) report(ctx context.Context, cm *corev1.ConfigMap, exp
 			waiting = append(waiting, kindOf(obj)+" "+obj.GetName()+": being deleted")
 		case c != nil && c.Status == metav1.ConditionTrue:
 			ready++
-		case c != nil && (meta.IsStatusConditionTrue(conditionsOf(obj), iamv1alpha1.ConditionStalled)):
+		case c != nil && (meta.IsStatusConditionTrue(status.ConditionsOf(obj), iamv1alpha1.ConditionStalled)):
 			problems = append(problems, fmt.Sprintf("%s %s: %s: %s", kindOf(obj), obj.GetName(), c.Reason, c.Message))
 		case c != nil:
 			waiting = append(waiting, fmt.Sprintf("%s %s: %s", kindOf(obj), obj.GetName(), c.Reason))
@@ -322,47 +325,20 @@ func (r *CompatReconciler) report(ctx context.Context, cm *corev1.ConfigMap, exp
 	default:
 		msg += "; waiting for " + strings.Join(waiting, ", ")
 	}
-	if cm.Annotations[AnnotationCompatState] == state && cm.Annotations[AnnotationCompatMsg] == msg {
-		return nil
+	out := status.Outcome{Ready: state == "Ready", Stalled: state == "Error", Reason: "IAMConfig" + state, Message: msg}
+	if state != "Error" {
+		out.EventType = corev1.EventTypeNormal
 	}
-	// The cache may not show the previous reconcile's write yet: decide on the API server's copy,
-	// so a state is written, and announced, once.
-	if err := r.apiReader.Get(ctx, client.ObjectKeyFromObject(cm), cm); err != nil {
-		return client.IgnoreNotFound(err)
+	want := cm.DeepCopy()
+	if want.Annotations == nil {
+		want.Annotations = map[string]string{}
 	}
-	if cm.Annotations[AnnotationCompatState] == state && cm.Annotations[AnnotationCompatMsg] == msg {
-		return nil
-	}
-	previous := cm.Annotations[AnnotationCompatState]
-	orig := cm.DeepCopy()
-	if cm.Annotations == nil {
-		cm.Annotations = map[string]string{}
-	}
-	cm.Annotations[AnnotationCompatState], cm.Annotations[AnnotationCompatMsg] = state, msg
-	if err := r.client.Patch(ctx, cm, client.MergeFrom(orig)); err != nil {
-		return client.IgnoreNotFound(err)
-	}
-	if previous != state {
-		typ := corev1.EventTypeNormal
-		if state == "Error" {
-			typ = corev1.EventTypeWarning
-		}
-		r.recorder.Eventf(cm, nil, typ, "IAMConfig"+state, "Translate", "%s", msg)
-	}
-	return nil
+	want.Annotations[AnnotationCompatState], want.Annotations[AnnotationCompatMsg] = state, msg
+	step := status.Step{Client: r.configMaps, Recorder: r.recorder}
+	return step.WriteAnnotations(ctx, cm, want, "IAMConfig"+cm.Annotations[AnnotationCompatState], out)
 }
 
 func listed(expected map[string]bool, key string) bool {
 	_, ok := expected[key]
 	return ok
-}
-
-func conditionsOf(obj client.Object) []metav1.Condition {
-	switch o := obj.(type) {
-	case *iamv1alpha1.IAMPolicy:
-		return o.Status.Conditions
-	case *iamv1alpha1.IAMServiceAccount:
-		return o.Status.Conditions
-	}
-	return nil
 }

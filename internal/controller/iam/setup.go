@@ -18,6 +18,7 @@ import (
 	iamv1alpha1 "github.com/quartermaster-dev/quartermaster/api/iam/v1alpha1"
 	"github.com/quartermaster-dev/quartermaster/internal/cloud/aws/awseks"
 	"github.com/quartermaster-dev/quartermaster/internal/cloud/aws/awsiam"
+	"github.com/quartermaster-dev/quartermaster/internal/controller/owned"
 	"github.com/quartermaster-dev/quartermaster/internal/controller/status"
 	"github.com/quartermaster-dev/quartermaster/internal/irsa"
 )
@@ -194,7 +195,7 @@ func newBase(mgr ctrl.Manager, cfg config, api AWS, eks EKS) (*base, error) {
 		return nil, err
 	}
 	return &base{
-		client:            guarded(mgr.GetClient()),
+		client:            guarded(owned.WithFieldOwner(mgr.GetClient())),
 		apiReader:         mgr.GetAPIReader(),
 		recorder:          recorder,
 		aws:               api,

@@ -26,6 +26,7 @@ import (
 	iamv1alpha1 "github.com/quartermaster-dev/quartermaster/api/iam/v1alpha1"
 	"github.com/quartermaster-dev/quartermaster/internal/cloud/aws/awseks"
 	"github.com/quartermaster-dev/quartermaster/internal/cloud/aws/awsiam"
+	"github.com/quartermaster-dev/quartermaster/internal/controller/status"
 	"github.com/quartermaster-dev/quartermaster/internal/manager"
 	"github.com/quartermaster-dev/quartermaster/internal/testing/iamemulator"
 	"github.com/quartermaster-dev/quartermaster/internal/testing/testenv"
@@ -175,7 +176,7 @@ func waitCondition[T client.Object](t *testing.T, f *fixture, obj T, reason stri
 		if err := f.c.Get(context.Background(), key, obj); err != nil {
 			return false, err.Error()
 		}
-		c := meta.FindStatusCondition(conditionsOf(obj), iamv1alpha1.ConditionReady)
+		c := meta.FindStatusCondition(status.ConditionsOf(obj), iamv1alpha1.ConditionReady)
 		if c == nil {
 			return false, "no Ready condition"
 		}

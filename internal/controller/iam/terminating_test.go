@@ -9,6 +9,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	iamv1alpha1 "github.com/quartermaster-dev/quartermaster/api/iam/v1alpha1"
+	"github.com/quartermaster-dev/quartermaster/internal/controller/status"
 	"github.com/quartermaster-dev/quartermaster/internal/testing/testenv"
 )
 
@@ -30,7 +31,7 @@ func testTerminatingNamespace(t *testing.T, f *fixture) {
 	update(t, f, sa, func(s *iamv1alpha1.IAMServiceAccount) { s.Spec.Policies = nil }) // a reconcile in the terminating namespace
 	testenv.Eventually(t, "ServiceAccountNotFound while the namespace goes", func() (bool, string) {
 		must(t, f.c.Get(ctx, request(sa).NamespacedName, sa))
-		c := readyOf(sa)
+		c := status.ReadyOf(sa)
 		return c != nil && c.Reason == ReasonServiceAccountNotFound && strings.Contains(c.Message, "being deleted"), ""
 	})
 	must(t, f.c.Delete(ctx, sa))

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -17,7 +16,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
-	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	ctrl "sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
@@ -35,45 +33,6 @@ func specOrLabels() predicate.Predicate {
 	return predicate.Or[client.Object](predicate.GenerationChangedPredicate{}, predicate.LabelChangedPredicate{})
 }
 
-// readyChanged passes updates that change an object's Ready condition (status, reason, message or
-// generation observed): a binding is Ready when its NimbusPolicy is, an intent when its bindings are.
-func readyChanged() predicate.Predicate {
-	return predicate.Funcs{
-		CreateFunc: func(event.CreateEvent) bool { return false },
-		DeleteFunc: func(event.DeleteEvent) bool { return false },
-		UpdateFunc: func(e event.UpdateEvent) bool {
-			return !equality.Semantic.DeepEqual(readyOf(e.ObjectOld), readyOf(e.ObjectNew))
-		},
-		GenericFunc: func(event.GenericEvent) bool { return false },
-	}
-}
-
-// conditionsOf is the status conditions of the kinds bindings make or are.
-func conditionsOf(obj client.Object) []metav1.Condition {
-	switch o := obj.(type) {
-	case *intentv1alpha1.NimbusPolicy:
-		return o.Status.Conditions
-	case *intentv1alpha1.ClusterNimbusPolicy:
-		return o.Status.Conditions
-	case *intentv1alpha1.SecurityIntentBinding:
-		return o.Status.Conditions
-	case *intentv1alpha1.ClusterSecurityIntentBinding:
-		return o.Status.Conditions
-	}
-	return nil
-}
-
-// readyOf is obj's Ready condition, without its transition time.
-func readyOf(obj client.Object) *metav1.Condition {
-	c := meta.FindStatusCondition(conditionsOf(obj), status.Ready)
-	if c == nil {
-		return nil
-	}
-	out := *c
-	out.LastTransitionTime = metav1.Time{}
-	return &out
-}
-
 // intentReconciler shows each SecurityIntent's id and action in its status, as Nimbus does.
 type intentReconciler struct{ *base }
 
@@ -83,9 +42,9 @@ func (r *intentReconciler) setup(mgr ctrl.Manager, opts controller.Options) erro
 		For(&intentv1alpha1.SecurityIntent{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		// An intent is in force when the bindings naming it are: their readiness changes coalesce.
 		Watches(&intentv1alpha1.SecurityIntentBinding{}, readinessCoalesced(intentsNamed),
-			builder.WithPredicates(predicate.Or[client.Object](readyChanged(), createOrDelete(), predicate.GenerationChangedPredicate{}))).
+			builder.WithPredicates(predicate.Or[client.Object](status.ReadyChanged(), createOrDelete(), predicate.GenerationChangedPredicate{}))).
 		Watches(&intentv1alpha1.ClusterSecurityIntentBinding{}, readinessCoalesced(intentsNamed),
-			builder.WithPredicates(predicate.Or[client.Object](readyChanged(), createOrDelete(), predicate.GenerationChangedPredicate{}))).
+			builder.WithPredicates(predicate.Or[client.Object](status.ReadyChanged(), createOrDelete(), predicate.GenerationChangedPredicate{}))).
 		WithOptions(opts).
 		Complete(r)
 }
@@ -274,7 +233,7 @@ func (r *bindingReconciler) setup(mgr ctrl.Manager, opts controller.Options) err
 		For(&intentv1alpha1.SecurityIntentBinding{}, builder.WithPredicates(specOrLabels())).
 		Owns(&intentv1alpha1.NimbusPolicy{}, builder.WithPredicates(specOrLabels(), notCreated())).
 		// Its NimbusPolicy's report wakes the binding to report in turn, after the work that enforces.
-		Watches(&intentv1alpha1.NimbusPolicy{}, toReport("SecurityIntentBinding"), builder.WithPredicates(readyChanged())).
+		Watches(&intentv1alpha1.NimbusPolicy{}, toReport("SecurityIntentBinding"), builder.WithPredicates(status.ReadyChanged())).
 		Watches(&intentv1alpha1.SecurityIntent{}, handler.EnqueueRequestsFromMapFunc(r.bindingsOf(&intentv1alpha1.SecurityIntentBindingList{})),
 			builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		WithOptions(opts).
@@ -389,7 +348,7 @@ func (r *bindingReconciler) bind(ctx context.Context, sib *intentv1alpha1.Securi
 // the binding; a policy just made or on its way records no Event here (its creation's, and the
 // policy's own, say it).
 func policyInForce(stored client.Object, did owned.Outcome) *status.Outcome {
-	o := status.Dependent(owned.Kind(stored)+" "+client.ObjectKeyFromObject(stored).String(), conditionsOf(stored), stored.GetGeneration())
+	o := status.Dependent(owned.Kind(stored)+" "+client.ObjectKeyFromObject(stored).String(), status.ConditionsOf(stored), stored.GetGeneration())
 	if o != nil && (did != owned.Unchanged || !o.Stalled) {
 		q := o.Silenced() // on its way (the policy records its own Events): a Warning only when stalled
 		o = &q

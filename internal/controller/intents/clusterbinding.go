@@ -35,11 +35,11 @@ func (r *clusterBindingReconciler) setup(mgr ctrl.Manager, opts controller.Optio
 	return builder.ControllerManagedBy(mgr).
 		Named("clustersecurityintentbinding").
 		For(&intentv1alpha1.ClusterSecurityIntentBinding{}, builder.WithPredicates(specOrLabels())).
-		Owns(&intentv1alpha1.ClusterNimbusPolicy{}, builder.WithPredicates(predicate.Or(specOrLabels(), readyChanged()), notCreated())).
+		Owns(&intentv1alpha1.ClusterNimbusPolicy{}, builder.WithPredicates(predicate.Or(specOrLabels(), status.ReadyChanged()), notCreated())).
 		// Its namespaces' NimbusPolicies: edits and deletions at once, readiness changes coalesced
 		// (hundreds report within a second when the binding is made).
 		Watches(&intentv1alpha1.NimbusPolicy{}, readinessCoalesced(controllingClusterBinding),
-			builder.WithPredicates(predicate.Or(specOrLabels(), readyChanged()), notCreated())).
+			builder.WithPredicates(predicate.Or(specOrLabels(), status.ReadyChanged()), notCreated())).
 		Watches(&intentv1alpha1.SecurityIntent{}, handler.EnqueueRequestsFromMapFunc(r.bindingsOf(&intentv1alpha1.ClusterSecurityIntentBindingList{})),
 			builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		// Namespaces that appear, start terminating or go.

@@ -8,7 +8,6 @@ import (
 	"golang.org/x/sync/errgroup"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
@@ -127,11 +126,6 @@ func (a *applier) nameTaken(obj client.Object) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.taken = fmt.Sprintf("%s %s/%s exists and does not belong to this mirror: delete or rename it", owned.Kind(obj), obj.GetNamespace(), obj.GetName())
-}
-
-func ownedBy(obj client.Object, owner client.Object) bool {
-	ref := metav1.GetControllerOf(obj)
-	return ref != nil && ref.UID == owner.GetUID()
 }
 
 // withNodePorts gives desired's ports the node ports the API server allocated for current, so an

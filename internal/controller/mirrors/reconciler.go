@@ -10,6 +10,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -215,7 +216,7 @@ func (r *Reconciler) removeAgent(rm *registryv1alpha1.RegistryMirror) func(conte
 	return func(ctx context.Context) error {
 		ds := &appsv1.DaemonSet{}
 		err := r.objects.Get(ctx, client.ObjectKey{Namespace: r.install.Namespace, Name: mirror.AgentName(rm.Name)}, ds)
-		if apierrors.IsNotFound(err) || (err == nil && !ownedBy(ds, rm)) {
+		if apierrors.IsNotFound(err) || (err == nil && !metav1.IsControlledBy(ds, rm)) {
 			return nil
 		}
 		if err != nil {

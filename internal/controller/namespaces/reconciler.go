@@ -103,7 +103,8 @@ func NewReconciler(mgr ctrl.Manager, policy *nsrequest.Policy, defaults *nsreque
 	return &Reconciler{
 		// The request's annotations, the Secret's token times and the Namespace's annotations
 		// drive writes, Events and token minting: never read one older than our last write of it.
-		Client:       status.NewClient(mgr.GetClient(), &corev1.ConfigMap{}, &corev1.Secret{}, &corev1.Namespace{}),
+		// Every write is the operator's (owned.WithFieldOwner), so the drift rule tells it from others'.
+		Client:       status.NewClient(owned.WithFieldOwner(mgr.GetClient()), &corev1.ConfigMap{}, &corev1.Secret{}, &corev1.Namespace{}),
 		APIReader:    mgr.GetAPIReader(),
 		Recorder:     status.NewRecorder(mgr, "quartermaster-namespaces"),
 		Policy:       policy,
@@ -207,6 +208,8 @@ type outcome struct {
 	// owner is the request's namespace once it exists and is the request's: the status write
 	// makes it the request's owner (one patch with the status).
 	owner *corev1.Namespace
+	// err is the transient error a Pending "Error" outcome shows (counted when announced).
+	err error
 }
 
 // Reconcile serves one request ConfigMap.
@@ -231,7 +234,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	if err != nil {
 		// Transient (refusals are outcomes, not errors): show Pending with the cause, and let the
 		// workqueue back off.
-		out = outcome{status: nsrequest.StatusPending, reason: "Error", message: err.Error(), owner: out.owner}
+		out = outcome{status: nsrequest.StatusPending, reason: "Error", message: err.Error(), owner: out.owner, err: err}
 		if werr := r.writeStatus(ctx, cm, out); werr != nil {
 			logf.FromContext(ctx).Error(werr, "writing the request status")
 		}
@@ -589,8 +592,9 @@ func roleRefChanged(desired, current client.Object) bool {
 }
 
 // writeStatus records the outcome on the request ConfigMap (status, reason and message
-// annotations) in one patch, only when it changed, with an Event when the reason changes (not when
-// only the message does: a token rotation has its own Event on the Secret).
+// annotations) through the status step (Step.WriteAnnotations: one patch, only when it changed,
+// an Event when the reason changes, not when only the message does: a token rotation has its own
+// Event on the Secret).
 func (r *Reconciler) writeStatus(ctx context.Context, cm *corev1.ConfigMap, out outcome) error {
 	want := cm.DeepCopy()
 	if want.Annotations == nil {
@@ -601,31 +605,20 @@ func (r *Reconciler) writeStatus(ctx context.Context, cm *corev1.ConfigMap, out 
 	want.Annotations[nsrequest.AnnotationMessage] = out.message
 	// From here on, deleting the namespace deletes the request, and the controller knows the
 	// request was served.
-	owning := out.owner != nil && servedNamespaceUID(cm) != out.owner.UID
-	if owning {
+	if out.owner != nil && servedNamespaceUID(cm) != out.owner.UID {
 		if err := controllerutil.SetOwnerReference(out.owner, want, r.Client.Scheme()); err != nil {
 			return err
 		}
 	}
-	if !owning && maps.Equal(cm.Annotations, want.Annotations) {
-		return nil
-	}
-	// A merge patch without a resourceVersion: it names only the annotations it changes, so a stale
-	// cached copy does not make it fail. Written even when the reconcile ran out of time.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), status.WriteTimeout)
-	defer cancel()
-	if err := r.Client.Patch(ctx, want, client.MergeFrom(cm)); err != nil {
-		return err
-	}
-	status.Announce(r.Recorder, cm, cm.Annotations[nsrequest.AnnotationReason], out.report())
-	return nil
+	step := status.Step{Client: r.Client, Recorder: r.Recorder}
+	return step.WriteAnnotations(ctx, cm, want, cm.Annotations[nsrequest.AnnotationReason], out.report())
 }
 
 // report is the outcome in the terms every controller reports in: Invalid and Conflict wait for a
 // person; a namespace going away (at its ttl, or deleted) is an expected state, told as Normal.
 func (o outcome) report() status.Outcome {
 	r := status.Outcome{
-		Ready: o.status == nsrequest.StatusReady, Reason: o.reason, Message: o.message,
+		Ready: o.status == nsrequest.StatusReady, Reason: o.reason, Message: o.message, Err: o.err,
 		Stalled: o.status == nsrequest.StatusInvalid || o.status == nsrequest.StatusConflict,
 	}
 	if o.status == nsrequest.StatusPending && o.reason != "Error" {

@@ -5,7 +5,9 @@
 // reads, writes (as drift.FieldManager), handles a cache that lags, takes over the fields
 // another writer owns when it repairs their edit, replaces an object whose immutable fields
 // changed (Options.Recreate), and tells whose an object is: its controller reference, or
-// Options.Claims for objects without one.
+// Options.Claims for objects without one. Objects made once and handed over, never kept to a want
+// (a requested Namespace, the ServiceAccount an IAMServiceAccount creates), do not come here: they
+// are created, and their annotations written, with WithFieldOwner.
 package owned
 
 import (

@@ -8,7 +8,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apimachinery/pkg/api/meta"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrl "sigs.k8s.io/controller-runtime/pkg/manager"
@@ -37,7 +36,7 @@ func init() {
 	crmetrics.Registry.MustRegister(reconcileErrors, objects)
 }
 
-// countError is called for every outcome a Step concludes (and every one namespaces announce).
+// countError is called for every outcome a Step concludes or writes in annotations.
 func countError(obj runtime.Object, o Outcome) {
 	if o.Err != nil {
 		reconcileErrors.WithLabelValues(kindOf(obj), o.Reason).Inc()
@@ -57,11 +56,7 @@ type StateOf func(client.Object) string
 // ConditionState reads the state from an object's status.conditions (Stalled, else Ready, else
 // reconciling): every Quartermaster kind has them.
 func ConditionState(obj client.Object) string {
-	v := reflect.Indirect(reflect.ValueOf(obj)).FieldByName("Status")
-	if !v.IsValid() {
-		return StateReconciling
-	}
-	conds, _ := reflect.Indirect(v).FieldByName("Conditions").Interface().([]metav1.Condition)
+	conds := ConditionsOf(obj)
 	switch {
 	case meta.IsStatusConditionTrue(conds, Stalled):
 		return StateStalled

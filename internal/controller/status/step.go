@@ -5,9 +5,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"time"
 
 	jsonpatch "github.com/evanphx/json-patch/v5"
+	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
@@ -19,8 +21,8 @@ import (
 // ended (a reconcile that ran out of time still reports why).
 const WriteTimeout = 10 * time.Second
 
-// Step ends every reconcile of an object with a status subresource: the one way a controller
-// reports (End), and writes a status it changed on the way (Write).
+// Step ends every reconcile: the one way a controller reports (End), and writes a status it
+// changed on the way (Write; WriteAnnotations for a kind whose status is its annotations).
 type Step struct {
 	// Client writes the status subresource: the controller's guarded client (NewClient), so the
 	// next reconcile reads what was written.
@@ -80,6 +82,27 @@ func (s Step) Write(ctx context.Context, obj, before client.Object) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), WriteTimeout)
 	defer cancel()
 	return client.IgnoreNotFound(s.Client.Status().Patch(ctx, obj, client.RawPatch(types.MergePatchType, patch)))
+}
+
+// WriteAnnotations is the step of a kind whose status is kept in its annotations (a namespace
+// request's ConfigMap, the IAM compatibility mode's): want is current with the outcome's
+// annotations set (and any owner reference the same write adds). It writes want when its
+// annotations or owner references differ from current's, in one JSON merge patch without a
+// resourceVersion (it names only what changed, so a stale copy does not make it fail), within
+// WriteTimeout, and announces o every time (Announce: an Event when the reason changed from
+// previousReason, an error counted). current must be read through the guarded client (NewClient),
+// never older than this step's last write.
+func (s Step) WriteAnnotations(ctx context.Context, current, want client.Object, previousReason string, o Outcome) error {
+	if !maps.Equal(current.GetAnnotations(), want.GetAnnotations()) ||
+		!equality.Semantic.DeepEqual(current.GetOwnerReferences(), want.GetOwnerReferences()) {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), WriteTimeout)
+		defer cancel()
+		if err := s.Client.Patch(ctx, want, client.MergeFrom(current)); err != nil {
+			return client.IgnoreNotFound(err)
+		}
+	}
+	Announce(s.Recorder, current, previousReason, o)
+	return nil
 }
 
 // statusJSON is obj's status as the API server would store it (its JSON; Go's encoder sorts map

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	dto "github.com/prometheus/client_model/go"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/events"
@@ -105,5 +106,52 @@ func TestStatusPatchSendsTheWholeStatusAndItsRemovals(t *testing.T) {
 	want := `{"status":{"association":{"cluster":"a","id":null},"conditions":[{"type":"Ready"},{"type":"Stalled"}],"count":0,"gone":null,"name":""}}`
 	if string(patch) != want {
 		t.Errorf("patch\n%s\nwant\n%s", patch, want)
+	}
+}
+
+// TestWriteAnnotationsWritesOnlyChangesAndCountsEveryError: against a real API server, a status
+// kept in annotations is written in one patch when it changed and not at all when it did not; an
+// Event marks a new reason only; a transient error is counted every time it is reported, written
+// or not (the namespaces controller's errors once went uncounted).
+func TestWriteAnnotationsWritesOnlyChangesAndCountsEveryError(t *testing.T) {
+	env := testenv.Start(t)
+	ctx := context.Background()
+	counted, requests := testenv.Counting(env.Config)
+	c, err := client.New(counted, client.Options{Scheme: manager.Scheme()})
+	must(t, err)
+	must(t, c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "annotated"}}))
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "annotated", Name: "request"}}
+	must(t, c.Create(ctx, cm))
+	recorder := events.NewFakeRecorder(10)
+	step := Step{Client: c, Recorder: recorder}
+	report := func(current *corev1.ConfigMap, reason string, o Outcome) *corev1.ConfigMap {
+		t.Helper()
+		want := current.DeepCopy()
+		want.Annotations = map[string]string{"status": reason}
+		requests.Reset()
+		must(t, step.WriteAnnotations(ctx, current, want, current.Annotations["status"], o))
+		return want
+	}
+	errors := func() float64 {
+		m := &dto.Metric{}
+		must(t, reconcileErrors.WithLabelValues("ConfigMap", "Error").Write(m))
+		return m.GetCounter().GetValue()
+	}
+	failed := Transient("Error", "the API server did not answer", context.DeadlineExceeded)
+
+	was := errors()
+	stored := report(cm, "Error", failed)
+	if requests.Writes() != 1 || len(recorder.Events) != 1 || errors() != was+1 {
+		t.Fatalf("a new status: %d writes (%v), %d Events, %v errors counted; want 1, 1, 1", requests.Writes(), requests.Log(), len(recorder.Events), errors()-was)
+	}
+	<-recorder.Events
+	report(stored, "Error", failed)
+	if requests.Total() != 0 || len(recorder.Events) != 0 || errors() != was+2 {
+		t.Errorf("the same error again: %d requests (%v), %d Events, %v errors counted; want 0, 0, 2", requests.Total(), requests.Log(), len(recorder.Events), errors()-was)
+	}
+	got := &corev1.ConfigMap{}
+	must(t, c.Get(ctx, client.ObjectKeyFromObject(cm), got))
+	if got.Annotations["status"] != "Error" {
+		t.Errorf("stored annotations %v", got.Annotations)
 	}
 }
