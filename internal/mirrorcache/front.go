@@ -2,6 +2,7 @@ package mirrorcache
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -37,6 +38,9 @@ type front struct {
 	mu    sync.Mutex
 	fills map[digest.Digest]*fill
 	tags  map[string]*tagLookup
+	// tagPatience is how long a pull by tag waits for the upstream before a cached answer serves
+	// (the constant; tests shorten it).
+	tagPatience time.Duration
 
 	freeSpace func() (uint64, error)
 	// A write the volume refused: fills pass through until then (unix nanoseconds), as when
@@ -58,6 +62,7 @@ func (f *front) room() (uint64, error) {
 // tagLookup is one upstream HEAD of a tag that concurrent pulls of the tag share.
 type tagLookup struct {
 	done   chan struct{}
+	began  time.Time
 	d      digest.Digest
 	status int // the upstream's status, 0 when it did not answer
 	err    error
@@ -68,7 +73,7 @@ func newFront(r *remote, p *peers, s *store, ttl time.Duration, storageDir strin
 	root := s.root
 	return &front{
 		remote: r, peers: p, store: s, ttl: ttl, root: storageDir, log: log, ctx: ctx, cancel: cancel,
-		fills: map[digest.Digest]*fill{}, tags: map[string]*tagLookup{},
+		fills: map[digest.Digest]*fill{}, tags: map[string]*tagLookup{}, tagPatience: tagPatience,
 		freeSpace: func() (uint64, error) {
 			var st syscall.Statfs_t
 			if err := syscall.Statfs(root, &st); err != nil {
@@ -177,9 +182,29 @@ func (f *front) serveManifest(w http.ResponseWriter, r *http.Request, repo, ref 
 		registryError(w, http.StatusBadRequest, "TAG_INVALID", "invalid tag")
 		return
 	}
-	// A tag moves: the upstream says where it points now (a HEAD, shared by concurrent pulls);
-	// when it cannot, the cache's last answer serves.
+	// A tag moves: the upstream says where it points now (a HEAD, shared by concurrent pulls).
+	// When it cannot (it refuses, fails or is not reached, or has said nothing within
+	// tagPatience), the cache's last answer serves; a 404 is believed (docs/mirrors.md, Tags).
 	l := f.lookupTag(repo, ref)
+	patience := time.NewTimer(f.tagPatience)
+	defer patience.Stop()
+	select {
+	case <-l.done:
+	case <-r.Context().Done():
+		return
+	case <-patience.C:
+		if d, ok := f.cachedTag(r.Context(), repo, ref); ok {
+			f.remote.health.set(upstreamStalled, fmt.Sprintf("HEAD of tag %s:%s: no answer within %s, the cache's last answer serves", repo, ref, f.tagPatience), nil)
+			tagFallbacks.WithLabelValues(upstreamStalled).Inc()
+			f.serve(w, r, repo, d, true, false, false)
+			return
+		}
+		select { // nothing to serve instead: wait for the upstream's answer, or its lookup's end
+		case <-l.done:
+		case <-r.Context().Done():
+			return
+		}
+	}
 	d := l.d
 	confirmed := l.err == nil && l.status == http.StatusOK
 	switch {
@@ -189,54 +214,93 @@ func (f *front) serveManifest(w http.ResponseWriter, r *http.Request, repo, ref 
 		registryError(w, http.StatusNotFound, "MANIFEST_UNKNOWN", "manifest unknown to the upstream")
 		return
 	default:
-		cached, ok := f.store.tag(repo, ref)
-		if !ok && f.peers != nil {
-			// Another replica may have resolved it: the Service sends a node's pulls to any pod.
-			cached, ok = f.peers.tag(r.Context(), repo, ref)
-		}
+		cached, ok := f.cachedTag(r.Context(), repo, ref)
 		if !ok {
 			upstreamFailed(w, l.status, l.err)
 			return
 		}
+		tagFallbacks.WithLabelValues(l.failure()).Inc()
 		d = cached
 	}
 	f.serve(w, r, repo, d, true, confirmed, false)
 }
 
+// tagPatience is how long a pull by tag waits for the upstream's answer before the cache's last
+// answer serves (docs/mirrors.md promises 5 s). Without a last answer, the pull waits for the
+// lookup (tagLookupTimeout).
+const tagPatience = 5 * time.Second
+
+// tagLookupTimeout bounds a tag's lookup: an upstream that takes the connection and never answers
+// holds it this long, and with it the pulls that have no cached answer.
+const tagLookupTimeout = 30 * time.Second
+
+// cachedTag is where the cache last saw the tag point: in this pod's store, or another replica's
+// (the Service sends a node's pulls to any pod).
+func (f *front) cachedTag(ctx context.Context, repo, tag string) (digest.Digest, bool) {
+	if d, ok := f.store.tag(repo, tag); ok {
+		return d, true
+	}
+	if f.peers != nil {
+		return f.peers.tag(ctx, repo, tag)
+	}
+	return "", false
+}
+
+// failure is what the upstream did instead of answering the lookup (a tagFallbacks reason).
+func (l *tagLookup) failure() string {
+	switch {
+	case l.err != nil && errors.Is(l.err, context.DeadlineExceeded):
+		return upstreamStalled
+	case l.err != nil:
+		return upstreamUnreachable
+	case l.status == http.StatusTooManyRequests:
+		return upstreamRateLimited
+	case l.status == http.StatusUnauthorized || l.status == http.StatusForbidden:
+		return upstreamRefusing
+	}
+	return upstreamFailing
+}
+
 var tagName = regexp.MustCompile(`^[\w][\w.-]{0,127}$`)
 
+// lookupTag starts the upstream's lookup of repo:tag, or joins the one in flight if it began less
+// than tagPatience ago; its done closes when it has ended. A lookup the upstream has held longer
+// is not joined: a pull gets an answer the upstream gave after the pull began, or the cache's own
+// (so what a pull gets never depends on an earlier stall: a tag the upstream now says is gone is
+// 404, whether or not a lookup is still stuck).
 func (f *front) lookupTag(repo, tag string) *tagLookup {
 	key := repo + ":" + tag
+	now := time.Now()
 	f.mu.Lock()
-	l := f.tags[key]
-	if l == nil {
-		l = &tagLookup{done: make(chan struct{})}
-		f.tags[key] = l
-		go func() {
-			defer func() {
-				f.mu.Lock()
-				delete(f.tags, key)
-				f.mu.Unlock()
-				close(l.done)
-			}()
-			ctx, cancel := context.WithTimeout(f.ctx, 30*time.Second)
-			defer cancel()
-			resp, err := f.remote.do(ctx, http.MethodHead, repo, "manifests", tag)
-			if err != nil {
-				l.err = err
-				return
-			}
-			drain(resp)
-			l.status = resp.StatusCode
-			if resp.StatusCode == http.StatusOK {
-				l.d, l.err = digest.Parse(resp.Header.Get("Docker-Content-Digest"))
-			}
-		}()
-	} else {
+	defer f.mu.Unlock()
+	if l := f.tags[key]; l != nil && now.Sub(l.began) < f.tagPatience {
 		coalesced.WithLabelValues(typeManifest).Inc()
+		return l
 	}
-	f.mu.Unlock()
-	<-l.done
+	l := &tagLookup{done: make(chan struct{}), began: now}
+	f.tags[key] = l
+	go func() {
+		defer func() {
+			f.mu.Lock()
+			if f.tags[key] == l {
+				delete(f.tags, key)
+			}
+			f.mu.Unlock()
+			close(l.done)
+		}()
+		ctx, cancel := context.WithTimeout(f.ctx, tagLookupTimeout)
+		defer cancel()
+		resp, err := f.remote.do(ctx, http.MethodHead, repo, "manifests", tag)
+		if err != nil {
+			l.err = err
+			return
+		}
+		drain(resp)
+		l.status = resp.StatusCode
+		if resp.StatusCode == http.StatusOK {
+			l.d, l.err = digest.Parse(resp.Header.Get("Docker-Content-Digest"))
+		}
+	}()
 	return l
 }
 

@@ -3,6 +3,7 @@ package mirrorcache
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"sync"
@@ -25,9 +26,73 @@ var (
 		Name: "quartermaster_mirror_upstream_requests_total",
 		Help: "Requests the cache sent upstream (the registry, its token service, blob redirects) by result: " +
 			"ok, challenge (the 401 that starts authentication), unauthorized (any other 401), denied (403), " +
-			"not_found (404), error (other HTTP errors), unreachable (no HTTP answer), canceled (the client left).",
+			"not_found (404), error (other HTTP errors), unreachable (no HTTP answer), timeout (no answer in the time it was given), " +
+			"canceled (the client left).",
 	}, []string{"result"})
+	upstreamStates = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "quartermaster_mirror_upstream_state",
+		Help: "1 for what the upstream did last (each change logged once): ok, rate_limited (429), failing (5xx, other errors), " +
+			"refusing (401 or 403 to the cache's credentials, or wanting some), unreachable (no connection), stalled (no answer in time).",
+	}, []string{"state"})
+	tagFallbacks = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "quartermaster_mirror_tag_fallbacks_total",
+		Help: "Pulls by tag answered from the cache's last answer because the upstream did not say where the tag points, " +
+			"by what it did instead: rate_limited, failing, refusing, unreachable, stalled (no answer within 5 s).",
+	}, []string{"reason"})
 )
+
+// The upstream's states (upstreamStates, tagFallbacks' reasons but ok).
+const (
+	upstreamOK          = "ok"
+	upstreamRateLimited = "rate_limited"
+	upstreamFailing     = "failing"
+	upstreamRefusing    = "refusing"
+	upstreamUnreachable = "unreachable"
+	upstreamStalled     = "stalled"
+)
+
+var upstreamStateNames = []string{upstreamOK, upstreamRateLimited, upstreamFailing, upstreamRefusing, upstreamUnreachable, upstreamStalled}
+
+// upstreamHealth is what the upstream did last, as one of the states above: the gauge follows it,
+// and each change (not each request: a kubelet retrying through an outage makes thousands) is
+// logged once.
+type upstreamHealth struct {
+	log   logr.Logger
+	mu    sync.Mutex
+	state string
+}
+
+// set records state; detail is logged with a change to it (and err, for a failure).
+func (h *upstreamHealth) set(state, detail string, err error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if state == h.state {
+		return
+	}
+	was := h.state
+	h.state = state
+	for _, s := range upstreamStateNames {
+		v := 0.0
+		if s == state {
+			v = 1
+		}
+		upstreamStates.WithLabelValues(s).Set(v)
+	}
+	if state == upstreamOK {
+		if was != "" {
+			h.log.Info("the upstream answers again", "upstream.was", was)
+		}
+		return
+	}
+	h.log.Error(err, "upstream "+state+": "+detail, "upstream.was", was)
+}
+
+// current is the state last set ("" before the first answer).
+func (h *upstreamHealth) current() string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.state
+}
 
 // The data path's metrics (front.go, fill.go).
 var (
@@ -127,6 +192,7 @@ const (
 	resultNotFound     = "not_found"
 	resultError        = "error"
 	resultUnreachable  = "unreachable"
+	resultTimeout      = "timeout"
 	resultCanceled     = "canceled"
 )
 
@@ -136,8 +202,14 @@ var metricsRegistered sync.Once
 // once: the caches of one process (tests run several) share them.
 func registerMetrics() {
 	metricsRegistered.Do(func() {
-		prometheus.MustRegister(servedRequests, upstreamRequests, upstreamBytes, cacheRequests, coalesced, fillsInFlight, fills, storeFull, storeErrors, expired,
-			peerRequests, peerBytes, peerServed, peersKnown)
+		prometheus.MustRegister(servedRequests, upstreamRequests, upstreamStates, tagFallbacks, upstreamBytes, cacheRequests, coalesced, fillsInFlight, fills,
+			storeFull, storeErrors, expired, peerRequests, peerBytes, peerServed, peersKnown)
+		for _, s := range upstreamStateNames {
+			upstreamStates.WithLabelValues(s)
+			if s != upstreamOK {
+				tagFallbacks.WithLabelValues(s)
+			}
+		}
 		for _, r := range []string{resultPeerOK, resultPeerRefused, resultPeerError, resultPeerUnreachable, resultPeerStalled, resultPeerCut, resultPeerMismatch, resultPeerCanceled} {
 			peerRequests.WithLabelValues(r)
 		}
@@ -153,7 +225,7 @@ func registerMetrics() {
 		for _, r := range []string{resultFillOK, resultFillUpstream, resultFillMismatch, resultFillStore, resultFillNoSpace} {
 			fills.WithLabelValues(r)
 		}
-		for _, r := range []string{resultOK, resultChallenge, resultUnauthorized, resultDenied, resultNotFound, resultError, resultUnreachable, resultCanceled} {
+		for _, r := range []string{resultOK, resultChallenge, resultUnauthorized, resultDenied, resultNotFound, resultError, resultUnreachable, resultTimeout, resultCanceled} {
 			upstreamRequests.WithLabelValues(r)
 		}
 	})
@@ -161,48 +233,58 @@ func registerMetrics() {
 
 // upstreamTransport is the transport of the cache's one upstream client (remote.go): every
 // request to the upstream, its token service and its blob redirects goes through it, counted
-// and logged by upstreamObserver, and gives up connecting sooner than Go's default. A swallowed
-// upstream error is otherwise invisible: a tag lookup the upstream refuses falls back to the
-// cache's copy, with no other log line.
-func upstreamTransport(log logr.Logger) http.RoundTripper {
+// and its result kept in health (upstreamObserver), and gives up connecting sooner than Go's
+// default. A swallowed upstream error is otherwise invisible: a tag lookup the upstream refuses
+// falls back to the cache's copy.
+func upstreamTransport(health *upstreamHealth) http.RoundTripper {
 	t := http.DefaultTransport.(*http.Transport).Clone()
 	t.DialContext = (&net.Dialer{Timeout: upstreamDialTimeout, KeepAlive: 30 * time.Second}).DialContext
-	return upstreamObserver{next: t, log: log}
+	return upstreamObserver{next: t, health: health}
 }
 
-// upstreamDialTimeout bounds a connection attempt to the upstream (Go's default is 30 s). While
-// the upstream drops packets, every pull by tag waits for one attempt before the cache answers
-// from its own copy.
+// upstreamDialTimeout bounds a connection attempt to the upstream (Go's default is 30 s).
 const upstreamDialTimeout = 5 * time.Second
 
-// upstreamObserver counts and logs the upstream's answers. It logs the host and path, never a
-// header or the query (a token request's query names the account).
+// upstreamObserver counts the upstream's answers and keeps the upstream's state. What it logs
+// names the host and path, never a header or the query (a token request's query names the
+// account).
 type upstreamObserver struct {
-	next http.RoundTripper
-	log  logr.Logger
+	next   http.RoundTripper
+	health *upstreamHealth
 }
 
 func (o upstreamObserver) RoundTrip(req *http.Request) (*http.Response, error) {
 	resp, err := o.next.RoundTrip(req)
 	result := classify(req, resp, err)
 	upstreamRequests.WithLabelValues(result).Inc()
-	log := o.log.WithValues("upstream.host", req.URL.Host, "upstream.method", req.Method, "upstream.path", req.URL.Path)
+	where := req.Method + " " + req.URL.Host + req.URL.Path
 	switch result {
-	case resultUnreachable:
-		log.Error(err, "upstream unreachable")
+	case resultOK, resultChallenge, resultNotFound:
+		o.health.set(upstreamOK, "", nil)
 	case resultUnauthorized, resultDenied:
-		log = log.WithValues("upstream.status", resp.Status)
 		if req.Header.Get("Authorization") != "" {
-			log.Error(nil, "upstream "+result+": it refused the cache's credentials (check the username and password of the mirror's credentials Secret)")
+			o.health.set(upstreamRefusing, fmt.Sprintf("it refused the cache's credentials (check the username and password of the mirror's credentials Secret): %s: %s", where, resp.Status), nil)
 		} else {
-			log.Error(nil, "upstream "+result+": it wants credentials and the cache has none")
+			o.health.set(upstreamRefusing, fmt.Sprintf("it wants credentials and the cache has none: %s: %s", where, resp.Status), nil)
 		}
+	case resultError:
+		if resp.StatusCode == http.StatusTooManyRequests {
+			o.health.set(upstreamRateLimited, where+": "+resp.Status, nil)
+		} else {
+			o.health.set(upstreamFailing, where+": "+resp.Status, nil)
+		}
+	case resultUnreachable:
+		o.health.set(upstreamUnreachable, where, err)
+	case resultTimeout:
+		o.health.set(upstreamStalled, where+": no answer in time", err)
 	}
 	return resp, err
 }
 
 func classify(req *http.Request, resp *http.Response, err error) string {
 	switch {
+	case err != nil && errors.Is(req.Context().Err(), context.DeadlineExceeded):
+		return resultTimeout // the request's own time ran out: the upstream took the connection and said nothing
 	case err != nil && (errors.Is(err, context.Canceled) || req.Context().Err() != nil):
 		return resultCanceled
 	case err != nil:

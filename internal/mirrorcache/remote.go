@@ -31,6 +31,7 @@ type remote struct {
 	base     *url.URL
 	credsDir string
 	client   *http.Client
+	health   *upstreamHealth // what the upstream did last
 
 	mu     sync.Mutex
 	scheme string            // "", "basic" or "bearer": learned from the first 401
@@ -51,7 +52,8 @@ func newRemote(upstream, credsDir string, log logr.Logger) (*remote, error) {
 	// Counted and logged (metrics.go). Redirects (to blob storage) are followed, with the
 	// credentials or token only where the one rule allows: Go's own policy would send them to any
 	// port of the same host name and to any subdomain, whatever the scheme.
-	client := &http.Client{Transport: upstreamTransport(log), CheckRedirect: func(req *http.Request, via []*http.Request) error {
+	health := &upstreamHealth{log: log}
+	client := &http.Client{Transport: upstreamTransport(health), CheckRedirect: func(req *http.Request, via []*http.Request) error {
 		if len(via) >= maxRedirects {
 			return fmt.Errorf("stopped after %d redirects", maxRedirects)
 		}
@@ -60,7 +62,7 @@ func newRemote(upstream, credsDir string, log logr.Logger) (*remote, error) {
 		}
 		return nil
 	}}
-	return &remote{base: u, credsDir: credsDir, client: client, tokens: map[string]token{}}, nil
+	return &remote{base: u, credsDir: credsDir, client: client, health: health, tokens: map[string]token{}}, nil
 }
 
 // maxRedirects is how many redirects one upstream request follows (Go's default).
