@@ -185,7 +185,7 @@ func TestVolumeFull(t *testing.T) {
 	files := newCacheFiles(t, up.URL, "", "")
 	var free atomic.Uint64 // what the volume reports free: 0 is full
 	cache := startCacheWith(t, files, Options{started: func(f *front) {
-		f.freeSpace = func() (uint64, error) { return free.Load(), nil }
+		f.volume = func() (uint64, uint64, error) { return 1 << 40, free.Load(), nil }
 	}})
 	hosts := t.TempDir()
 	writeHostsDir(t, hosts, up, cache.URL)

@@ -58,7 +58,7 @@ const fillIdleTimeout = time.Minute
 // a 25 MB/s upstream).
 const wakeBytes = 128 << 10
 
-// reserveBytes is kept free on the volume: a fill needs its length plus this.
+// reserveBytes is kept free on the volume (front.room): a fill needs its length beyond it.
 const reserveBytes = 64 << 20
 
 // maxManifestBytes bounds a manifest the cache parses (distribution's limit too).
@@ -96,7 +96,7 @@ type origins struct {
 
 // run fetches the content for repo and commits it to s; it returns when the fill ends, and
 // whether the volume refused a write.
-func (f *fill) run(ctx context.Context, o origins, s *store, repo string, freeSpace func() (uint64, error)) (refused bool) {
+func (f *fill) run(ctx context.Context, o origins, s *store, repo string, room func() (uint64, error)) (refused bool) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	idle := time.AfterFunc(fillIdleTimeout, cancel)
@@ -108,7 +108,7 @@ func (f *fill) run(ctx context.Context, o origins, s *store, repo string, freeSp
 	}
 	defer func() { src.close() }() // the source in use when the fill ends
 	size := src.size
-	if free, err := freeSpace(); err == nil && free < reserveBytes+uint64(max(size, 0)) {
+	if room, err := room(); err == nil && room < uint64(max(size, 0)) {
 		return f.end(&fillEnd{noSpace: true})
 	}
 	tmp, err := os.CreateTemp(s.tmpDir(), f.d.Encoded()+"-*")

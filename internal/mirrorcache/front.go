@@ -42,7 +42,10 @@ type front struct {
 	// (the constant; tests shorten it).
 	tagPatience time.Duration
 
-	freeSpace func() (uint64, error)
+	// volume is the storage volume's size and free space (statfs; tests make them up), and
+	// reserve what a fill leaves free of it (reserveBytes; tests lower it).
+	volume  func() (total, free uint64, err error)
+	reserve uint64
 	// A write the volume refused: fills pass through until then (unix nanoseconds), as when
 	// the volume reports itself full.
 	refusedUntil atomic.Int64
@@ -51,12 +54,44 @@ type front struct {
 // refusedRetry is how long after a refused write the cache stops trying to store.
 const refusedRetry = time.Minute
 
-// room is the volume's free space for a fill: none for a while after a refused write.
+// room is the volume's free space for a fill, beyond what is kept free (reserve): none for a while
+// after a refused write.
 func (f *front) room() (uint64, error) {
 	if time.Now().UnixNano() < f.refusedUntil.Load() {
 		return 0, nil
 	}
-	return f.freeSpace()
+	_, free, err := f.volume()
+	return free - min(free, f.reserve), err
+}
+
+// The volume's marks: when more than highWater of it is used, the least recently pulled content
+// is deleted until at most lowWater is (nginx's proxy_cache max_size, as marks of the volume
+// rather than a size: the claim is the size). Pass-through stays the last resort of a fill the
+// volume has no room for even so.
+const (
+	highWater = 0.85
+	lowWater  = 0.75
+)
+
+// bound deletes the least recently pulled content while the volume is above highWater.
+func (f *front) bound() {
+	total, free, err := f.volume()
+	if err != nil || total == 0 || free > total {
+		return
+	}
+	used := total - free
+	if float64(used) <= highWater*float64(total) {
+		return
+	}
+	need := used - uint64(lowWater*float64(total))
+	n, freed := f.store.evict(need, nil)
+	if n == 0 {
+		return // nothing left to delete: fills pass through (store_full says so)
+	}
+	evicted.Add(float64(n))
+	evictedBytes.Add(float64(freed))
+	f.log.Info("cache volume above its high-water mark: least recently pulled content deleted",
+		"used", used, "size", total, "highWater", highWater, "lowWater", lowWater, "deleted", n, "freed", freed)
 }
 
 // tagLookup is one upstream HEAD of a tag that concurrent pulls of the tag share.
@@ -73,18 +108,20 @@ func newFront(r *remote, p *peers, s *store, ttl time.Duration, storageDir strin
 	root := s.root
 	return &front{
 		remote: r, peers: p, store: s, ttl: ttl, root: storageDir, log: log, ctx: ctx, cancel: cancel,
-		fills: map[digest.Digest]*fill{}, tags: map[string]*tagLookup{}, tagPatience: tagPatience,
-		freeSpace: func() (uint64, error) {
+		fills: map[digest.Digest]*fill{}, tags: map[string]*tagLookup{}, tagPatience: tagPatience, reserve: reserveBytes,
+		volume: func() (uint64, uint64, error) {
 			var st syscall.Statfs_t
 			if err := syscall.Statfs(root, &st); err != nil {
-				return 0, err
+				return 0, 0, err
 			}
-			return st.Bavail * uint64(st.Bsize), nil //nolint:gosec // block size is positive
+			bsize := uint64(st.Bsize) //nolint:gosec // block size is positive
+			return st.Blocks * bsize, st.Bavail * bsize, nil
 		},
 	}
 }
 
-// flushInterval is how often the index is written (store.flush) and the peer gauges set.
+// flushInterval is how often the volume is held under its high-water mark (bound), the index
+// written (store.flush) and the peer gauges set.
 const flushInterval = 2 * time.Second
 
 // run sweeps expired content and writes the index until close.
@@ -106,6 +143,7 @@ func (f *front) run() {
 				peersKnown.WithLabelValues("up").Set(float64(up))
 				peersKnown.WithLabelValues("down").Set(float64(down))
 			}
+			f.bound()
 			if err := f.store.flush(); err != nil {
 				f.log.Error(err, "writing the cache index")
 			}

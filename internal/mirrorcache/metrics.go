@@ -127,6 +127,14 @@ var (
 		Name: "quartermaster_mirror_store_errors_total",
 		Help: "Writes to the cache volume that failed.",
 	})
+	evicted = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "quartermaster_mirror_evicted_total",
+		Help: "Blobs and manifests deleted, least recently pulled first, while the volume was above its high-water mark (85% used, down to 75%).",
+	})
+	evictedBytes = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "quartermaster_mirror_evicted_bytes_total",
+		Help: "Bytes of the content evicted (quartermaster_mirror_evicted_total).",
+	})
 	expired = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "quartermaster_mirror_expired_total",
 		Help: "Blobs and manifests deleted from the volume: not pulled within the ttl and referenced by no kept manifest.",
@@ -203,7 +211,7 @@ var metricsRegistered sync.Once
 func registerMetrics() {
 	metricsRegistered.Do(func() {
 		prometheus.MustRegister(servedRequests, upstreamRequests, upstreamStates, tagFallbacks, upstreamBytes, cacheRequests, coalesced, fillsInFlight, fills,
-			storeFull, storeErrors, expired, peerRequests, peerBytes, peerServed, peersKnown)
+			storeFull, storeErrors, evicted, evictedBytes, expired, peerRequests, peerBytes, peerServed, peersKnown)
 		for _, s := range upstreamStateNames {
 			upstreamStates.WithLabelValues(s)
 			if s != upstreamOK {

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -302,6 +303,76 @@ func (s *store) sweep(ttl time.Duration) int {
 		_ = os.Remove(s.path(d))
 	}
 	return len(gone)
+}
+
+// evict deletes the least recently pulled content that pinned (nil: none) does not hold until
+// need bytes are freed or nothing is left to delete, and with it what the repositories' index
+// says of it (a tag pointing to an evicted manifest is forgotten, as at expiry). It returns the
+// count and bytes deleted. A request that opened a file keeps reading it (the space is freed
+// when it closes); a later one fills it again.
+func (s *store) evict(need uint64, pinned func(digest.Digest) bool) (int, uint64) {
+	type candidate struct {
+		d        digest.Digest
+		lastPull time.Time
+		size     uint64
+	}
+	s.mu.Lock()
+	var lru []candidate
+	for d, c := range s.idx.Content {
+		if pinned == nil || !pinned(d) {
+			lru = append(lru, candidate{d: d, lastPull: c.LastPull})
+		}
+	}
+	s.mu.Unlock()
+	slices.SortFunc(lru, func(a, b candidate) int {
+		if c := a.lastPull.Compare(b.lastPull); c != 0 {
+			return c
+		}
+		return strings.Compare(string(a.d), string(b.d))
+	})
+	var chosen []candidate
+	var sum uint64
+	for _, c := range lru {
+		if sum >= need {
+			break
+		}
+		if info, err := os.Stat(s.path(c.d)); err == nil {
+			c.size = uint64(info.Size()) //nolint:gosec // a file's size is not negative
+		}
+		sum += c.size
+		chosen = append(chosen, c)
+	}
+	s.mu.Lock()
+	var gone []digest.Digest
+	var freed uint64
+	evicted := map[digest.Digest]bool{}
+	for _, c := range chosen {
+		// Pulled since it was chosen: it stays (the next round counts again).
+		if m := s.idx.Content[c.d]; m != nil && m.LastPull.Equal(c.lastPull) {
+			delete(s.idx.Content, c.d)
+			evicted[c.d] = true
+			gone = append(gone, c.d)
+			freed += c.size
+		}
+	}
+	if len(gone) == 0 {
+		s.mu.Unlock()
+		return 0, 0
+	}
+	for name, r := range s.idx.Repos {
+		maps.DeleteFunc(r.Manifests, func(d digest.Digest, _ time.Time) bool { return evicted[d] })
+		maps.DeleteFunc(r.Blobs, func(d digest.Digest, _ time.Time) bool { return evicted[d] })
+		maps.DeleteFunc(r.Tags, func(_ string, d digest.Digest) bool { return evicted[d] })
+		if len(r.Manifests) == 0 && len(r.Blobs) == 0 && len(r.Tags) == 0 {
+			delete(s.idx.Repos, name)
+		}
+	}
+	s.dirty = true
+	s.mu.Unlock()
+	for _, d := range gone {
+		_ = os.Remove(s.path(d))
+	}
+	return len(gone), freed
 }
 
 // flush writes the index if it changed: temporary file, fsync, rename.

@@ -1,0 +1,155 @@
+package mirrorcache
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/opencontainers/go-digest"
+)
+
+// The eviction rule as a table: least recently pulled first (ties by digest), pinned content
+// never, until the bytes asked for are freed; a tag whose manifest goes is forgotten with it.
+func TestEvictLeastRecentlyPulled(t *testing.T) {
+	type item struct {
+		name     string
+		size     int
+		age      time.Duration // since its last pull
+		manifest bool
+	}
+	items := []item{
+		{"old-manifest", 100, 3 * time.Hour, true},
+		{"old-layer", 1000, 3 * time.Hour, false},
+		{"mid-layer", 1000, 2 * time.Hour, false},
+		{"new-layer", 1000, time.Hour, false},
+		{"new-manifest", 100, time.Hour, true},
+	}
+	for name, tc := range map[string]struct {
+		need   uint64
+		pinned []string
+		want   []string // evicted
+	}{
+		"nothing needed":                  {need: 0, want: nil},
+		"the oldest until enough":         {need: 1050, want: []string{"old-layer", "old-manifest"}},
+		"a pinned one is passed over":     {need: 1050, pinned: []string{"old-layer"}, want: []string{"mid-layer", "old-manifest"}},
+		"more than there is: all but pin": {need: 1 << 30, pinned: []string{"new-manifest"}, want: []string{"mid-layer", "new-layer", "old-layer", "old-manifest"}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			clock := newFakeClock()
+			s, err := openStore(t.TempDir(), clock.now)
+			if err != nil {
+				t.Fatal(err)
+			}
+			byName, names := map[string]digest.Digest{}, map[digest.Digest]string{}
+			now := clock.now()
+			for _, it := range items {
+				b := randomBytes(it.size)
+				d := digest.FromBytes(b)
+				if err := os.WriteFile(s.path(d), b, 0o644); err != nil {
+					t.Fatal(err)
+				}
+				clock.ns.Store(now.Add(-it.age).UnixNano())
+				var meta *contentMeta
+				if it.manifest {
+					meta = &contentMeta{MediaType: "application/vnd.oci.image.manifest.v1+json"}
+				}
+				s.committed(d, meta)
+				s.pulled("team/app", d, it.manifest)
+				if it.manifest {
+					s.setTag("team/app", it.name, d)
+				}
+				byName[it.name], names[d] = d, it.name
+			}
+			clock.ns.Store(now.UnixNano())
+			pinned := func(d digest.Digest) bool { return slices.Contains(tc.pinned, names[d]) }
+			n, freed := s.evict(tc.need, pinned)
+			var got []string
+			var wantFreed uint64
+			for _, it := range items {
+				_, err := os.Stat(s.path(byName[it.name]))
+				gone := os.IsNotExist(err)
+				if gone != (s.content(byName[it.name]) == nil) {
+					t.Errorf("%s: file gone %v, but the index says otherwise", it.name, gone)
+				}
+				if gone {
+					got = append(got, it.name)
+					wantFreed += uint64(it.size)
+				}
+				if _, tagged := s.tag("team/app", it.name); it.manifest && tagged == gone {
+					t.Errorf("%s: evicted %v, its tag kept %v", it.name, gone, tagged)
+				}
+			}
+			slices.Sort(got)
+			if !slices.Equal(got, tc.want) || n != len(tc.want) || freed != wantFreed {
+				t.Errorf("evicted %q (%d, %d bytes), want %q (%d bytes)", got, n, freed, tc.want, wantFreed)
+			}
+		})
+	}
+}
+
+// A volume above its high-water mark: the cache deletes the least recently pulled image's
+// content until it is under the low-water mark, keeps serving the newer image with the upstream
+// down, and pulls the older one through again when the upstream is back.
+func TestVolumeAboveHighWaterEvicts(t *testing.T) {
+	up := startUpstream(t, authNone, "", false)
+	older := up.pushImage(t, "team/older", []byte(`{"architecture":"amd64","os":"linux","older":1}`), randomBytes(1<<20))
+	newer := up.pushImage(t, "team/newer", []byte(`{"architecture":"amd64","os":"linux","newer":1}`), randomBytes(1<<20))
+	clock := newFakeClock()
+	files := newCacheFiles(t, up.URL, "", "")
+	// A volume of 4 MiB holding 1.5 MiB of something else besides the cache's content.
+	const size, other = 4 << 20, 3 << 19
+	used := func() uint64 {
+		var n uint64
+		_ = filepath.WalkDir(filepath.Join(files.storage, contentDir, "blobs"), func(_ string, e os.DirEntry, err error) error {
+			if err == nil && !e.IsDir() {
+				if info, err := e.Info(); err == nil {
+					n += uint64(info.Size())
+				}
+			}
+			return nil
+		})
+		return other + n
+	}
+	cache := startCacheWith(t, files, Options{now: clock.now, started: func(f *front) {
+		f.volume = func() (uint64, uint64, error) { return size, size - min(used(), size), nil }
+		f.reserve = 0 // reserveBytes is 64 MiB
+	}})
+	hosts := t.TempDir()
+	writeHostsDir(t, hosts, up, cache.URL)
+
+	before := cache.metrics(t)
+	mustPull(t, hosts, older.byTag(up))
+	// A fill commits (its last pull) once its client has every byte: the clock moves on after.
+	waitStored(t, files, older.blobs[1].Digest)
+	clock.advance(time.Minute)
+	mustPull(t, hosts, newer.byTag(up)) // 3.5 MiB of 4 used: above 85%
+	for deadline := time.Now().Add(time.Minute); stored(files, older.blobs[1].Digest); {
+		if time.Now().After(deadline) {
+			t.Fatalf("the older image's layer is still stored with %d of %d bytes used", used(), size)
+		}
+		time.Sleep(100 * time.Millisecond) // polling: the cache looks at its volume every flushInterval
+	}
+	if !stored(files, newer.blobs[1].Digest) || used() > size*3/4 {
+		t.Errorf("after eviction: the newer layer stored %v, %d of %d bytes used (want at most 75%%)", stored(files, newer.blobs[1].Digest), used(), size)
+	}
+	if d := delta(before, cache.metrics(t), `quartermaster_mirror_evicted_total`); d[`quartermaster_mirror_evicted_total`] < 1 {
+		t.Errorf("metric changes %v, want the evictions counted", d)
+	}
+
+	up.stop()
+	mustPull(t, hosts, newer.byTag(up))
+	mustFail(t, hosts, older.byTag(up))
+}
+
+// waitStored waits until the fill of d has committed it.
+func waitStored(t *testing.T, files cacheFiles, d digest.Digest) {
+	t.Helper()
+	for deadline := time.Now().Add(time.Minute); !stored(files, d); {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s was not stored", d)
+		}
+		time.Sleep(10 * time.Millisecond) // polling
+	}
+}
