@@ -934,8 +934,10 @@ func clusterBindingFloor(ctx context.Context, c client.Client, prefix string, st
 		if st == nil {
 			return nil
 		}
+		// As the controller writes it (status.Step: a merge patch, the RBAC it runs under has no update).
+		created := np.DeepCopy()
 		st.DeepCopyInto(&np.Status)
-		return c.Status().Update(ctx, np)
+		return c.Status().Patch(ctx, np, client.MergeFrom(created))
 	})
 	return time.Since(start), err
 }

@@ -7,6 +7,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -140,18 +141,24 @@ func run(pattern string, keep bool) error {
 	fmt.Printf("local kwok cluster %q, %d CPUs, %s\n\n", clusterName, runtime.NumCPU(), runtime.Version())
 	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(w, "CASE\tMETRIC\tVALUE\tUNIT\tNOTE")
+	var failed []error
 	for _, bc := range cases {
 		if !re.MatchString(bc.name) {
 			continue
 		}
 		results, err := bc.run(ctx, e)
 		if err != nil {
-			return fmt.Errorf("%s: %w", bc.name, err)
+			// The other cases still run (a long run is not lost to one case); the run fails at its end.
+			fmt.Fprintf(w, "%s\tFAILED\t\t\t%v\n", bc.name, err)
+			failed = append(failed, fmt.Errorf("%s: %w", bc.name, err))
+			_ = w.Flush()
+			continue
 		}
 		for _, r := range results {
 			fmt.Fprintf(w, "%s\t%s\t%.1f\t%s\t%s\n", bc.name, r.metric, r.value, r.unit, r.note)
 		}
 		_ = w.Flush()
 	}
-	return w.Flush()
+	_ = w.Flush()
+	return errors.Join(failed...)
 }
