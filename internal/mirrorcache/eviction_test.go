@@ -2,11 +2,15 @@ package mirrorcache
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/opencontainers/go-digest"
 )
 
@@ -153,3 +157,31 @@ func waitStored(t *testing.T, files cacheFiles, d digest.Digest) {
 		time.Sleep(10 * time.Millisecond) // polling
 	}
 }
+
+// The volume is measured as df measures it (its Use% is what the marks are of): the blocks
+// reserved for root count neither as used nor as the cache's. On this machine's disk, whose root
+// reserve is large, counting them as used put the volume above 85% and evicted everything.
+func TestVolumeIsMeasuredAsDf(t *testing.T) {
+	dir := t.TempDir()
+	f := newFront(nil, nil, &store{root: dir}, 0, dir, logr.Discard())
+	size, free, err := f.volume()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command("df", "-B1", "--output=used,avail", dir).Output()
+	if err != nil {
+		t.Fatalf("df: %v", err)
+	}
+	fields := strings.Fields(string(out))
+	used, err1 := strconv.ParseUint(fields[len(fields)-2], 10, 64)
+	avail, err2 := strconv.ParseUint(fields[len(fields)-1], 10, 64)
+	if err1 != nil || err2 != nil {
+		t.Fatalf("df said %q", out)
+	}
+	const slack = 64 << 20 // other writers between the two looks
+	if diff(size-free, used) > slack || diff(free, avail) > slack {
+		t.Errorf("the cache measures %d used, %d free; df says %d used, %d available", size-free, free, used, avail)
+	}
+}
+
+func diff(a, b uint64) uint64 { return max(a, b) - min(a, b) }

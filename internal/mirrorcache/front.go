@@ -42,7 +42,8 @@ type front struct {
 	// (the constant; tests shorten it).
 	tagPatience time.Duration
 
-	// volume is the storage volume's size and free space (statfs; tests make them up), and
+	// volume is the storage volume's size and free space as df counts them (statfs; tests make
+	// them up), and
 	// reserve what a fill leaves free of it (reserveBytes; tests lower it).
 	volume  func() (total, free uint64, err error)
 	reserve uint64
@@ -114,8 +115,10 @@ func newFront(r *remote, p *peers, s *store, ttl time.Duration, storageDir strin
 			if err := syscall.Statfs(root, &st); err != nil {
 				return 0, 0, err
 			}
+			// As df counts: the size is what is used plus what the cache may still use (the
+			// blocks reserved for root are neither), so "used" is df's Use%.
 			bsize := uint64(st.Bsize) //nolint:gosec // block size is positive
-			return st.Blocks * bsize, st.Bavail * bsize, nil
+			return (st.Blocks - st.Bfree + st.Bavail) * bsize, st.Bavail * bsize, nil
 		},
 	}
 }
