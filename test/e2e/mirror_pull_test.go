@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -228,7 +229,13 @@ func mustPullImage(t *testing.T, node *containerdNode, ref string, auth *runtime
 // startNodeAgent runs `quartermaster node-agent` for pod, with its DaemonSet's args and env as
 // the kubelet would give them, but the node's root at node.Root and the cache at endpoint (a
 // loopback address where a node reaches the mirror's Service).
-func startNodeAgent(t *testing.T, ds *appsv1.DaemonSet, pod *corev1.Pod, node *containerdNode, endpoint string) {
+func startNodeAgent(t *testing.T, ds *appsv1.DaemonSet, pod *corev1.Pod, node *containerdNode, endpoint string) *process {
+	t.Helper()
+	return startNodeAgentOf(t, managerBin, ds, pod, node, endpoint)
+}
+
+// startNodeAgentOf is startNodeAgent with another build of the binary (an earlier release's).
+func startNodeAgentOf(t *testing.T, bin string, ds *appsv1.DaemonSet, pod *corev1.Pod, node *containerdNode, endpoint string) *process {
 	t.Helper()
 	container := ds.Spec.Template.Spec.Containers[0]
 	var args []string
@@ -244,7 +251,7 @@ func startNodeAgent(t *testing.T, ds *appsv1.DaemonSet, pod *corev1.Pod, node *c
 		args = append(args, a)
 	}
 	env := fieldEnv(t, container.Env, pod)
-	startAs(t, "node agent "+pod.Spec.NodeName, mirrorsNamespace, ds.Spec.Template.Spec.ServiceAccountName, env, args...)
+	return startBinaryAs(t, bin, "node agent "+pod.Spec.NodeName, mirrorsNamespace, ds.Spec.Template.Spec.ServiceAccountName, env, args...)
 }
 
 // fieldEnv resolves a container's environment as the kubelet does for the fields a mirror's
@@ -312,7 +319,9 @@ type cachePod struct {
 	URL, metricsURL string
 	addr, debug     string
 	mounts          []mount
+	claim           int // the mount of the volume claim
 	args, env       []string
+	bin             string // the quartermaster binary the pod's image holds
 	proc            *process
 }
 
@@ -327,7 +336,7 @@ func newCachePod(t *testing.T, sts *appsv1.StatefulSet, secret *corev1.Secret) *
 	// $(VAR) references to it expanded.
 	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: sts.Namespace, Name: sts.Name + "-0"}}
 	env := fieldEnv(t, container.Env, pod)
-	cp := &cachePod{owner: t, addr: freeLoopbackAddr(t), debug: freeLoopbackAddr(t), args: expandVars(container.Args, env), env: env}
+	cp := &cachePod{owner: t, addr: freeLoopbackAddr(t), debug: freeLoopbackAddr(t), args: expandVars(container.Args, env), env: env, bin: managerBin}
 	cp.URL = "http://" + cp.addr
 	cp.metricsURL = "http://" + cp.debug + mirror.MetricsPath
 	cp.args = append(cp.args, "--address="+cp.addr, "--metrics-address="+cp.debug)
@@ -339,6 +348,7 @@ func newCachePod(t *testing.T, sts *appsv1.StatefulSet, secret *corev1.Secret) *
 		dir := t.TempDir()
 		switch v, ok := volumes[vm.Name]; {
 		case vm.Name == sts.Spec.VolumeClaimTemplates[0].Name:
+			cp.claim = len(cp.mounts)
 		case ok && v.Secret != nil && v.Secret.SecretName == secret.Name:
 			mode := os.FileMode(ptr.Deref(v.Secret.DefaultMode, 0o644))
 			for key, value := range secret.Data {
@@ -352,10 +362,22 @@ func newCachePod(t *testing.T, sts *appsv1.StatefulSet, secret *corev1.Secret) *
 	return cp
 }
 
+// listenAsDistribution gives the listen addresses as a cache of releases before 2026-11-27 took
+// them (distribution's REGISTRY_HTTP_ADDR and REGISTRY_HTTP_DEBUG_ADDR), not as flags.
+func (cp *cachePod) listenAsDistribution() {
+	cp.args = slices.DeleteFunc(cp.args, func(a string) bool {
+		return strings.HasPrefix(a, "--address=") || strings.HasPrefix(a, "--metrics-address=")
+	})
+	cp.env = append(cp.env, "REGISTRY_HTTP_ADDR="+cp.addr, "REGISTRY_HTTP_DEBUG_ADDR="+cp.debug)
+}
+
+// onVolume gives the pod dir as its claim's volume (one an earlier pod of the StatefulSet filled).
+func (cp *cachePod) onVolume(dir string) { cp.mounts[cp.claim].source = dir }
+
 // start runs the cache and waits until it is ready (its readiness path answers 200).
 func (cp *cachePod) start(t *testing.T) {
 	t.Helper()
-	cp.proc = startInMounts(cp.owner, "cache", cp.mounts, cp.env, append([]string{managerBin}, cp.args...)...)
+	cp.proc = startInMounts(cp.owner, "cache", cp.mounts, cp.env, append([]string{cp.bin}, cp.args...)...)
 	proc := cp.proc
 	eventually(t, "the cache to be ready", func() bool {
 		select {
