@@ -229,9 +229,9 @@ func mustPullImage(t *testing.T, node *containerdNode, ref string, auth *runtime
 // startNodeAgent runs `quartermaster node-agent` for pod, with its DaemonSet's args and env as
 // the kubelet would give them, but the node's root at node.Root and the cache at endpoint (a
 // loopback address where a node reaches the mirror's Service).
-func startNodeAgent(t *testing.T, ds *appsv1.DaemonSet, pod *corev1.Pod, node *containerdNode, endpoint string) *process {
+func startNodeAgent(t *testing.T, ds *appsv1.DaemonSet, pod *corev1.Pod, node *containerdNode, endpoint string) {
 	t.Helper()
-	return startNodeAgentOf(t, managerBin, ds, pod, node, endpoint)
+	startNodeAgentOf(t, managerBin, ds, pod, node, endpoint)
 }
 
 // startNodeAgentOf is startNodeAgent with another build of the binary (an earlier release's).
