@@ -176,6 +176,7 @@ func namespacesProcessBench(ctx context.Context, e *env) ([]result, error) {
 		if err != nil {
 			return nil, err
 		}
+		profiled := p.startCPUProfile(fmt.Sprintf("namespaces-%s.cpu", round), 20*time.Second)
 		if err := submitRequests(ctx, e, requestsNS, round, benchRequests); err != nil {
 			return nil, err
 		}
@@ -184,6 +185,9 @@ func namespacesProcessBench(ctx context.Context, e *env) ([]result, error) {
 		}
 		cpuAfter, err := p.cpuSeconds()
 		if err != nil {
+			return nil, err
+		}
+		if err := profiled(); err != nil { // after the CPU time is read: the profile's idle tail is not counted
 			return nil, err
 		}
 		cpu[i] = cpuAfter - cpuBefore

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/quartermaster-dev/quartermaster/internal/testing/testenv"
 )
@@ -128,6 +129,40 @@ func (p *managerProcess) saveHeapProfile(name string) error {
 		return err
 	}
 	return f.Close()
+}
+
+// startCPUProfile starts a CPU profile of the process over d, written to name in profilesDir,
+// when -profiles is given; the returned func waits for it.
+func (p *managerProcess) startCPUProfile(name string, d time.Duration) func() error {
+	if p.pprof == "" {
+		return func() error { return nil }
+	}
+	done := make(chan error, 1)
+	go func() {
+		done <- func() error {
+			resp, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", p.pprof, int(d.Seconds())))
+			if err != nil {
+				return err
+			}
+			defer resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				return fmt.Errorf("CPU profile: %s", resp.Status)
+			}
+			if err := os.MkdirAll(profilesDir, 0o755); err != nil {
+				return err
+			}
+			f, err := os.Create(filepath.Join(profilesDir, name))
+			if err != nil {
+				return err
+			}
+			if _, err := io.Copy(f, resp.Body); err != nil {
+				f.Close()
+				return err
+			}
+			return f.Close()
+		}()
+	}()
+	return func() error { return <-done }
 }
 
 // cpuSeconds is the CPU time the process has used so far, user and system (/proc/PID/stat).
