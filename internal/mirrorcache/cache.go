@@ -175,15 +175,15 @@ func Run(ctx context.Context, opts Options) error {
 		}
 	}
 	data := newFront(rem, pc, st, cfg.TTL, root, log)
+	if opts.started != nil {
+		opts.started(data) // before anything reads it: a test may replace its volume or clock
+	}
 	go data.run()
 	defer func() {
 		if err := data.close(); err != nil {
 			log.Error(err, "writing the cache index")
 		}
 	}()
-	if opts.started != nil {
-		opts.started(data)
-	}
 	servers := []server{{"addr", newServer(countServed(withHeaders(cfg.Headers, alive(data)))), ln}}
 	if opts.Peers != nil {
 		pln, err := listen(opts.Peers.Listener, opts.Peers.Addr)
