@@ -287,19 +287,16 @@ func (f *front) cachedTag(ctx context.Context, repo, tag string) (digest.Digest,
 	return "", false
 }
 
-// failure is what the upstream did instead of answering the lookup (a tagFallbacks reason).
+// failure is what the upstream did instead of answering the lookup (a tagFallbacks reason, by
+// the upstream state's one rule, stateOf).
 func (l *tagLookup) failure() string {
 	switch {
 	case l.err != nil && errors.Is(l.err, context.DeadlineExceeded):
-		return upstreamStalled
+		return stateOf(resultTimeout, 0)
 	case l.err != nil:
-		return upstreamUnreachable
-	case l.status == http.StatusTooManyRequests:
-		return upstreamRateLimited
-	case l.status == http.StatusUnauthorized || l.status == http.StatusForbidden:
-		return upstreamRefusing
+		return stateOf(resultUnreachable, 0)
 	}
-	return upstreamFailing
+	return stateOf(statusResult(l.status), l.status)
 }
 
 var tagName = regexp.MustCompile(`^[\w][\w.-]{0,127}$`)

@@ -266,27 +266,51 @@ func (o upstreamObserver) RoundTrip(req *http.Request) (*http.Response, error) {
 	result := classify(req, resp, err)
 	upstreamRequests.WithLabelValues(result).Inc()
 	where := req.Method + " " + req.URL.Host + req.URL.Path
-	switch result {
-	case resultOK, resultChallenge, resultNotFound:
-		o.health.set(upstreamOK, "", nil)
-	case resultUnauthorized, resultDenied:
+	switch state := stateOf(result, statusOf(resp)); state {
+	case "":
+	case upstreamRefusing:
 		if req.Header.Get("Authorization") != "" {
-			o.health.set(upstreamRefusing, fmt.Sprintf("it refused the cache's credentials (check the username and password of the mirror's credentials Secret): %s: %s", where, resp.Status), nil)
+			o.health.set(state, fmt.Sprintf("it refused the cache's credentials (check the username and password of the mirror's credentials Secret): %s: %s", where, resp.Status), nil)
 		} else {
-			o.health.set(upstreamRefusing, fmt.Sprintf("it wants credentials and the cache has none: %s: %s", where, resp.Status), nil)
+			o.health.set(state, fmt.Sprintf("it wants credentials and the cache has none: %s: %s", where, resp.Status), nil)
 		}
-	case resultError:
-		if resp.StatusCode == http.StatusTooManyRequests {
-			o.health.set(upstreamRateLimited, where+": "+resp.Status, nil)
-		} else {
-			o.health.set(upstreamFailing, where+": "+resp.Status, nil)
-		}
-	case resultUnreachable:
-		o.health.set(upstreamUnreachable, where, err)
-	case resultTimeout:
-		o.health.set(upstreamStalled, where+": no answer in time", err)
+	case upstreamRateLimited, upstreamFailing:
+		o.health.set(state, where+": "+resp.Status, nil)
+	case upstreamStalled:
+		o.health.set(state, where+": no answer in time", err)
+	default:
+		o.health.set(state, where, err)
 	}
 	return resp, err
+}
+
+func statusOf(resp *http.Response) int {
+	if resp == nil {
+		return 0
+	}
+	return resp.StatusCode
+}
+
+// stateOf is the upstream's state after a request that ended as result (classify) with status:
+// the one rule for the state gauge and for why a tag pull fell back ("" for a request the
+// client gave up: it says nothing of the upstream).
+func stateOf(result string, status int) string {
+	switch result {
+	case resultOK, resultChallenge, resultNotFound:
+		return upstreamOK
+	case resultUnauthorized, resultDenied:
+		return upstreamRefusing
+	case resultError:
+		if status == http.StatusTooManyRequests {
+			return upstreamRateLimited
+		}
+		return upstreamFailing
+	case resultUnreachable:
+		return upstreamUnreachable
+	case resultTimeout:
+		return upstreamStalled
+	}
+	return ""
 }
 
 func classify(req *http.Request, resp *http.Response, err error) string {
@@ -297,19 +321,25 @@ func classify(req *http.Request, resp *http.Response, err error) string {
 		return resultCanceled
 	case err != nil:
 		return resultUnreachable
-	case resp.StatusCode < 400:
-		return resultOK
 	case resp.StatusCode == http.StatusUnauthorized && req.Header.Get("Authorization") == "" && resp.Header.Get("WWW-Authenticate") != "":
 		return resultChallenge
-	case resp.StatusCode == http.StatusUnauthorized:
-		return resultUnauthorized
-	case resp.StatusCode == http.StatusForbidden:
-		return resultDenied
-	case resp.StatusCode == http.StatusNotFound:
-		return resultNotFound
-	default:
-		return resultError
 	}
+	return statusResult(resp.StatusCode)
+}
+
+// statusResult is the result of an HTTP answer with code (classify, beside the challenge).
+func statusResult(code int) string {
+	switch {
+	case code < 400:
+		return resultOK
+	case code == http.StatusUnauthorized:
+		return resultUnauthorized
+	case code == http.StatusForbidden:
+		return resultDenied
+	case code == http.StatusNotFound:
+		return resultNotFound
+	}
+	return resultError
 }
 
 // countServed counts the cache's answers on its registry port.

@@ -112,13 +112,21 @@ func (p *managerProcess) saveHeapProfile(name string) error {
 	if err := os.WriteFile(filepath.Join(profilesDir, name+".smaps"), smaps, 0o644); err != nil {
 		return err
 	}
-	resp, err := http.Get("http://" + p.pprof + "/debug/pprof/heap?gc=1")
+	return p.savePprof("heap?gc=1", name)
+}
+
+// savePprof writes what the process's /debug/pprof/<path> answers to name in profilesDir.
+func (p *managerProcess) savePprof(path, name string) error {
+	resp, err := http.Get("http://" + p.pprof + "/debug/pprof/" + path)
 	if err != nil {
 		return err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("heap profile: %s", resp.Status)
+		return fmt.Errorf("%s: %s", path, resp.Status)
+	}
+	if err := os.MkdirAll(profilesDir, 0o755); err != nil {
+		return err
 	}
 	f, err := os.Create(filepath.Join(profilesDir, name))
 	if err != nil {
@@ -138,30 +146,7 @@ func (p *managerProcess) startCPUProfile(name string, d time.Duration) func() er
 		return func() error { return nil }
 	}
 	done := make(chan error, 1)
-	go func() {
-		done <- func() error {
-			resp, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", p.pprof, int(d.Seconds())))
-			if err != nil {
-				return err
-			}
-			defer resp.Body.Close()
-			if resp.StatusCode != http.StatusOK {
-				return fmt.Errorf("CPU profile: %s", resp.Status)
-			}
-			if err := os.MkdirAll(profilesDir, 0o755); err != nil {
-				return err
-			}
-			f, err := os.Create(filepath.Join(profilesDir, name))
-			if err != nil {
-				return err
-			}
-			if _, err := io.Copy(f, resp.Body); err != nil {
-				f.Close()
-				return err
-			}
-			return f.Close()
-		}()
-	}()
+	go func() { done <- p.savePprof(fmt.Sprintf("profile?seconds=%d", int(d.Seconds())), name) }()
 	return func() error { return <-done }
 }
 
