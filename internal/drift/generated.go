@@ -21,7 +21,9 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"maps"
+	"reflect"
 	"slices"
 	"strings"
 
@@ -48,14 +50,14 @@ type Object interface {
 // text has no raw NUL, the mark, so the rewriting is one-to-one); but objects made alike in many
 // namespaces (a namespace request's RBAC, whose subjects and labels name the namespace) carry one
 // hash, and the cache keeps one copy of their annotations (cachemeta.ShareMaps).
+//
+// The content is the object's own JSON (content), as the API server is sent it: a hash of every
+// desired object is taken at every reconcile, so it is not converted to another form first.
 func Hash(desired Object) (string, error) {
-	u, err := runtime.DefaultUnstructuredConverter.ToUnstructured(desired)
+	body, err := content(desired)
 	if err != nil {
 		return "", err
 	}
-	content := maps.Clone(u) // an unstructured object's own map
-	delete(content, "metadata")
-	delete(content, "status")
 	annotations := maps.Clone(desired.GetAnnotations())
 	delete(annotations, HashAnnotation)
 	if len(annotations) == 0 {
@@ -69,15 +71,40 @@ func Hash(desired Object) (string, error) {
 	if ref := metav1.GetControllerOfNoCopy(desired); ref != nil {
 		controller = ref.Kind + "/" + ref.Name + "/" + string(ref.UID)
 	}
-	b, err := json.Marshal([]any{labels, annotations, controller, content})
+	b, err := json.Marshal([]any{labels, annotations, controller})
 	if err != nil {
 		return "", err
 	}
+	b = append(append(append(b[:len(b)-1], ','), body...), ']') // [labels, annotations, controller, content]
 	if ns := desired.GetNamespace(); ns != "" {
 		b = bytes.ReplaceAll(b, []byte(ns), []byte{0})
 	}
 	sum := sha256.Sum256(b)
 	return hex.EncodeToString(sum[:12]), nil
+}
+
+// content is desired's JSON without its metadata and status: an unstructured object's map without
+// those keys, a typed object (a pointer to a struct embedding ObjectMeta) as a copy with its
+// ObjectMeta and Status fields zero, which encode the same for every object of the type.
+func content(desired Object) ([]byte, error) {
+	if u, ok := desired.(runtime.Unstructured); ok {
+		m := maps.Clone(u.UnstructuredContent()) // an unstructured object's own map
+		delete(m, "metadata")
+		delete(m, "status")
+		return json.Marshal(m)
+	}
+	v := reflect.ValueOf(desired)
+	if v.Kind() != reflect.Pointer || v.Elem().Kind() != reflect.Struct {
+		return nil, fmt.Errorf("hashing %T: not a pointer to a struct", desired)
+	}
+	c := reflect.New(v.Elem().Type())
+	c.Elem().Set(v.Elem()) // a shallow copy: desired itself is not changed
+	for _, name := range []string{"ObjectMeta", "Status"} {
+		if f := c.Elem().FieldByName(name); f.IsValid() && f.CanSet() {
+			f.SetZero()
+		}
+	}
+	return json.Marshal(c.Interface())
 }
 
 // Stamp records desired's Hash in its HashAnnotation, before it is written.

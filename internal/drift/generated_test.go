@@ -4,6 +4,8 @@ import (
 	"slices"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 )
@@ -113,6 +115,73 @@ func TestHashSaysWhatTheWantSays(t *testing.T) {
 			t.Errorf("%s: same hash", name)
 		}
 	}
+}
+
+// A typed object is hashed from its own JSON (no conversion): the same rule, and the object
+// itself is left as it was.
+func TestHashOfATypedObject(t *testing.T) {
+	base := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: "creds", Namespace: "team-a", Labels: map[string]string{"a": "b"}},
+		Type:       corev1.SecretTypeOpaque,
+		Data:       map[string][]byte{"token": []byte("t1"), "ca.crt": []byte("ca")},
+	}
+	h := func(s *corev1.Secret) string {
+		t.Helper()
+		before := s.DeepCopy()
+		got, err := Hash(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !equality.Semantic.DeepEqual(before, s) {
+			t.Fatal("Hash changed the object it hashed")
+		}
+		return got
+	}
+	same := base.DeepCopy()
+	same.ResourceVersion, same.UID, same.Generation = "42", "uid", 3
+	same.ManagedFields = []metav1.ManagedFieldsEntry{entry("kubectl-edit", "", `{"f:data":{}}`)}
+	same.Annotations = map[string]string{HashAnnotation: "anything"}
+	if h(base) != h(same) {
+		t.Error("the hash depends on the resourceVersion, the UID, managedFields or the hash annotation")
+	}
+	pod := &corev1.Pod{Spec: corev1.PodSpec{NodeName: "n"}}
+	reported := pod.DeepCopy()
+	reported.Status.Phase = corev1.PodRunning
+	if hp, hr := mustHash(t, pod), mustHash(t, reported); hp != hr {
+		t.Error("the hash depends on the status")
+	}
+	for name, edit := range map[string]func(s *corev1.Secret){
+		"a value":       func(s *corev1.Secret) { s.Data["token"] = []byte("t2") },
+		"a key dropped": func(s *corev1.Secret) { delete(s.Data, "ca.crt") },
+		"the type":      func(s *corev1.Secret) { s.Type = corev1.SecretTypeDockerConfigJson },
+		"immutable set": func(s *corev1.Secret) { s.Immutable = new(false) },
+		"a label":       func(s *corev1.Secret) { s.Labels = map[string]string{"a": "c"} },
+		"an annotation": func(s *corev1.Secret) { s.Annotations = map[string]string{"x": "y"} },
+		"the controller": func(s *corev1.Secret) {
+			s.OwnerReferences = []metav1.OwnerReference{{Kind: "Namespace", Name: "team-a", UID: "u", Controller: new(true)}}
+		},
+	} {
+		s := base.DeepCopy()
+		edit(s)
+		if h(s) == h(base) {
+			t.Errorf("%s: same hash", name)
+		}
+	}
+	// Map order never matters: the same want built twice hashes alike.
+	again := base.DeepCopy()
+	again.Data = map[string][]byte{"ca.crt": []byte("ca"), "token": []byte("t1")}
+	if h(again) != h(base) {
+		t.Error("the same data hashes two ways")
+	}
+}
+
+func mustHash(t *testing.T, o Object) string {
+	t.Helper()
+	s, err := Hash(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
 }
 
 // Objects made alike in many namespaces carry one hash (the cache keeps one copy of their
