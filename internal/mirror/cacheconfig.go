@@ -49,6 +49,9 @@ type CacheParams struct {
 	UpstreamURL string
 	// TTL is how long content is kept after it was last pulled through; 0 keeps it forever.
 	TTL time.Duration
+	// HighWater and LowWater are the volume's eviction marks in percent used (Spec's); zero means
+	// the defaults.
+	HighWater, LowWater int32
 }
 
 // cacheConfig is the cache's configuration file: the keys CacheConfig renders, in the format of
@@ -62,6 +65,20 @@ type cacheConfig struct {
 	Storage cacheStore  `json:"storage"`
 	HTTP    cacheHTTP   `json:"http"`
 	Proxy   cacheRemote `json:"proxy"`
+	// Quartermaster's own settings, which distribution never had. Rendered only when one differs
+	// from its default, so that the file of a mirror that sets none is the same bytes as before
+	// they existed (and its pods' config hash with it).
+	Quartermaster *cacheOwn `json:"quartermaster,omitempty"`
+}
+
+type cacheOwn struct {
+	Eviction *cacheEviction `json:"eviction,omitempty"`
+}
+
+// cacheEviction is the volume's marks, in percent used.
+type cacheEviction struct {
+	HighWaterPercent int32 `json:"highwaterpercent"`
+	LowWaterPercent  int32 `json:"lowwaterpercent"`
 }
 
 type cacheLog struct {
@@ -121,6 +138,13 @@ func CacheConfig(p CacheParams) ([]byte, error) {
 	if p.TTL < 0 {
 		return nil, fmt.Errorf("ttl %s is negative", p.TTL)
 	}
+	high, low := p.HighWater, p.LowWater
+	if high == 0 {
+		high, low = DefaultHighWater, DefaultLowWater
+	}
+	if err := CheckMarks(high, low); err != nil {
+		return nil, err
+	}
 	c := cacheConfig{
 		Version: "0.1",
 		Log:     cacheLog{Level: "info", Formatter: "json"},
@@ -129,6 +153,9 @@ func CacheConfig(p CacheParams) ([]byte, error) {
 			// Always written: a missing ttl reads as 7 days (as distribution read it), 0s as forever.
 			TTL: p.TTL.String(),
 		},
+	}
+	if high != DefaultHighWater || low != DefaultLowWater {
+		c.Quartermaster = &cacheOwn{Eviction: &cacheEviction{HighWaterPercent: high, LowWaterPercent: low}}
 	}
 	// A directory per upstream: a volume kept (deletionPolicy Retain) and reused by a mirror of
 	// another upstream must not serve the first upstream's tags as the second's.
@@ -176,6 +203,9 @@ type CacheSettings struct {
 	MetricsAddr, MetricsPath string
 	// LogLevel (debug, info, warn or error) and LogFormat (json or text) of the cache's log.
 	LogLevel, LogFormat string
+	// HighWater and LowWater are the volume's eviction marks, as fractions of it used
+	// (quartermaster.eviction, in percent; default DefaultHighWater and DefaultLowWater).
+	HighWater, LowWater float64
 }
 
 // defaultFileTTL is a file's TTL when it names none (distribution's default, kept for files
@@ -201,6 +231,8 @@ func ParseCacheConfig(b []byte) (CacheSettings, error) {
 		MetricsPath: c.HTTP.Debug.Prometheus.Path,
 		LogLevel:    c.Log.Level,
 		LogFormat:   c.Log.Formatter,
+		HighWater:   DefaultHighWater / 100.0,
+		LowWater:    DefaultLowWater / 100.0,
 	}
 	switch {
 	case c.Version != "0.1":
@@ -221,6 +253,13 @@ func ParseCacheConfig(b []byte) (CacheSettings, error) {
 			return s, fmt.Errorf("proxy.ttl %q is not a duration of 0 or more", c.Proxy.TTL)
 		}
 		s.TTL = ttl
+	}
+	if c.Quartermaster != nil && c.Quartermaster.Eviction != nil {
+		e := c.Quartermaster.Eviction
+		if err := CheckMarks(e.HighWaterPercent, e.LowWaterPercent); err != nil {
+			return s, fmt.Errorf("quartermaster.eviction: %w", err)
+		}
+		s.HighWater, s.LowWater = float64(e.HighWaterPercent)/100, float64(e.LowWaterPercent)/100
 	}
 	s.DrainTimeout = DrainTimeout
 	if c.HTTP.DrainTimeout != "" {

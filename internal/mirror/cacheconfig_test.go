@@ -22,6 +22,8 @@ var cacheConfigCases = map[string]CacheParams{
 	"keep-forever": {UpstreamURL: "quay.io", TTL: 0},
 	// A plain-HTTP upstream with a port and an odd TTL.
 	"http-upstream": {UpstreamURL: "http://registry.internal:5000/", TTL: 90 * time.Minute},
+	// Eviction marks other than the defaults (the only render with a quartermaster section).
+	"eviction-marks": {UpstreamURL: "https://registry.internal", TTL: 168 * time.Hour, HighWater: 70, LowWater: 40},
 }
 
 func TestCacheConfigGolden(t *testing.T) {
@@ -61,6 +63,12 @@ func TestCacheConfigParsesAsDistributionConfig(t *testing.T) {
 			out, err := CacheConfig(p)
 			if err != nil {
 				t.Fatal(err)
+			}
+			if p.HighWater != 0 {
+				// distribution refuses keys it does not know: a file with eviction marks is only
+				// ever read by a cache of its own release (a mirror that sets marks was never
+				// served by distribution).
+				return
 			}
 			c, err := configuration.Parse(bytes.NewReader(out))
 			if err != nil {
@@ -113,6 +121,8 @@ func TestCacheConfigRefusesBadInput(t *testing.T) {
 		{"another scheme", CacheParams{UpstreamURL: "ftp://registry.example"}, "scheme"},
 		{"no host", CacheParams{UpstreamURL: "https://"}, "no host"},
 		{"a negative TTL", CacheParams{UpstreamURL: "https://registry.example", TTL: -time.Second}, "negative"},
+		{"a high-water mark of 100%", CacheParams{UpstreamURL: "https://registry.example", HighWater: 100, LowWater: 90}, "highWaterPercent 100"},
+		{"a low-water mark above the high one", CacheParams{UpstreamURL: "https://registry.example", HighWater: 80, LowWater: 80}, "below eviction.highWaterPercent"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			out, err := CacheConfig(tc.p)
@@ -144,7 +154,10 @@ func TestParseCacheConfigReadsTheRender(t *testing.T) {
 				Addr: ":" + strconv.Itoa(CachePort), DrainTimeout: DrainTimeout,
 				Headers:     map[string][]string{"X-Content-Type-Options": {"nosniff"}},
 				MetricsAddr: ":" + strconv.Itoa(MetricsPort), MetricsPath: MetricsPath,
-				LogLevel: "info", LogFormat: "json",
+				LogLevel: "info", LogFormat: "json", HighWater: 0.85, LowWater: 0.75,
+			}
+			if p.HighWater != 0 {
+				want.HighWater, want.LowWater = float64(p.HighWater)/100, float64(p.LowWater)/100
 			}
 			if !reflect.DeepEqual(s, want) {
 				t.Errorf("ParseCacheConfig = %+v\nwant %+v", s, want)
@@ -173,6 +186,9 @@ func TestParseCacheConfigRefuses(t *testing.T) {
 		{"no storage", "storage:\n  filesystem: {}\n", "rootdirectory is empty"},
 		{"a log level", "log:\n  level: chatty\n", "log.level"},
 		{"another version", "version: \"0.2\"\n", "version"},
+		{"marks the wrong way round", "quartermaster:\n  eviction:\n    highwaterpercent: 50\n    lowwaterpercent: 60\n", "quartermaster.eviction"},
+		{"a high-water mark of 0", "quartermaster:\n  eviction:\n    lowwaterpercent: 60\n", "quartermaster.eviction"},
+		{"another setting of ours", "quartermaster:\n  prefetch: true\n", "prefetch"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			in := mergeYAML(t, base, tc.edit)

@@ -19,6 +19,10 @@ import (
 const (
 	DefaultReplicas = 2
 	DefaultTTL      = 168 * time.Hour
+	// DefaultHighWater and DefaultLowWater are the cache volume's eviction marks, in percent
+	// used; an unset low-water mark is ten points below the high one.
+	DefaultHighWater = 85
+	DefaultLowWater  = DefaultHighWater - 10
 )
 
 // DefaultStorageSize is each cache pod's volume when spec.storage.size is unset.
@@ -37,11 +41,13 @@ type Spec struct {
 	StorageSize       resource.Quantity
 	StorageClassName  *string
 	TTL               time.Duration
-	ServiceType       corev1.ServiceType
-	NodeSelector      map[string]string
-	Tolerations       []corev1.Toleration
-	Resources         corev1.ResourceRequirements
-	DeletionPolicy    registryv1alpha1.DeletionPolicy
+	// HighWater and LowWater are the volume's eviction marks, in percent used.
+	HighWater, LowWater int32
+	ServiceType         corev1.ServiceType
+	NodeSelector        map[string]string
+	Tolerations         []corev1.Toleration
+	Resources           corev1.ResourceRequirements
+	DeletionPolicy      registryv1alpha1.DeletionPolicy
 }
 
 // Resolve applies the defaults to rm's spec and checks what the API server could not: an error
@@ -69,6 +75,8 @@ func Resolve(rm *registryv1alpha1.RegistryMirror) (Spec, error) {
 		Replicas:          DefaultReplicas,
 		StorageSize:       DefaultStorageSize.DeepCopy(),
 		TTL:               DefaultTTL,
+		HighWater:         DefaultHighWater,
+		LowWater:          DefaultLowWater,
 		ServiceType:       corev1.ServiceTypeClusterIP,
 		NodeSelector:      s.NodeSelector,
 		Tolerations:       s.Tolerations,
@@ -90,6 +98,17 @@ func Resolve(rm *registryv1alpha1.RegistryMirror) (Spec, error) {
 		}
 		out.TTL = s.TTL.Duration
 	}
+	if e := s.Eviction; e != nil {
+		if e.HighWaterPercent != 0 {
+			out.HighWater, out.LowWater = e.HighWaterPercent, e.HighWaterPercent-10
+		}
+		if e.LowWaterPercent != nil {
+			out.LowWater = *e.LowWaterPercent
+		}
+	}
+	if err := CheckMarks(out.HighWater, out.LowWater); err != nil {
+		return Spec{}, err
+	}
 	if s.ServiceType != "" {
 		out.ServiceType = s.ServiceType
 	}
@@ -100,6 +119,18 @@ func Resolve(rm *registryv1alpha1.RegistryMirror) (Spec, error) {
 		out.DeletionPolicy = s.DeletionPolicy
 	}
 	return out, nil
+}
+
+// CheckMarks checks a volume's eviction marks (percent used): what the CRD's validation says, for
+// objects and files that did not go through it.
+func CheckMarks(high, low int32) error {
+	switch {
+	case high < 10 || high > 99:
+		return fmt.Errorf("eviction.highWaterPercent %d is not between 10 and 99", high)
+	case low < 1 || low >= high:
+		return fmt.Errorf("eviction.lowWaterPercent %d must be at least 1 and below eviction.highWaterPercent (%d)", low, high)
+	}
+	return nil
 }
 
 func defaultResources() corev1.ResourceRequirements {

@@ -94,8 +94,29 @@ func TestResolveDefaults(t *testing.T) {
 	}
 	if s.MirrorHost != "docker.io" || s.Replicas != 2 || s.TTL != 168*time.Hour || s.StorageSize.String() != "20Gi" ||
 		s.ServiceType != corev1.ServiceTypeClusterIP || s.DeletionPolicy != registryv1alpha1.DeletionPolicyRetain ||
-		s.Resources.Requests.Cpu().String() != "100m" {
+		s.Resources.Requests.Cpu().String() != "100m" || s.HighWater != 85 || s.LowWater != 75 {
 		t.Errorf("defaults: %+v", s)
+	}
+	for _, tc := range []struct {
+		e         registryv1alpha1.Eviction
+		high, low int32
+		err       string
+	}{
+		{e: registryv1alpha1.Eviction{HighWaterPercent: 95}, high: 95, low: 85},
+		{e: registryv1alpha1.Eviction{HighWaterPercent: 95, LowWaterPercent: new(int32(50))}, high: 95, low: 50},
+		{e: registryv1alpha1.Eviction{LowWaterPercent: new(int32(30))}, high: 85, low: 30},
+		{e: registryv1alpha1.Eviction{HighWaterPercent: 50, LowWaterPercent: new(int32(60))}, err: "below eviction.highWaterPercent"},
+		{e: registryv1alpha1.Eviction{HighWaterPercent: 100}, err: "highWaterPercent 100"},
+	} {
+		m := rm.DeepCopy()
+		m.Spec.Eviction = &tc.e
+		s, err := Resolve(m)
+		switch {
+		case tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)):
+			t.Errorf("%+v: %v, want an error with %q", tc.e, err, tc.err)
+		case tc.err == "" && (err != nil || s.HighWater != tc.high || s.LowWater != tc.low):
+			t.Errorf("%+v: marks %d/%d (%v), want %d/%d", tc.e, s.HighWater, s.LowWater, err, tc.high, tc.low)
+		}
 	}
 	rm.Spec.MasqueradeURL = "Local.Docker.IO"
 	if s, _ := Resolve(rm); s.MirrorHost != "local.docker.io" {

@@ -175,6 +175,9 @@ func Run(ctx context.Context, opts Options) error {
 		}
 	}
 	data := newFront(rem, pc, st, cfg.TTL, root, log)
+	if cfg.HighWater > 0 { // settings made without ParseCacheConfig keep the defaults
+		data.highWater, data.lowWater = cfg.HighWater, cfg.LowWater
+	}
 	if opts.started != nil {
 		opts.started(data) // before anything reads it: a test may replace its volume or clock
 	}

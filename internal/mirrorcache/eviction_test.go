@@ -12,6 +12,8 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/opencontainers/go-digest"
+
+	"github.com/quartermaster-dev/quartermaster/internal/mirror"
 )
 
 // The eviction rule as a table: least recently pulled first (ties by digest), pinned content
@@ -145,6 +147,63 @@ func TestVolumeAboveHighWaterEvicts(t *testing.T) {
 	up.stop()
 	mustPull(t, hosts, newer.byTag(up))
 	mustFail(t, hosts, older.byTag(up))
+}
+
+// The marks are the mirror's (spec.eviction, through the configuration file): a volume 75% used
+// is left alone under the default marks and brought down to 40% under marks of 70/40.
+func TestMarksOfTheConfiguration(t *testing.T) {
+	up := startUpstream(t, authNone, "", false)
+	var marks [2]float64
+	startCacheWith(t, newCacheFilesOf(t, mirror.CacheParams{UpstreamURL: up.URL, HighWater: 70, LowWater: 40}, "", ""),
+		Options{started: func(f *front) { marks = [2]float64{f.highWater, f.lowWater} }})
+	if marks != [2]float64{0.70, 0.40} {
+		t.Errorf("the cache's marks are %v, want the configuration's 0.70 and 0.40", marks)
+	}
+
+	for _, tc := range []struct {
+		high, low float64
+		want      int // blobs left of three
+	}{{0.85, 0.75, 3}, {0.70, 0.40, 1}} {
+		clock := newFakeClock()
+		dir := t.TempDir()
+		s, err := openStore(dir, clock.now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var blobs []digest.Digest
+		for range 3 {
+			b := randomBytes(1000)
+			d := digest.FromBytes(b)
+			if err := os.WriteFile(s.path(d), b, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			s.committed(d, nil)
+			s.pulled("team/app", d, false)
+			clock.advance(time.Minute)
+			blobs = append(blobs, d)
+		}
+		f := newFront(nil, nil, s, 0, dir, logr.Discard())
+		f.highWater, f.lowWater = tc.high, tc.low
+		f.volume = func() (uint64, uint64, error) {
+			var used uint64
+			for _, d := range blobs {
+				if s.content(d) != nil {
+					used += 1000
+				}
+			}
+			return 4000, 4000 - used, nil
+		}
+		f.bound()
+		var left int
+		for _, d := range blobs {
+			if s.content(d) != nil {
+				left++
+			}
+		}
+		if left != tc.want || (left > 0 && s.content(blobs[2]) == nil) {
+			t.Errorf("marks %v/%v: %d of 3 blobs left (the newest kept: %v), want %d", tc.high, tc.low, left, s.content(blobs[2]) != nil, tc.want)
+		}
+	}
 }
 
 // waitStored waits until the fill of d has committed it.

@@ -306,9 +306,15 @@ func newCacheFiles(t *testing.T, upstreamURL, username, password string) cacheFi
 
 func newCacheFilesTTL(t *testing.T, upstreamURL, username, password string, ttl time.Duration) cacheFiles {
 	t.Helper()
+	return newCacheFilesOf(t, mirror.CacheParams{UpstreamURL: upstreamURL, TTL: ttl}, username, password)
+}
+
+// newCacheFilesOf is a cache's files for a configuration rendered from p.
+func newCacheFilesOf(t *testing.T, p mirror.CacheParams, username, password string) cacheFiles {
+	t.Helper()
 	dir := t.TempDir()
 	f := cacheFiles{config: filepath.Join(dir, mirror.ConfigFile), credentials: filepath.Join(dir, "credentials"), storage: filepath.Join(dir, "storage")}
-	conf, err := mirror.CacheConfig(mirror.CacheParams{UpstreamURL: upstreamURL, TTL: ttl})
+	conf, err := mirror.CacheConfig(p)
 	if err != nil {
 		t.Fatal(err)
 	}

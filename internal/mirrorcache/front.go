@@ -16,6 +16,8 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/opencontainers/go-digest"
+
+	"github.com/quartermaster-dev/quartermaster/internal/mirror"
 )
 
 // front is the cache's registry: it answers GET and HEAD of manifests and blobs from its store
@@ -47,6 +49,8 @@ type front struct {
 	// reserve what a fill leaves free of it (reserveBytes; tests lower it).
 	volume  func() (total, free uint64, err error)
 	reserve uint64
+	// highWater and lowWater are the volume's eviction marks, as fractions of it used (bound).
+	highWater, lowWater float64
 	// A write the volume refused: fills pass through until then (unix nanoseconds), as when
 	// the volume reports itself full.
 	refusedUntil atomic.Int64
@@ -65,17 +69,12 @@ func (f *front) room() (uint64, error) {
 	return free - min(free, f.reserve), err
 }
 
-// The volume's marks: when more than highWater of it is used, the least recently pulled content
-// is deleted until at most lowWater is (nginx's proxy_cache max_size, as marks of the volume
-// rather than a size: the claim is the size). Pass-through stays the last resort of a fill the
-// volume has no room for even so.
-const (
-	highWater = 0.85
-	lowWater  = 0.75
-)
-
-// bound deletes the least recently pulled content while the volume is above highWater.
+// bound deletes the least recently pulled content while the volume is above its high-water mark,
+// until it is at its low-water mark (f.highWater, f.lowWater: the mirror's spec.eviction; nginx's
+// proxy_cache max_size, as marks of the volume rather than a size: the claim is the size).
+// Pass-through stays the last resort of a fill the volume has no room for even so.
 func (f *front) bound() {
+	highWater, lowWater := f.highWater, f.lowWater
 	total, free, err := f.volume()
 	if err != nil || total == 0 || free > total {
 		return
@@ -110,6 +109,7 @@ func newFront(r *remote, p *peers, s *store, ttl time.Duration, storageDir strin
 	return &front{
 		remote: r, peers: p, store: s, ttl: ttl, root: storageDir, log: log, ctx: ctx, cancel: cancel,
 		fills: map[digest.Digest]*fill{}, tags: map[string]*tagLookup{}, tagPatience: tagPatience, reserve: reserveBytes,
+		highWater: mirror.DefaultHighWater / 100.0, lowWater: mirror.DefaultLowWater / 100.0,
 		volume: func() (uint64, uint64, error) {
 			var st syscall.Statfs_t
 			if err := syscall.Statfs(root, &st); err != nil {

@@ -86,6 +86,13 @@ type RegistryMirrorSpec struct {
 	// +optional
 	Resources *corev1.ResourceRequirements `json:"resources,omitempty"`
 
+	// Eviction bounds how much of each cache pod's volume the cache fills: above highWaterPercent
+	// used (as df counts it), the least recently pulled content is deleted until at most
+	// lowWaterPercent is. Content pinned by use is never deleted.
+	// +kubebuilder:default={}
+	// +optional
+	Eviction *Eviction `json:"eviction,omitempty"`
+
 	// DeletionPolicy says what happens to the cache volumes when the mirror is deleted: Retain
 	// keeps them (a mirror of the same name made later reuses them), Delete removes them.
 	// +kubebuilder:validation:Enum=Retain;Delete
@@ -106,6 +113,22 @@ type Storage struct {
 	// +kubebuilder:validation:MaxLength=253
 	// +optional
 	StorageClassName *string `json:"storageClassName,omitempty"`
+}
+
+// Eviction is a cache volume's marks, in percent of the volume.
+// +kubebuilder:validation:XValidation:rule="!has(self.lowWaterPercent) || self.lowWaterPercent < self.highWaterPercent",message="eviction.lowWaterPercent must be below eviction.highWaterPercent: eviction deletes from the high-water mark down to the low one"
+type Eviction struct {
+	// HighWaterPercent of the volume used starts an eviction.
+	// +kubebuilder:validation:Minimum=10
+	// +kubebuilder:validation:Maximum=99
+	// +kubebuilder:default=85
+	// +optional
+	HighWaterPercent int32 `json:"highWaterPercent,omitempty"`
+	// LowWaterPercent of the volume used ends it. Default: ten points below highWaterPercent.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=98
+	// +optional
+	LowWaterPercent *int32 `json:"lowWaterPercent,omitempty"`
 }
 
 // DeletionPolicy is what happens to a mirror's cache volumes when it is deleted.

@@ -113,6 +113,15 @@ func testValidation(t *testing.T, f *fixture) {
 		{"a LoadBalancer", func(rm *registryv1alpha1.RegistryMirror) { rm.Spec.ServiceType = corev1.ServiceTypeLoadBalancer }, "spec.serviceType"},
 		{"a name another mirror's agent has", func(rm *registryv1alpha1.RegistryMirror) { rm.Name = "hub-agent" }, "must not end in -headless, -agent or -cache"},
 		{"a name another mirror's headless Service has", func(rm *registryv1alpha1.RegistryMirror) { rm.Name = "hub-headless" }, "must not end in -headless"},
+		{"a high-water mark of 100%", func(rm *registryv1alpha1.RegistryMirror) {
+			rm.Spec.Eviction = &registryv1alpha1.Eviction{HighWaterPercent: 100}
+		}, "spec.eviction.highWaterPercent"},
+		{"a low-water mark above the high one", func(rm *registryv1alpha1.RegistryMirror) {
+			rm.Spec.Eviction = &registryv1alpha1.Eviction{HighWaterPercent: 60, LowWaterPercent: ptr.To[int32](70)}
+		}, "eviction.lowWaterPercent must be below eviction.highWaterPercent"},
+		{"a low-water mark above the default high one", func(rm *registryv1alpha1.RegistryMirror) {
+			rm.Spec.Eviction = &registryv1alpha1.Eviction{LowWaterPercent: ptr.To[int32](90)}
+		}, "eviction.lowWaterPercent must be below eviction.highWaterPercent"},
 	}
 	for _, tc := range cases {
 		rm := mirrorOf("invalid", "https://quay.io", "")
@@ -132,13 +141,13 @@ func testValidation(t *testing.T, f *fixture) {
 		f.create(t, rm)
 		defer func() { must(t, f.c.Delete(ctx, rm)) }()
 		if *rm.Spec.Replicas != 2 || rm.Spec.TTL.Duration.String() != "168h0m0s" || rm.Spec.DeletionPolicy != registryv1alpha1.DeletionPolicyRetain ||
-			rm.Spec.ServiceType != corev1.ServiceTypeClusterIP {
+			rm.Spec.ServiceType != corev1.ServiceTypeClusterIP || rm.Spec.Eviction == nil || rm.Spec.Eviction.HighWaterPercent != 85 {
 			t.Errorf("defaults: %+v", rm.Spec)
 		}
 		s, err := mirror.Resolve(rm)
 		must(t, err)
-		if s.UpstreamURL != "https://hub.docker.io" || s.MirrorHost != "legacy.docker.example" {
-			t.Errorf("resolved upstream %s host %s", s.UpstreamURL, s.MirrorHost)
+		if s.UpstreamURL != "https://hub.docker.io" || s.MirrorHost != "legacy.docker.example" || s.HighWater != 85 || s.LowWater != 75 {
+			t.Errorf("resolved upstream %s host %s marks %d/%d", s.UpstreamURL, s.MirrorHost, s.HighWater, s.LowWater)
 		}
 	})
 

@@ -108,7 +108,7 @@ func (r *Reconciler) reconcile(ctx context.Context, rm *registryv1alpha1.Registr
 // apply renders and applies the mirror's objects and concludes from what they show.
 func (r *Reconciler) apply(ctx context.Context, rm *registryv1alpha1.RegistryMirror, spec mirror.Spec,
 	creds *mirror.Credentials, credsProblem string) (status.Outcome, error) {
-	config, err := mirror.CacheConfig(mirror.CacheParams{UpstreamURL: spec.UpstreamURL, TTL: spec.TTL})
+	config, err := mirror.CacheConfig(mirror.CacheParams{UpstreamURL: spec.UpstreamURL, TTL: spec.TTL, HighWater: spec.HighWater, LowWater: spec.LowWater})
 	if err != nil {
 		return status.WaitsForPerson(ReasonInvalidSpec, err.Error(), r.slowRetry), nil
 	}
