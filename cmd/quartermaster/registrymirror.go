@@ -101,6 +101,7 @@ func registryMirrorFlags(args []string, out io.Writer) (mirrorcache.Options, err
 	var o mirrorcache.Options
 	fs.StringVar(&o.ConfigPath, "config", filepath.Join(mirror.ConfigDir, mirror.ConfigFile), "the cache's configuration file (rendered by the mirrors controller)")
 	fs.StringVar(&o.CredentialsDir, "credentials-dir", mirror.ConfigDir, "directory with the upstream's username and password files; without them the upstream is pulled anonymously")
+	fs.StringVar(&o.PinsPath, "pins", "", "the mirror's pins file (its pins ConfigMap, mounted; read again when it changes): images in use, never expired or evicted; a missing file pins nothing")
 	fs.StringVar(&o.StorageDir, "storage-dir", "", "the cache's storage directory (default: the configuration's)")
 	fs.StringVar(&o.Addr, "address", "", "where the registry API listens (default: the configuration's, :"+strconv.Itoa(mirror.CachePort)+")")
 	fs.StringVar(&o.MetricsAddr, "metrics-address", "", "where the metrics listen (default: the configuration's, :"+strconv.Itoa(mirror.MetricsPort)+")")

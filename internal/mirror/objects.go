@@ -287,6 +287,7 @@ func cachePod(in Install, s Spec) corev1.PodSpec {
 			Args: []string{
 				"registry-mirror", "--config=" + ConfigDir + "/" + ConfigFile, "--credentials-dir=" + ConfigDir,
 				"--peers-service=" + PeersService(in, s.Name), "--peer-name=$(POD_NAME)",
+				"--pins=" + PinsDir + "/" + PinsFile,
 			},
 			// The pod's name is its name among the peers: the SRV records name it.
 			Env: []corev1.EnvVar{fieldEnv("POD_NAME", "metadata.name")},
@@ -301,6 +302,7 @@ func cachePod(in Install, s Spec) corev1.PodSpec {
 			VolumeMounts: []corev1.VolumeMount{
 				{Name: cacheVolume, MountPath: StorageDir},
 				{Name: "config", MountPath: ConfigDir, ReadOnly: true},
+				{Name: "pins", MountPath: PinsDir, ReadOnly: true},
 			},
 			SecurityContext: restricted(),
 		}},
@@ -308,6 +310,14 @@ func cachePod(in Install, s Spec) corev1.PodSpec {
 			Name: "config",
 			VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
 				SecretName: SecretName(s.Name), DefaultMode: ptr.To[int32](0o440),
+			}},
+		}, {
+			// The kubelet updates it in place (the cache reads it again); optional, so that a pod
+			// starts before the controller wrote it, or with pinning off.
+			Name: "pins",
+			VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{
+				LocalObjectReference: corev1.LocalObjectReference{Name: PinsName(s.Name)},
+				DefaultMode:          ptr.To[int32](0o444), Optional: ptr.To(true),
 			}},
 		}},
 	}

@@ -54,6 +54,10 @@ type Options struct {
 	// CredentialsDir holds the upstream's username and password files (mirror.UsernameKey,
 	// mirror.PasswordKey); without them the upstream is pulled anonymously.
 	CredentialsDir string
+	// PinsPath is the mirror's pins file (mirror.Pins, its pins ConfigMap mounted): what the
+	// cluster runs, never expired or evicted. Read at every look at the volume when it changed; a
+	// missing file pins nothing.
+	PinsPath string
 	// StorageDir, Addr and MetricsAddr, when set, replace the configuration's storage directory
 	// and listen addresses (a cache run as a process beside others).
 	StorageDir, Addr, MetricsAddr string
@@ -178,6 +182,8 @@ func Run(ctx context.Context, opts Options) error {
 	if cfg.HighWater > 0 { // settings made without ParseCacheConfig keep the defaults
 		data.highWater, data.lowWater = cfg.HighWater, cfg.LowWater
 	}
+	data.pinsPath = opts.PinsPath
+	data.loadPins() // before the first sweep: pins are known before anything expires
 	if opts.started != nil {
 		opts.started(data) // before anything reads it: a test may replace its volume or clock
 	}

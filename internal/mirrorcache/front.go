@@ -51,6 +51,14 @@ type front struct {
 	reserve uint64
 	// highWater and lowWater are the volume's eviction marks, as fractions of it used (bound).
 	highWater, lowWater float64
+
+	// pinsPath is the pins file; pins what it said last (nil: nothing pinned). The loop alone
+	// reads the file and writes pinsSeen, pinnedBytesAt and pinnedOver.
+	pinsPath      string
+	pins          atomic.Pointer[pins]
+	pinsSeen      pinsFile
+	pinnedBytesAt time.Time
+	pinnedOver    bool
 	// A write the volume refused: fills pass through until then (unix nanoseconds), as when
 	// the volume reports itself full.
 	refusedUntil atomic.Int64
@@ -80,18 +88,24 @@ func (f *front) bound() {
 		return
 	}
 	used := total - free
-	if float64(used) <= highWater*float64(total) {
+	above := float64(used) > highWater*float64(total)
+	var pinned map[digest.Digest]bool
+	if p := f.pins.Load(); p != nil && (above || time.Since(f.pinnedBytesAt) >= pinnedBytesEvery) {
+		pinned = f.store.pinnedSet(p)
+		f.countPinned(pinned, total)
+	}
+	if !above {
 		return
 	}
 	need := used - uint64(lowWater*float64(total))
-	n, freed := f.store.evict(need, nil)
+	n, freed := f.store.evict(need, func(d digest.Digest) bool { return pinned[d] })
 	if n == 0 {
 		return // nothing left to delete: fills pass through (store_full says so)
 	}
 	evicted.Add(float64(n))
 	evictedBytes.Add(float64(freed))
 	f.log.Info("cache volume above its high-water mark: least recently pulled content deleted",
-		"used", used, "size", total, "highWater", highWater, "lowWater", lowWater, "deleted", n, "freed", freed)
+		"used", used, "size", total, "highWater", highWater, "lowWater", lowWater, "deleted", n, "freed", freed, "pinned", len(pinned))
 }
 
 // tagLookup is one upstream HEAD of a tag that concurrent pulls of the tag share.
@@ -146,6 +160,7 @@ func (f *front) run() {
 				peersKnown.WithLabelValues("up").Set(float64(up))
 				peersKnown.WithLabelValues("down").Set(float64(down))
 			}
+			f.loadPins()
 			f.bound()
 			if err := f.store.flush(); err != nil {
 				f.log.Error(err, "writing the cache index")
@@ -155,7 +170,7 @@ func (f *front) run() {
 }
 
 func (f *front) sweep() {
-	if n := f.store.sweep(f.ttl); n > 0 {
+	if n := f.store.sweep(f.ttl, f.store.pinnedSet(f.pins.Load())); n > 0 {
 		expired.Add(float64(n))
 		f.log.Info("cache content expired", "deleted", n)
 	}

@@ -129,11 +129,23 @@ var (
 	})
 	evicted = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "quartermaster_mirror_evicted_total",
-		Help: "Blobs and manifests deleted, least recently pulled first, while the volume was above its high-water mark (85% used, down to 75%).",
+		Help: "Blobs and manifests deleted, least recently pulled first, while the volume was above its high-water mark (spec.eviction: 85% used by default, down to 75%); pinned content never.",
 	})
 	evictedBytes = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "quartermaster_mirror_evicted_bytes_total",
 		Help: "Bytes of the content evicted (quartermaster_mirror_evicted_total).",
+	})
+	pinnedImages = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "quartermaster_mirror_pinned_images",
+		Help: "Images the mirror's pins file names (in use by the cluster's workloads, or within ttl of their last use): their content is never expired or evicted.",
+	})
+	pinnedBytes = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "quartermaster_mirror_pinned_bytes",
+		Help: "Bytes of the content the pins hold that this cache pod stores (counted every 30 s, and at every eviction).",
+	})
+	pinnedOverHighWater = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "quartermaster_mirror_pinned_over_high_water",
+		Help: "1 when pinned content alone is above the volume's high-water mark: eviction cannot bring the volume under it (a larger volume is needed).",
 	})
 	expired = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "quartermaster_mirror_expired_total",
@@ -211,7 +223,7 @@ var metricsRegistered sync.Once
 func registerMetrics() {
 	metricsRegistered.Do(func() {
 		prometheus.MustRegister(servedRequests, upstreamRequests, upstreamStates, tagFallbacks, upstreamBytes, cacheRequests, coalesced, fillsInFlight, fills,
-			storeFull, storeErrors, evicted, evictedBytes, expired, peerRequests, peerBytes, peerServed, peersKnown)
+			storeFull, storeErrors, evicted, evictedBytes, pinnedImages, pinnedBytes, pinnedOverHighWater, expired, peerRequests, peerBytes, peerServed, peersKnown)
 		for _, s := range upstreamStateNames {
 			upstreamStates.WithLabelValues(s)
 			if s != upstreamOK {

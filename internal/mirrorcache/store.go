@@ -233,8 +233,10 @@ func (s *store) pulled(repo string, d digest.Digest, manifest bool) {
 // sweep forgets what was last pulled more than ttl ago and deletes content no longer needed: a
 // repository keeps its manifests pulled within ttl (and the manifests they list); content is
 // deleted only when no kept manifest of any repository references it and it was itself not
-// pulled within ttl. It returns the deleted content's count.
-func (s *store) sweep(ttl time.Duration) int {
+// pulled within ttl. Pinned content (pinnedSet's) counts as pulled now: it, the repositories'
+// manifests and blob links to it, and the tags pointing to it stay. It returns the deleted
+// content's count.
+func (s *store) sweep(ttl time.Duration, pinned map[digest.Digest]bool) int {
 	if ttl <= 0 {
 		return 0
 	}
@@ -261,8 +263,13 @@ func (s *store) sweep(ttl time.Duration) int {
 			}
 		}
 		for d, t := range r.Manifests {
-			if fresh(t) {
+			if fresh(t) || pinned[d] {
 				visit(d)
+			}
+		}
+		for _, d := range r.Tags {
+			if pinned[d] {
+				visit(d) // a pinned tag is kept with its manifest
 			}
 		}
 		for d := range r.Manifests {
@@ -278,7 +285,7 @@ func (s *store) sweep(ttl time.Duration) int {
 			}
 		}
 		for d, t := range r.Blobs {
-			if fresh(t) {
+			if fresh(t) || pinned[d] {
 				needed[d] = true
 			} else {
 				delete(r.Blobs, d)
@@ -291,7 +298,7 @@ func (s *store) sweep(ttl time.Duration) int {
 	}
 	var gone []digest.Digest
 	for d, c := range s.idx.Content {
-		if !needed[d] && !fresh(c.LastPull) {
+		if !needed[d] && !fresh(c.LastPull) && !pinned[d] {
 			delete(s.idx.Content, d)
 			gone = append(gone, d)
 			s.dirty = true
@@ -305,7 +312,8 @@ func (s *store) sweep(ttl time.Duration) int {
 	return len(gone)
 }
 
-// evict deletes the least recently pulled content that pinned (nil: none) does not hold until
+// evict deletes the least recently pulled content that pinned (nil: none; called with the store
+// locked) does not hold until
 // need bytes are freed or nothing is left to delete, and with it what the repositories' index
 // says of it (a tag pointing to an evicted manifest is forgotten, as at expiry). It returns the
 // count and bytes deleted. A request that opened a file keeps reading it (the space is freed

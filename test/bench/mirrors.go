@@ -24,15 +24,15 @@ const (
 	benchMirrors       = 50
 	mirrorsNamespace   = "mirrors-bench"
 	floorNamespace     = "mirrors-floor"
-	objectsPerMirror   = 6 // Secret, 2 Services, StatefulSet, PodDisruptionBudget, DaemonSet
+	objectsPerMirror   = 7 // Secret, pins ConfigMap, 2 Services, StatefulSet, PodDisruptionBudget, DaemonSet
 	mirrorsIdle        = 30 * time.Second
 	mirrorsBenchUpHost = "upstream.invalid"
 )
 
 // mirrorsBench runs the mirrors controller in-process: 50 RegistryMirrors that exist when it
-// starts, until every mirror's six objects exist and its status names its endpoint, with the API
+// starts, until every mirror's seven objects exist and its status names its endpoint, with the API
 // writes it took, then an idle period that must write nothing. The floor is a bare client making
-// the same six creates per mirror (the sed-script approach the controller replaces).
+// the same seven creates per mirror (the sed-script approach the controller replaces).
 func mirrorsBench(ctx context.Context, e *env) ([]result, error) {
 	scheme := manager.Scheme(registryv1alpha1.AddToScheme)
 	c, err := client.New(e.cluster.Config, client.Options{Scheme: scheme})
@@ -63,7 +63,7 @@ func mirrorsBench(ctx context.Context, e *env) ([]result, error) {
 		return nil, err
 	}
 	o := mirrors.Options{Namespace: mirrorsNamespace, Image: "quartermaster:bench", AgentServiceAccount: "default",
-		Concurrency: 4, Resync: 10 * time.Minute, CheckUpstream: false}
+		Concurrency: 4, Resync: 10 * time.Minute, CheckUpstream: false, PinByUse: true}
 	if err := mirrors.Setup(mgr, o); err != nil {
 		return nil, err
 	}
@@ -207,7 +207,11 @@ func mirrorsFloor(ctx context.Context, c client.Client) (time.Duration, error) {
 		}
 		secret := mirror.CacheSecret(in, s, config, nil)
 		svc := mirror.Service(in, s)
-		for _, obj := range []client.Object{secret, mirror.HeadlessService(in, s), svc,
+		pins, err := mirror.PinsConfigMap(in, s, mirror.Pins{})
+		if err != nil {
+			return err
+		}
+		for _, obj := range []client.Object{secret, pins, mirror.HeadlessService(in, s), svc,
 			mirror.StatefulSet(in, s, mirror.ConfigHash(secret.Data)), mirror.PodDisruptionBudget(in, s)} {
 			if err := c.Create(ctx, obj); err != nil {
 				return err

@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/status"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -67,24 +68,7 @@ func TestContainerdPullsThroughTheMirror(t *testing.T) {
 	kubeletAuth := &runtimeapi.AuthConfig{Username: user, Password: password}
 
 	startManager(t, "--controllers=mirrors", "--health-probe-bind-address=0", "--mirrors-image=quartermaster:e2e")
-	creds := &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Namespace: mirrorsNamespace, Name: "e2e-node-pull"},
-		StringData: map[string]string{mirror.UsernameKey: user, mirror.PasswordKey: password},
-	}
-	must(t, c.Create(ctx, creds))
-	t.Cleanup(func() { _ = c.Delete(ctx, creds) })
-	rm := &registryv1alpha1.RegistryMirror{
-		ObjectMeta: metav1.ObjectMeta{Name: "e2e-node"},
-		Spec: registryv1alpha1.RegistryMirrorSpec{
-			UpstreamURL: up.URL, CredentialsSecret: creds.Name, Replicas: ptr.To[int32](1),
-			Storage: &registryv1alpha1.Storage{Size: ptr.To(resource.MustParse("1Gi")), StorageClassName: ptr.To("")},
-			// Its claim is never bound here (the cache runs as a process): it goes with the mirror,
-			// or it would take a volume another test provides.
-			DeletionPolicy: registryv1alpha1.DeletionPolicyDelete,
-		},
-	}
-	must(t, c.Create(ctx, rm))
-	t.Cleanup(func() { _ = c.Delete(ctx, rm) })
+	rm := processMirror(t, c, "e2e-node", up, user, password, nil)
 
 	// What the controller rendered: the cache's Secret (with the credentials it checked against
 	// the upstream), the StatefulSet that mounts it, and an agent Pod per node.
@@ -103,7 +87,7 @@ func TestContainerdPullsThroughTheMirror(t *testing.T) {
 			len(agentPods.Items) == 2 && agentPods.Items[0].Spec.NodeName != "" && agentPods.Items[1].Spec.NodeName != ""
 	})
 
-	cache := newCachePod(t, sts, secret)
+	cache := newCachePod(t, c, sts, secret)
 	cache.start(t)
 	hostsFile := func(node *containerdNode) string {
 		return filepath.Join(node.Root, "etc", "containerd", "certs.d", up.Host, "hosts.toml")
@@ -217,6 +201,35 @@ func TestContainerdPullsThroughTheMirror(t *testing.T) {
 	})
 }
 
+// processMirror creates a RegistryMirror of one cache pod for a cache run as a process (its claim
+// is never bound: it goes with the mirror, or it would take a volume another test provides) of
+// the private upstream up, with a credentials Secret for user and password, both deleted at the
+// test's end; edit, if not nil, changes its spec first.
+func processMirror(t *testing.T, c client.Client, name string, up *upstreamregistry.Server, user, password string, edit func(*registryv1alpha1.RegistryMirrorSpec)) *registryv1alpha1.RegistryMirror {
+	t.Helper()
+	ctx := context.Background()
+	creds := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Namespace: mirrorsNamespace, Name: name + "-pull"},
+		StringData: map[string]string{mirror.UsernameKey: user, mirror.PasswordKey: password},
+	}
+	must(t, c.Create(ctx, creds))
+	t.Cleanup(func() { _ = c.Delete(ctx, creds) })
+	rm := &registryv1alpha1.RegistryMirror{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: registryv1alpha1.RegistryMirrorSpec{
+			UpstreamURL: up.URL, CredentialsSecret: creds.Name, Replicas: ptr.To[int32](1),
+			Storage:        &registryv1alpha1.Storage{Size: ptr.To(resource.MustParse("1Gi")), StorageClassName: ptr.To("")},
+			DeletionPolicy: registryv1alpha1.DeletionPolicyDelete,
+		},
+	}
+	if edit != nil {
+		edit(&rm.Spec)
+	}
+	must(t, c.Create(ctx, rm))
+	t.Cleanup(func() { _ = c.Delete(ctx, rm) })
+	return rm
+}
+
 func mustPullImage(t *testing.T, node *containerdNode, ref string, auth *runtimeapi.AuthConfig) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), pullTimeout)
@@ -325,7 +338,7 @@ type cachePod struct {
 	proc            *process
 }
 
-func newCachePod(t *testing.T, sts *appsv1.StatefulSet, secret *corev1.Secret) *cachePod {
+func newCachePod(t *testing.T, c client.Client, sts *appsv1.StatefulSet, secret *corev1.Secret) *cachePod {
 	t.Helper()
 	spec := sts.Spec.Template.Spec
 	if len(spec.Containers) != 1 || len(sts.Spec.VolumeClaimTemplates) != 1 {
@@ -353,6 +366,18 @@ func newCachePod(t *testing.T, sts *appsv1.StatefulSet, secret *corev1.Secret) *
 			mode := os.FileMode(ptr.Deref(v.Secret.DefaultMode, 0o644))
 			for key, value := range secret.Data {
 				must(t, os.WriteFile(filepath.Join(dir, key), value, mode))
+			}
+		case ok && v.ConfigMap != nil:
+			// As the kubelet mounts it when the pod starts (an optional one that does not exist
+			// is an empty directory); the test's copy is not updated afterwards.
+			cm := &corev1.ConfigMap{}
+			err := c.Get(context.Background(), client.ObjectKey{Namespace: sts.Namespace, Name: v.ConfigMap.Name}, cm)
+			if err != nil && (!apierrors.IsNotFound(err) || !ptr.Deref(v.ConfigMap.Optional, false)) {
+				t.Fatalf("the cache's ConfigMap %s: %v", v.ConfigMap.Name, err)
+			}
+			mode := os.FileMode(ptr.Deref(v.ConfigMap.DefaultMode, 0o644))
+			for key, value := range cm.Data {
+				must(t, os.WriteFile(filepath.Join(dir, key), []byte(value), mode))
 			}
 		default:
 			t.Fatalf("the cache mounts volume %s, which this test does not provide", vm.Name)

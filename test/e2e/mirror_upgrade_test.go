@@ -13,9 +13,6 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	registryv1alpha1 "github.com/quartermaster-dev/quartermaster/api/registry/v1alpha1"
@@ -43,22 +40,7 @@ func TestCacheVolumeOfTheEarlierReleaseServesAfterUpgrade(t *testing.T) {
 	const user, password = "puller", "e2e-volume-upgrade-secret"
 	up := startPrivateRegistry(t, user, password)
 	image := up.PushImage(t, "team/app", "v1")
-	creds := &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Namespace: mirrorsNamespace, Name: "e2e-volume-upgrade-pull"},
-		StringData: map[string]string{mirror.UsernameKey: user, mirror.PasswordKey: password},
-	}
-	must(t, c.Create(ctx, creds))
-	t.Cleanup(func() { _ = c.Delete(ctx, creds) })
-	rm := &registryv1alpha1.RegistryMirror{
-		ObjectMeta: metav1.ObjectMeta{Name: "e2e-volume-upgrade"},
-		Spec: registryv1alpha1.RegistryMirrorSpec{
-			UpstreamURL: up.URL, CredentialsSecret: creds.Name, Replicas: ptr.To[int32](1),
-			Storage:        &registryv1alpha1.Storage{Size: ptr.To(resource.MustParse("1Gi")), StorageClassName: ptr.To("")},
-			DeletionPolicy: registryv1alpha1.DeletionPolicyDelete,
-		},
-	}
-	must(t, c.Create(ctx, rm))
-	t.Cleanup(func() { _ = c.Delete(ctx, rm) })
+	rm := processMirror(t, c, "e2e-volume-upgrade", up, user, password, nil)
 	node := startContainerd(t, registrySingleDir)
 	volume := t.TempDir() // the cache pod's claim, kept across the upgrade
 
@@ -97,7 +79,7 @@ func TestCacheVolumeOfTheEarlierReleaseServesAfterUpgrade(t *testing.T) {
 			return false
 		})
 		mgr.stop(t)
-		cache := newCachePod(t, sts, secret)
+		cache := newCachePod(t, c, sts, secret)
 		cache.bin = bin
 		cache.onVolume(volume)
 		if help, _ := exec.Command(bin, "registry-mirror", "--help").CombinedOutput(); !strings.Contains(string(help), "--address") {

@@ -88,8 +88,8 @@ type RegistryMirrorSpec struct {
 
 	// Eviction bounds how much of each cache pod's volume the cache fills: above highWaterPercent
 	// used (as df counts it), the least recently pulled content is deleted until at most
-	// lowWaterPercent is. Content pinned by use is never deleted.
-	// +kubebuilder:default={}
+	// lowWaterPercent is. Content pinned by use is never deleted. Unset: the marks' defaults (no
+	// default object here: a stored mirror reads back as it was written).
 	// +optional
 	Eviction *Eviction `json:"eviction,omitempty"`
 
@@ -168,6 +168,10 @@ type RegistryMirrorStatus struct {
 	// NodesDesired is the number of nodes the node agent should run on.
 	// +optional
 	NodesDesired int32 `json:"nodesDesired"`
+	// PinnedImages is the number of images the cache keeps whatever their ttl: those a Pod or a
+	// workload template names through the mirror's host, and those named within ttl.
+	// +optional
+	PinnedImages int32 `json:"pinnedImages"`
 	// Conditions: Ready, Reconciling, Stalled.
 	// +optional
 	// +listType=map
@@ -187,6 +191,7 @@ type RegistryMirrorStatus struct {
 // +kubebuilder:printcolumn:name="Host",type=string,JSONPath=`.status.mirrorHost`
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
 // +kubebuilder:printcolumn:name="Nodes",type=integer,JSONPath=`.status.nodesConfigured`
+// +kubebuilder:printcolumn:name="Pinned",type=integer,JSONPath=`.status.pinnedImages`,priority=1
 // +kubebuilder:printcolumn:name="Endpoint",type=string,JSONPath=`.status.endpoint`,priority=1
 // +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`

@@ -36,13 +36,14 @@ type applier struct {
 
 // applyAll brings every object of the mirror to its desired state, independent ones at once:
 // the DaemonSet waits for the Service's address, which it hands to the agents.
-func (a *applier) applyAll(ctx context.Context, spec mirror.Spec, secret *corev1.Secret) (observed, error) {
+func (a *applier) applyAll(ctx context.Context, spec mirror.Spec, secret *corev1.Secret, pins *corev1.ConfigMap) (observed, error) {
 	in := a.r.install
 	var st observed
 	// Hashed before the writes start: the Secret's create decodes the answer into secret.
 	hash := mirror.ConfigHash(secret.Data)
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error { _, err := a.apply(ctx, secret); return err })
+	g.Go(func() error { _, err := a.apply(ctx, pins); return err })
 	g.Go(func() error { _, err := a.apply(ctx, mirror.HeadlessService(in, spec)); return err })
 	g.Go(func() error { _, err := a.apply(ctx, mirror.PodDisruptionBudget(in, spec)); return err })
 	g.Go(func() error {

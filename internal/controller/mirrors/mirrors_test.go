@@ -38,6 +38,7 @@ func TestMirrors(t *testing.T) {
 	t.Run("node port", func(t *testing.T) { testNodePort(t, f) })
 	t.Run("stale cache", func(t *testing.T) { testStaleCache(t, f) })
 	t.Run("cache pod failing", func(t *testing.T) { testCachePodFailing(t, f) })
+	t.Run("pinned by use", func(t *testing.T) { testPinnedByUse(t, f) })
 }
 
 // testCachePodFailing plays the kubelet (envtest runs none): a cache pod whose storage init
@@ -141,7 +142,7 @@ func testValidation(t *testing.T, f *fixture) {
 		f.create(t, rm)
 		defer func() { must(t, f.c.Delete(ctx, rm)) }()
 		if *rm.Spec.Replicas != 2 || rm.Spec.TTL.Duration.String() != "168h0m0s" || rm.Spec.DeletionPolicy != registryv1alpha1.DeletionPolicyRetain ||
-			rm.Spec.ServiceType != corev1.ServiceTypeClusterIP || rm.Spec.Eviction == nil || rm.Spec.Eviction.HighWaterPercent != 85 {
+			rm.Spec.ServiceType != corev1.ServiceTypeClusterIP || rm.Spec.Eviction != nil {
 			t.Errorf("defaults: %+v", rm.Spec)
 		}
 		s, err := mirror.Resolve(rm)

@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/tools/events"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -47,6 +48,9 @@ type Reconciler struct {
 	upstream  *upstreamChecker // nil: upstreams are not asked
 	resync    time.Duration
 	slowRetry time.Duration
+	// usage is the cluster's Pods and workloads, their images alone (pins.go); nil: pinning off.
+	usage cache.Cache
+	now   func() time.Time
 }
 
 // step ends every reconcile (status.Step): the guarded client, the recorder.
@@ -89,6 +93,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 func (r *Reconciler) reconcile(ctx context.Context, rm *registryv1alpha1.RegistryMirror) (o status.Outcome, after func(context.Context) error, err error) {
 	// What the objects show is observed anew; a mirror stopped before them shows nothing.
 	r.observe(rm, observed{})
+	rm.Status.PinnedImages = 0
 	spec, err := mirror.Resolve(rm)
 	if err != nil {
 		return status.WaitsForPerson(ReasonInvalidSpec, err.Error(), r.slowRetry), nil, nil
@@ -107,7 +112,7 @@ func (r *Reconciler) reconcile(ctx context.Context, rm *registryv1alpha1.Registr
 
 // apply renders and applies the mirror's objects and concludes from what they show.
 func (r *Reconciler) apply(ctx context.Context, rm *registryv1alpha1.RegistryMirror, spec mirror.Spec,
-	creds *mirror.Credentials, credsProblem string) (status.Outcome, error) {
+	creds *mirror.Credentials, credsProblem string) (o status.Outcome, err error) {
 	config, err := mirror.CacheConfig(mirror.CacheParams{UpstreamURL: spec.UpstreamURL, TTL: spec.TTL, HighWater: spec.HighWater, LowWater: spec.LowWater})
 	if err != nil {
 		return status.WaitsForPerson(ReasonInvalidSpec, err.Error(), r.slowRetry), nil
@@ -142,10 +147,27 @@ func (r *Reconciler) apply(ctx context.Context, rm *registryv1alpha1.RegistryMir
 		}
 	}
 
-	a := &applier{r: r, owner: rm}
-	state, err := a.applyAll(ctx, spec, secret)
+	pins, pinsEnd, err := r.pinned(ctx, spec)
 	if err != nil {
 		return status.Outcome{}, err
+	}
+	pinsMap, err := mirror.PinsConfigMap(r.install, spec, pins)
+	if err != nil {
+		return status.Outcome{}, err
+	}
+	a := &applier{r: r, owner: rm}
+	state, err := a.applyAll(ctx, spec, secret, pinsMap)
+	if err != nil {
+		return status.Outcome{}, err
+	}
+	rm.Status.PinnedImages = int32(len(pins.Images)) //nolint:gosec // a ConfigMap holds far fewer
+	if pinsEnd > 0 {
+		// A pin ends at its ttl: look again then (a watched change may come first).
+		defer func() {
+			if o.RequeueAfter == 0 || pinsEnd < o.RequeueAfter {
+				o.RequeueAfter = pinsEnd
+			}
+		}()
 	}
 	if len(a.changed) > 0 {
 		r.recorder.Eventf(rm, nil, corev1.EventTypeNormal, "Applied", "Apply", "%s", strings.Join(a.changed, ", "))
@@ -160,7 +182,7 @@ func (r *Reconciler) apply(ctx context.Context, rm *registryv1alpha1.RegistryMir
 	case refused != "":
 		return status.WaitsForPerson(ReasonUnauthorized, refused, r.slowRetry), nil
 	}
-	o := r.readiness(state)
+	o = r.readiness(state)
 	if o.Ready {
 		return o, nil
 	}

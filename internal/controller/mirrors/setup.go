@@ -79,13 +79,19 @@ func setup(mgr ctrl.Manager, o Options) (*Reconciler, error) {
 	r := &Reconciler{
 		client: status.NewClient(mgr.GetClient(), &registryv1alpha1.RegistryMirror{}),
 		objects: status.NewClient(owned.WithFieldOwner(objectClient),
-			&corev1.Secret{}, &corev1.Service{}, &appsv1.StatefulSet{}, &appsv1.DaemonSet{}, &policyv1.PodDisruptionBudget{}),
+			&corev1.Secret{}, &corev1.ConfigMap{}, &corev1.Service{}, &appsv1.StatefulSet{}, &appsv1.DaemonSet{}, &policyv1.PodDisruptionBudget{}),
 		apiReader: mgr.GetAPIReader(),
 		scheme:    mgr.GetScheme(),
 		recorder:  status.NewRecorder(mgr, "quartermaster-mirrors"),
 		install:   mirror.Install{Namespace: o.Namespace, Image: o.Image, AgentServiceAccount: o.AgentServiceAccount, PrepareStorage: o.PrepareStorage},
 		resync:    o.Resync,
 		slowRetry: time.Minute,
+		now:       time.Now,
+	}
+	if o.PinByUse {
+		if r.usage, err = newUsageCache(mgr); err != nil {
+			return nil, err
+		}
 	}
 	if o.CheckUpstream {
 		r.upstream = newUpstreamChecker(o.Resync)
@@ -97,7 +103,13 @@ func setup(mgr ctrl.Manager, o Options) (*Reconciler, error) {
 		return source.Kind(objects, obj, handler.EnqueueRequestForOwner(mgr.GetScheme(), mgr.GetRESTMapper(),
 			&registryv1alpha1.RegistryMirror{}, handler.OnlyControllerOwner()))
 	}
-	err = builder.ControllerManagedBy(mgr).
+	b := builder.ControllerManagedBy(mgr)
+	if r.usage != nil {
+		for _, src := range r.usageSources() {
+			b = b.WatchesRawSource(src)
+		}
+	}
+	err = b.
 		Named("registrymirror").
 		// Only spec changes and deletion: the controller's own status writes trigger nothing.
 		For(&registryv1alpha1.RegistryMirror{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
@@ -109,6 +121,7 @@ func setup(mgr ctrl.Manager, o Options) (*Reconciler, error) {
 		WatchesRawSource(owned(&appsv1.DaemonSet{})).
 		WatchesRawSource(owned(&corev1.Service{})).
 		WatchesRawSource(owned(&policyv1.PodDisruptionBudget{})).
+		WatchesRawSource(owned(&corev1.ConfigMap{})).
 		// Cache pods: a container's failure, or its end, changes what the mirror reports.
 		WatchesRawSource(source.Kind(objects, client.Object(&corev1.Pod{}), handler.EnqueueRequestsFromMapFunc(mirrorOfPod),
 			predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
@@ -145,6 +158,7 @@ func newObjectCache(mgr ctrl.Manager, namespace string) (cache.Cache, error) {
 			&appsv1.StatefulSet{}:           byLabel,
 			&appsv1.DaemonSet{}:             byLabel,
 			&policyv1.PodDisruptionBudget{}: byLabel,
+			&corev1.ConfigMap{}:             byLabel,
 			&corev1.Pod{}:                   {Label: labels.NewSelector().Add(*ours, *cachePods)},
 		},
 	})

@@ -1,0 +1,269 @@
+package mirrors
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"time"
+	"unique"
+
+	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	ctrl "sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
+
+	registryv1alpha1 "github.com/quartermaster-dev/quartermaster/api/registry/v1alpha1"
+	"github.com/quartermaster-dev/quartermaster/internal/controllers"
+	"github.com/quartermaster-dev/quartermaster/internal/mirror"
+)
+
+// Pinning by use (mirror.Pins): the controller learns which images the cluster's workloads name
+// from a cache of its own that keeps, of each Pod and workload template, only its name and its
+// images (usageCache), and writes each mirror's pins ConfigMap from it.
+//
+// Every namespace's Pods and workloads are read, never written, and only their images are kept.
+// +kubebuilder:rbac:groups="",resources=pods,verbs=list;watch
+// +kubebuilder:rbac:groups=apps,resources=deployments;statefulsets;daemonsets,verbs=list;watch
+// +kubebuilder:rbac:groups=batch,resources=jobs;cronjobs,verbs=list;watch
+// +kubebuilder:rbac:groups="",namespace=quartermaster-mirrors,resources=configmaps,verbs=get;list;watch;create;update
+
+// indexImageHost indexes Pods and workloads by the registry hosts of their images.
+const indexImageHost = "quartermaster.dev/image-hosts"
+
+// usageKinds are the objects whose images are pinned: Pods, and the templates of the workloads
+// that make them (a Deployment scaled to zero still says what it will run).
+func usageKinds() []client.Object {
+	return []client.Object{&corev1.Pod{}, &appsv1.Deployment{}, &appsv1.StatefulSet{}, &appsv1.DaemonSet{}, &batchv1.Job{}, &batchv1.CronJob{}}
+}
+
+// podSpecOf is the pod spec an object runs or will run (nil for another kind).
+func podSpecOf(obj client.Object) *corev1.PodSpec {
+	switch o := obj.(type) {
+	case *corev1.Pod:
+		return &o.Spec
+	case *appsv1.Deployment:
+		return &o.Spec.Template.Spec
+	case *appsv1.StatefulSet:
+		return &o.Spec.Template.Spec
+	case *appsv1.DaemonSet:
+		return &o.Spec.Template.Spec
+	case *batchv1.Job:
+		return &o.Spec.Template.Spec
+	case *batchv1.CronJob:
+		return &o.Spec.JobTemplate.Spec.Template.Spec
+	}
+	return nil
+}
+
+// imagesOf lists the images of every container of obj (init and ephemeral ones included), or none
+// for a Pod that ended: it pulls nothing more.
+func imagesOf(obj client.Object) []string {
+	if p, ok := obj.(*corev1.Pod); ok && (p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed) {
+		return nil
+	}
+	return imagesOfAll(obj)
+}
+
+// keepImages is the usage cache's transform: of an object, its name, namespace and
+// resourceVersion, its containers' images (one copy of each image string for all objects), and a
+// Pod's phase. Ten thousand Pods of a few images cost a few MB (TestUsageCacheCost).
+func keepImages(in any) (any, error) {
+	obj, ok := in.(client.Object)
+	if !ok {
+		return in, nil // a tombstone: the informer's own
+	}
+	var images []corev1.Container
+	for _, img := range imagesOfAll(obj) {
+		images = append(images, corev1.Container{Image: unique.Make(img).Value()})
+	}
+	meta := metav1.ObjectMeta{Name: obj.GetName(), Namespace: obj.GetNamespace(), ResourceVersion: obj.GetResourceVersion()}
+	spec := corev1.PodSpec{Containers: images}
+	switch o := obj.(type) {
+	case *corev1.Pod:
+		return &corev1.Pod{ObjectMeta: meta, Spec: spec, Status: corev1.PodStatus{Phase: o.Status.Phase}}, nil
+	case *appsv1.Deployment:
+		return &appsv1.Deployment{ObjectMeta: meta, Spec: appsv1.DeploymentSpec{Template: corev1.PodTemplateSpec{Spec: spec}}}, nil
+	case *appsv1.StatefulSet:
+		return &appsv1.StatefulSet{ObjectMeta: meta, Spec: appsv1.StatefulSetSpec{Template: corev1.PodTemplateSpec{Spec: spec}}}, nil
+	case *appsv1.DaemonSet:
+		return &appsv1.DaemonSet{ObjectMeta: meta, Spec: appsv1.DaemonSetSpec{Template: corev1.PodTemplateSpec{Spec: spec}}}, nil
+	case *batchv1.Job:
+		return &batchv1.Job{ObjectMeta: meta, Spec: batchv1.JobSpec{Template: corev1.PodTemplateSpec{Spec: spec}}}, nil
+	case *batchv1.CronJob:
+		return &batchv1.CronJob{ObjectMeta: meta, Spec: batchv1.CronJobSpec{JobTemplate: batchv1.JobTemplateSpec{Spec: batchv1.JobSpec{Template: corev1.PodTemplateSpec{Spec: spec}}}}}, nil
+	}
+	return in, nil
+}
+
+// imagesOfAll is every image of obj, ended Pod or not (the transform keeps them; imagesOf decides).
+func imagesOfAll(obj client.Object) []string {
+	spec := podSpecOf(obj)
+	if spec == nil {
+		return nil
+	}
+	out := make([]string, 0, len(spec.InitContainers)+len(spec.Containers)+len(spec.EphemeralContainers))
+	for _, c := range spec.InitContainers {
+		out = append(out, c.Image)
+	}
+	for _, c := range spec.Containers {
+		out = append(out, c.Image)
+	}
+	for _, c := range spec.EphemeralContainers {
+		out = append(out, c.Image)
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+// imageHosts are the registry hosts of obj's images (the index, and the mirrors an event wakes).
+func imageHosts(obj client.Object) []string {
+	var hosts []string
+	for _, img := range imagesOf(obj) {
+		if h := mirror.ImageHost(img); h != "" && !slices.Contains(hosts, h) {
+			hosts = append(hosts, h)
+		}
+	}
+	return hosts
+}
+
+// newUsageCache is the cluster-wide cache of Pods and workloads that pinning reads.
+func newUsageCache(mgr ctrl.Manager) (cache.Cache, error) {
+	byObject := map[client.Object]cache.ByObject{}
+	for _, obj := range usageKinds() {
+		byObject[obj] = cache.ByObject{Transform: keepImages, UnsafeDisableDeepCopy: new(true)}
+	}
+	c, err := cache.New(mgr.GetConfig(), cache.Options{
+		Scheme: mgr.GetScheme(), Mapper: mgr.GetRESTMapper(), ByObject: byObject,
+	})
+	if err != nil {
+		return nil, err
+	}
+	for _, obj := range usageKinds() {
+		if err := c.IndexField(context.Background(), obj, indexImageHost, imageHosts); err != nil {
+			return nil, err
+		}
+	}
+	return c, controllers.AddCache(mgr, c)
+}
+
+// usageSources wake the mirrors of the hosts whose images an object starts or stops naming.
+func (r *Reconciler) usageSources() []source.Source {
+	changed := predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
+		return !slices.Equal(imagesOf(e.ObjectOld), imagesOf(e.ObjectNew))
+	}}
+	var out []source.Source
+	for _, obj := range usageKinds() {
+		out = append(out, source.Kind(r.usage, obj, handler.EnqueueRequestsFromMapFunc(r.mirrorsOfImages), changed))
+	}
+	return out
+}
+
+// mirrorsOfImages maps an object to the mirrors of its images' hosts.
+func (r *Reconciler) mirrorsOfImages(ctx context.Context, obj client.Object) []reconcile.Request {
+	var out []reconcile.Request
+	for _, host := range imageHosts(obj) {
+		list := &registryv1alpha1.RegistryMirrorList{}
+		if err := r.client.List(ctx, list, client.MatchingFields{indexMirrorHost: host}); err != nil {
+			continue
+		}
+		for _, rm := range list.Items {
+			out = append(out, reconcile.Request{NamespacedName: client.ObjectKey{Name: rm.Name}})
+		}
+	}
+	return out
+}
+
+// pinned is the mirror's pins: every image a Pod or workload names through the mirror's host, and
+// for ttl after the last reference went each one the current pins ConfigMap had (0 ttl: none, the
+// content is kept forever anyway). next is when the earliest of those ends (0: none).
+func (r *Reconciler) pinned(ctx context.Context, spec mirror.Spec) (p mirror.Pins, next time.Duration, err error) {
+	p = mirror.Pins{Images: map[string]string{}}
+	if r.usage == nil {
+		return p, 0, nil // pinning is off: whatever was pinned is released
+	}
+	for _, obj := range usageKinds() {
+		list, err := r.usageList(ctx, obj, spec.MirrorHost)
+		if err != nil {
+			return p, 0, err
+		}
+		for _, o := range list {
+			for _, img := range imagesOf(o) {
+				if ref, ok := mirror.PinRef(img, spec.MirrorHost); ok {
+					p.Images[ref] = ""
+				}
+			}
+		}
+	}
+	current := &corev1.ConfigMap{}
+	err = r.objects.Get(ctx, client.ObjectKey{Namespace: r.install.Namespace, Name: mirror.PinsName(spec.Name)}, current)
+	if apierrors.IsNotFound(err) {
+		return p, 0, nil
+	}
+	if err != nil {
+		return p, 0, err
+	}
+	before, err := mirror.ParsePins([]byte(current.Data[mirror.PinsFile]))
+	if err != nil || spec.TTL == 0 {
+		return p, 0, nil //nolint:nilerr // a file that does not parse is written anew from what is in use
+	}
+	now := r.now()
+	for ref, until := range before.Images {
+		if _, inUse := p.Images[ref]; inUse {
+			continue
+		}
+		end := now.Add(spec.TTL)
+		if until != "" {
+			if end, err = time.Parse(time.RFC3339, until); err != nil {
+				continue
+			}
+		}
+		left := end.Sub(now)
+		if left <= 0 {
+			continue
+		}
+		p.Images[ref] = end.UTC().Format(time.RFC3339)
+		if next == 0 || left < next {
+			next = left
+		}
+	}
+	return p, next, nil
+}
+
+// usageList lists the objects of obj's kind whose images come from host.
+func (r *Reconciler) usageList(ctx context.Context, obj client.Object, host string) ([]client.Object, error) {
+	var list client.ObjectList
+	switch obj.(type) {
+	case *corev1.Pod:
+		list = &corev1.PodList{}
+	case *appsv1.Deployment:
+		list = &appsv1.DeploymentList{}
+	case *appsv1.StatefulSet:
+		list = &appsv1.StatefulSetList{}
+	case *appsv1.DaemonSet:
+		list = &appsv1.DaemonSetList{}
+	case *batchv1.Job:
+		list = &batchv1.JobList{}
+	case *batchv1.CronJob:
+		list = &batchv1.CronJobList{}
+	}
+	if err := r.usage.List(ctx, list, client.MatchingFields{indexImageHost: strings.ToLower(host)}, client.UnsafeDisableDeepCopy); err != nil {
+		return nil, err
+	}
+	var out []client.Object
+	err := meta.EachListItem(list, func(o runtime.Object) error {
+		out = append(out, o.(client.Object))
+		return nil
+	})
+	return out, err
+}

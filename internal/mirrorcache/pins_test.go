@@ -1,0 +1,181 @@
+package mirrorcache
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/opencontainers/go-digest"
+
+	"github.com/quartermaster-dev/quartermaster/internal/mirror"
+)
+
+// writePins writes a pins file naming refs (in use).
+func writePins(t *testing.T, path string, refs ...string) {
+	t.Helper()
+	p := mirror.Pins{Images: map[string]string{}}
+	for _, r := range refs {
+		p.Images[r] = ""
+	}
+	b, err := json.Marshal(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil { // a new file, as the kubelet's swap makes one
+		t.Fatal(err)
+	}
+}
+
+// An image in use outlives its ttl: pinned by tag, its manifest, config, layers and tag stay
+// through sweeps long after its last pull, and it is served with the upstream down; the image
+// beside it, not pinned, expires. When the pin goes (the file changes), so does the image.
+func TestPinnedImageOutlivesItsTTL(t *testing.T) {
+	const ttl = time.Hour
+	up := startUpstream(t, authNone, "", false)
+	shared := randomBytes(1 << 16)
+	inUse := up.pushImage(t, "team/in-use", []byte(`{"architecture":"amd64","os":"linux","in-use":1}`), shared, randomBytes(4096))
+	idle := up.pushImage(t, "team/idle", []byte(`{"architecture":"amd64","os":"linux","idle":1}`), shared, randomBytes(4096))
+	byDigest := up.pushImage(t, "team/by-digest", []byte(`{"architecture":"amd64","os":"linux","by-digest":1}`), randomBytes(4096))
+	pinsPath := filepath.Join(t.TempDir(), mirror.PinsFile)
+	writePins(t, pinsPath, "team/in-use:"+testTag, "team/by-digest@"+byDigest.manifest.Digest.String(), "team/never-pulled:v9")
+	clock := newFakeClock()
+	var data *front
+	files := newCacheFilesTTL(t, up.URL, "", "", ttl)
+	cache := startCacheWith(t, files, Options{now: clock.now, PinsPath: pinsPath, started: func(f *front) { data = f }})
+	hosts := t.TempDir()
+	writeHostsDir(t, hosts, up, cache.URL)
+	if got := cache.metrics(t)["quartermaster_mirror_pinned_images"]; got != 3 {
+		t.Errorf("pinned_images = %v at start, want 3 (read before the first sweep)", got)
+	}
+
+	for _, img := range []testImage{inUse, idle, byDigest} {
+		mustPull(t, hosts, img.byTag(up))
+	}
+	for range 3 {
+		clock.advance(2 * ttl)
+		data.sweep()
+	}
+	kept := []digest.Digest{inUse.manifest.Digest, inUse.blobs[0].Digest, inUse.blobs[1].Digest, inUse.blobs[2].Digest, byDigest.manifest.Digest, byDigest.blobs[1].Digest}
+	for _, d := range kept {
+		if !stored(files, d) {
+			t.Errorf("pinned content %s expired", d)
+		}
+	}
+	if stored(files, idle.manifest.Digest) || stored(files, idle.blobs[2].Digest) {
+		t.Error("the idle image outlived its ttl")
+	}
+	up.stop()
+	mustPull(t, hosts, inUse.byTag(up))
+	mustPull(t, hosts, byDigest.byDigest(up))
+	mustFail(t, hosts, idle.byTag(up))
+
+	// The workload is gone and its ttl after it too: the controller drops the pin.
+	writePins(t, pinsPath, "team/by-digest@"+byDigest.manifest.Digest.String())
+	for deadline := time.Now().Add(30 * time.Second); cache.metrics(t)["quartermaster_mirror_pinned_images"] != 1; {
+		if time.Now().After(deadline) {
+			t.Fatal("the changed pins file was not read again")
+		}
+		time.Sleep(100 * time.Millisecond) // polling: the cache looks at the file every flushInterval
+	}
+	clock.advance(2 * ttl)
+	data.sweep()
+	if stored(files, inUse.blobs[2].Digest) || !stored(files, byDigest.blobs[1].Digest) {
+		t.Errorf("after the pin went: the unpinned layer stored %v, the still pinned one %v", stored(files, inUse.blobs[2].Digest), stored(files, byDigest.blobs[1].Digest))
+	}
+	// A file that does not parse keeps the last pins.
+	if err := os.WriteFile(pinsPath, []byte(`{"images":{"not a pin":""}}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); !strings.Contains(cache.log.String(), "the pins file does not parse"); {
+		if time.Now().After(deadline) {
+			t.Fatal("the bad pins file was not reported")
+		}
+		time.Sleep(100 * time.Millisecond) // polling, as above
+	}
+	clock.advance(2 * ttl)
+	data.sweep()
+	if !stored(files, byDigest.blobs[1].Digest) {
+		t.Error("a bad pins file released the pinned content")
+	}
+}
+
+// The eviction rule with pins: pinned content is passed over however old its last pull, the
+// next least recently pulled goes instead; pinned content alone above the high-water mark is
+// said (the gauge), once.
+func TestEvictionPassesOverPinnedContent(t *testing.T) {
+	clock := newFakeClock()
+	dir := t.TempDir()
+	s, err := openStore(dir, clock.now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Three images of one layer each, pulled an hour apart: old (pinned by tag), mid, new.
+	images := map[string][2]digest.Digest{}
+	for _, name := range []string{"old", "mid", "new"} {
+		layer := randomBytes(1000)
+		ld := digest.FromBytes(layer)
+		manifest := []byte(`{"layers":["` + ld.String() + `"],"name":"` + name + `"}`)
+		md := digest.FromBytes(manifest)
+		for d, b := range map[digest.Digest][]byte{ld: layer, md: manifest} {
+			if err := os.WriteFile(s.path(d), b, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		s.committed(ld, nil)
+		s.committed(md, &contentMeta{MediaType: "application/vnd.oci.image.manifest.v1+json", Refs: []digest.Digest{ld}})
+		s.pulled("team/"+name, ld, false)
+		s.pulled("team/"+name, md, true)
+		s.setTag("team/"+name, "v1", md)
+		images[name] = [2]digest.Digest{md, ld}
+		clock.advance(time.Hour)
+	}
+	f := newFront(nil, nil, s, 0, dir, logr.Discard())
+	p, err := newPins(mirror.Pins{Images: map[string]string{"team/old:v1": ""}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.pins.Store(p)
+	size := uint64(3300) // the three images: above 85%
+	f.volume = func() (uint64, uint64, error) {
+		var used uint64
+		for _, im := range images {
+			for _, d := range im {
+				if info, err := os.Stat(s.path(d)); err == nil {
+					used += uint64(info.Size())
+				}
+			}
+		}
+		return size, size - min(used, size), nil
+	}
+	f.bound()
+	var left []string
+	for name, im := range images {
+		if s.content(im[0]) != nil && s.content(im[1]) != nil {
+			left = append(left, name)
+		}
+	}
+	slices.Sort(left)
+	if !slices.Equal(left, []string{"new", "old"}) {
+		t.Errorf("left after eviction: %q, want the pinned old image and the new one", left)
+	}
+	if _, ok := s.tag("team/old", "v1"); !ok {
+		t.Error("the pinned tag was forgotten")
+	}
+	if f.pinnedOver {
+		t.Error("pinned content said to be above the mark at 1/3 of the volume")
+	}
+	size = 1100 // the pinned image alone fills 95% of it
+	f.bound()
+	if !f.pinnedOver || s.content(images["old"][1]) == nil {
+		t.Errorf("pinned content alone above the mark: said %v, evicted %v", f.pinnedOver, s.content(images["old"][1]) == nil)
+	}
+}
