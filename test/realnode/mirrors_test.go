@@ -84,6 +84,13 @@ type privateMirror struct {
 // then each acts alone). Everything goes when the test ends.
 func newPrivateMirror(t *testing.T, name string, replicas int32) *privateMirror {
 	t.Helper()
+	return newPrivateMirrorWith(t, name, replicas, nil)
+}
+
+// newPrivateMirrorWith is newPrivateMirror with before, when not nil, run once the upstream serves
+// and before the mirror is created (it may push images and change the mirror's spec).
+func newPrivateMirrorWith(t *testing.T, name string, replicas int32, before func(m *privateMirror, spec *registryv1alpha1.RegistryMirrorSpec)) *privateMirror {
+	t.Helper()
 	ctx := context.Background()
 	user, password := "user-"+name, "secret-of-"+name
 	up := upstreamregistry.Serve(t, cluster.HostIP, user, password)
@@ -100,6 +107,9 @@ func newPrivateMirror(t *testing.T, name string, replicas int32) *privateMirror 
 			Storage:        &registryv1alpha1.Storage{Size: ptr.To(resource.MustParse("1Gi"))},
 			DeletionPolicy: registryv1alpha1.DeletionPolicyDelete,
 		},
+	}
+	if before != nil {
+		before(&privateMirror{up: up, rm: rm}, &rm.Spec)
 	}
 	must(t, admin.Create(ctx, rm))
 	t.Cleanup(func() { _ = admin.Delete(ctx, rm) })
