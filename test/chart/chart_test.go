@@ -175,8 +175,10 @@ func TestInstallsOnlyTheEnabledControllersRBAC(t *testing.T) {
 		more []string // further objects that must be there
 		not  []string // objects that must not
 	}{
-		{"default", nil, []string{"namespaces", "mirrors", "intents"}, nil,
+		{"default", nil, []string{"namespaces", "mirrors", "intents"}, []string{"ClusterRole quartermaster-mirrors-pins", "ClusterRoleBinding quartermaster-mirrors-pins"},
 			[]string{"ClusterRole quartermaster-iam-compat", "Role quartermaster-intents-k8tls"}},
+		{"mirrors without pinning", []string{"--set", "mirrors.pinByUse=false"}, []string{"namespaces", "mirrors", "intents"}, nil,
+			[]string{"ClusterRole quartermaster-mirrors-pins", "ClusterRoleBinding quartermaster-mirrors-pins"}},
 		{"iam without compat", append(iamOn, "--set", "namespaces.enabled=false", "--set", "mirrors.enabled=false", "--set", "intents.enabled=false"),
 			[]string{"iam"}, []string{"ClusterRoleBinding quartermaster-iam"}, []string{"ClusterRole quartermaster-iam-compat", "ClusterRoleBinding quartermaster-iam-compat"}},
 		{"all", []string{"-f", valuesFile("all")}, []string{"namespaces", "vmgroups", "iam", "mirrors", "intents"},

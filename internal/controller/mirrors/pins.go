@@ -32,10 +32,12 @@ import (
 // from a cache of its own that keeps, of each Pod and workload template, only its name and its
 // images (usageCache), and writes each mirror's pins ConfigMap from it.
 //
-// Every namespace's Pods and workloads are read, never written, and only their images are kept.
-// +kubebuilder:rbac:groups="",resources=pods,verbs=list;watch
-// +kubebuilder:rbac:groups=apps,resources=deployments;statefulsets;daemonsets,verbs=list;watch
-// +kubebuilder:rbac:groups=batch,resources=jobs;cronjobs,verbs=list;watch
+// Every namespace's Pods and workloads are read, never written, and only their images are kept: a
+// ClusterRole of its own, quartermaster-mirrors-pins, that the chart installs only with
+// mirrors.pinByUse. The pins ConfigMaps are written either way (emptied when pinning is off).
+// +kubebuilder:rbac:groups="",resources=pods,verbs=list;watch,roleName=quartermaster-mirrors-pins
+// +kubebuilder:rbac:groups=apps,resources=deployments;statefulsets;daemonsets,verbs=list;watch,roleName=quartermaster-mirrors-pins
+// +kubebuilder:rbac:groups=batch,resources=jobs;cronjobs,verbs=list;watch,roleName=quartermaster-mirrors-pins
 // +kubebuilder:rbac:groups="",namespace=quartermaster-mirrors,resources=configmaps,verbs=get;list;watch;create;update
 
 // indexImageHost indexes Pods and workloads by the registry hosts of their images.
