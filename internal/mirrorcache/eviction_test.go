@@ -244,3 +244,25 @@ func TestVolumeIsMeasuredAsDf(t *testing.T) {
 }
 
 func diff(a, b uint64) uint64 { return max(a, b) - min(a, b) }
+
+// What a fill may use of the volume: all but the reserve, which on a small volume is at most half
+// of what lies above the high-water mark (a fixed 64 MiB on a 160 MiB volume would stop fills from
+// storing at 60% used, and eviction, at 85%, would never make room).
+func TestRoomKeepsTheReserveUnderTheHighWaterMark(t *testing.T) {
+	const mib = 1 << 20
+	for _, tc := range []struct {
+		total, free, want uint64
+	}{
+		{total: 1 << 40, free: 100 * mib, want: 36 * mib},  // the full 64 MiB reserve
+		{total: 160 * mib, free: 60 * mib, want: 48 * mib}, // 12 MiB: half of the 15% above 85%
+		{total: 160 * mib, free: 10 * mib, want: 0},        // under the reserve: no room
+	} {
+		dir := t.TempDir()
+		f := newFront(nil, nil, &store{root: dir}, 0, dir, logr.Discard())
+		f.volume = func() (uint64, uint64, error) { return tc.total, tc.free, nil }
+		got, err := f.room()
+		if err != nil || got != tc.want {
+			t.Errorf("volume %d MiB, %d MiB free: room %d MiB (%v), want %d MiB", tc.total/mib, tc.free/mib, got/mib, err, tc.want/mib)
+		}
+	}
+}

@@ -67,14 +67,17 @@ type front struct {
 // refusedRetry is how long after a refused write the cache stops trying to store.
 const refusedRetry = time.Minute
 
-// room is the volume's free space for a fill, beyond what is kept free (reserve): none for a while
-// after a refused write.
+// room is the volume's free space for a fill, beyond what is kept free (reserve, but at most half
+// of what lies above the high-water mark: on a small volume a fixed reserve would stop fills from
+// storing before the volume reaches the mark, and eviction would never make room): none for a
+// while after a refused write.
 func (f *front) room() (uint64, error) {
 	if time.Now().UnixNano() < f.refusedUntil.Load() {
 		return 0, nil
 	}
-	_, free, err := f.volume()
-	return free - min(free, f.reserve), err
+	total, free, err := f.volume()
+	reserve := min(f.reserve, uint64((1-f.highWater)*float64(total)/2))
+	return free - min(free, reserve), err
 }
 
 // bound deletes the least recently pulled content while the volume is above its high-water mark,

@@ -184,6 +184,9 @@ type pacedUpstream struct {
 	bytes atomic.Int64
 	srv   *http.Server
 	app   *handlers.App
+	// refuse, when not 0, is the status every request is answered (a rate limit: 429, with a
+	// Retry-After); refused counts those answers.
+	refuse, refused atomic.Int64
 
 	mu   sync.Mutex
 	next time.Time // when the link is free again
@@ -200,6 +203,12 @@ func startPacedUpstream(root string) (*pacedUpstream, error) {
 		return nil, err
 	}
 	u.srv = &http.Server{Addr: addr, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if code := u.refuse.Load(); code != 0 {
+			u.refused.Add(1)
+			w.Header().Set("Retry-After", "3600")
+			w.WriteHeader(int(code))
+			return
+		}
 		u.app.ServeHTTP(&pacedWriter{ResponseWriter: w, u: u}, r)
 	})}
 	go func() { _ = u.srv.ListenAndServe() }()
@@ -262,8 +271,13 @@ type benchImage struct {
 }
 
 func pushBenchImage(base, repo string) (*benchImage, error) {
+	return pushImageOf(base, repo, cacheLayers, cacheLayerBytes)
+}
+
+// pushImageOf pushes an image of layers incompressible layers of layerBytes each as repo:cacheTag.
+func pushImageOf(base, repo string, layers, layerBytes int) (*benchImage, error) {
 	img := &benchImage{repo: repo, tag: cacheTag, content: map[digest.Digest][]byte{}}
-	cfg := []byte(`{"architecture":"amd64","os":"linux","rootfs":{"type":"layers"}}`)
+	cfg := []byte(`{"architecture":"amd64","os":"linux","rootfs":{"type":"layers"},"repo":"` + repo + `"}`)
 	add := func(mediaType string, b []byte) ocispec.Descriptor {
 		d := ocispec.Descriptor{MediaType: mediaType, Digest: digest.FromBytes(b), Size: int64(len(b))}
 		img.content[d.Digest] = b
@@ -271,8 +285,8 @@ func pushBenchImage(base, repo string) (*benchImage, error) {
 		return d
 	}
 	configDesc := add(ocispec.MediaTypeImageConfig, cfg)
-	for range cacheLayers {
-		layer := make([]byte, cacheLayerBytes)
+	for range layers {
+		layer := make([]byte, layerBytes)
 		if _, err := rand.Read(layer); err != nil {
 			return nil, err
 		}

@@ -65,6 +65,8 @@ var cases = []benchCase{
 	{name: "mirrors/50-mirrors", run: mirrorsBench},
 	{name: "mirrors/cache-data-path", run: cacheDataPathBench},
 	{name: "mirrors/cache-replicas", run: cacheReplicasBench},
+	{name: "mirrors/upstream-refusing", run: refusingUpstreamBench},
+	{name: "mirrors/eviction-under-churn", run: evictionChurnBench},
 	{name: "manager/every-controller-unrelated-objects", run: cachesBench},
 	{name: "manager/failover-under-kill", run: failoverBench},
 	// On a real node of its own (root): helm install, Pods pulling through the mirror.

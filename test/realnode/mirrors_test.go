@@ -115,6 +115,7 @@ func newPrivateMirrorWith(t *testing.T, name string, replicas int32, before func
 	t.Cleanup(func() { _ = admin.Delete(ctx, rm) })
 	t.Cleanup(func() { logCachePodsIfFailed(t, mirror.Labels(rm.Name, mirror.ComponentCache)) })
 	waitMirrorReady(t, rm)
+	waitNodeReachesCache(t, rm)
 	start := time.Now()
 	waitPeersKnown(t, rm, int(replicas))
 	t.Logf("the cache pods knew each other %s after the mirror was Ready", time.Since(start).Round(100*time.Millisecond))
@@ -143,7 +144,21 @@ func waitMirrorReady(t *testing.T, rm *registryv1alpha1.RegistryMirror) {
 		if admin.Get(context.Background(), client.ObjectKeyFromObject(rm), rm) != nil {
 			return false
 		}
-		return meta.IsStatusConditionTrue(rm.Status.Conditions, "Ready")
+		c := meta.FindStatusCondition(rm.Status.Conditions, "Ready")
+		return c != nil && c.Status == metav1.ConditionTrue && c.ObservedGeneration == rm.Generation
+	})
+}
+
+// waitNodeReachesCache waits until the node reaches rm's cache through its Service (GET /v2/ from
+// the node's network). Ready says the cache pods are ready and every node's containerd reads the
+// file naming the Service; it does not yet say that kube-proxy on the node routes the Service's
+// address, which lags the pods' readiness by up to a second: a pull in that second finds the
+// address refused and containerd falls back to the upstream (issue #34's note).
+func waitNodeReachesCache(t *testing.T, rm *registryv1alpha1.RegistryMirror) {
+	t.Helper()
+	eventually(t, "the node to reach the cache at "+rm.Status.Endpoint, func() bool {
+		_, err := cluster.InNode(context.Background(), "curl", "-sf", "-o", "/dev/null", "--max-time", "2", rm.Status.Endpoint+mirror.ReadyPath)
+		return err == nil
 	})
 }
 

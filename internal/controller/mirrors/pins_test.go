@@ -129,4 +129,15 @@ func testPinnedByUse(t *testing.T, f *fixture) {
 	if p := pins(); p.Images["batch/report:latest"] != "" {
 		t.Errorf("the CronJob's image, still in use, has an end: %v", p.Images)
 	}
+
+	// A manager restart: the pins stay as they are until the new manager's caches know every
+	// workload (nothing is released for a workload it has not seen yet), and a workload deleted
+	// while no manager ran starts its ttl when the new one writes.
+	f.stop(t)
+	must(t, f.c.Delete(ctx, cron))
+	f.run(t)
+	f.waitObject(t, mirror.PinsName("pins"), cm, func() (bool, string) {
+		p, _ := mirror.ParsePins([]byte(cm.Data[mirror.PinsFile]))
+		return p.Images["batch/report:latest"] != "", cm.Data[mirror.PinsFile]
+	})
 }

@@ -339,8 +339,9 @@ func (r *Reconciler) readiness(st observed) status.Outcome {
 	if sts.Spec.Replicas != nil {
 		want = *sts.Spec.Replicas
 	}
+	// A scale-down is done once the pods beyond want are gone (they count in Replicas until then).
 	cacheDone := sts.Status.ObservedGeneration >= sts.Generation && sts.Status.ReadyReplicas >= want &&
-		sts.Status.UpdatedReplicas >= want
+		sts.Status.UpdatedReplicas >= want && sts.Status.Replicas <= want
 	nodesDone := ds.Status.ObservedGeneration >= ds.Generation && ds.Status.NumberReady >= ds.Status.DesiredNumberScheduled &&
 		ds.Status.UpdatedNumberScheduled >= ds.Status.DesiredNumberScheduled
 	msg := fmt.Sprintf("cache %d/%d ready at %s; %d/%d nodes configured",
