@@ -59,6 +59,7 @@ type front struct {
 	pinsSeen      pinsFile
 	pinnedBytesAt time.Time
 	pinnedOver    bool
+	warmer        *warmer
 	// A write the volume refused: fills pass through until then (unix nanoseconds), as when
 	// the volume reports itself full.
 	refusedUntil atomic.Int64
@@ -126,7 +127,7 @@ func newFront(r *remote, p *peers, s *store, ttl time.Duration, storageDir strin
 	return &front{
 		remote: r, peers: p, store: s, ttl: ttl, root: storageDir, log: log, ctx: ctx, cancel: cancel,
 		fills: map[digest.Digest]*fill{}, tags: map[string]*tagLookup{}, tagPatience: tagPatience, reserve: reserveBytes,
-		highWater: mirror.DefaultHighWater / 100.0, lowWater: mirror.DefaultLowWater / 100.0,
+		highWater: mirror.DefaultHighWater / 100.0, lowWater: mirror.DefaultLowWater / 100.0, warmer: newWarmer(),
 		volume: func() (uint64, uint64, error) {
 			var st syscall.Statfs_t
 			if err := syscall.Statfs(root, &st); err != nil {
@@ -164,6 +165,7 @@ func (f *front) run() {
 				peersKnown.WithLabelValues("down").Set(float64(down))
 			}
 			f.loadPins()
+			f.warmPins()
 			f.bound()
 			if err := f.store.flush(); err != nil {
 				f.log.Error(err, "writing the cache index")

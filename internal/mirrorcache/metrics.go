@@ -147,6 +147,10 @@ var (
 		Name: "quartermaster_mirror_pinned_over_high_water",
 		Help: "1 when pinned content alone is above the volume's high-water mark: eviction cannot bring the volume under it (a larger volume is needed).",
 	})
+	pinsWarmed = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "quartermaster_mirror_pins_warmed_total",
+		Help: "Pinned images this cache pod fetched before any node asked (it owns the pin among the mirror's pods and did not hold it), by result: ok, failed (logged; tried again after 5 minutes).",
+	}, []string{"result"})
 	expired = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "quartermaster_mirror_expired_total",
 		Help: "Blobs and manifests deleted from the volume: not pulled within the ttl and referenced by no kept manifest.",
@@ -223,7 +227,9 @@ var metricsRegistered sync.Once
 func registerMetrics() {
 	metricsRegistered.Do(func() {
 		prometheus.MustRegister(servedRequests, upstreamRequests, upstreamStates, tagFallbacks, upstreamBytes, cacheRequests, coalesced, fillsInFlight, fills,
-			storeFull, storeErrors, evicted, evictedBytes, pinnedImages, pinnedBytes, pinnedOverHighWater, expired, peerRequests, peerBytes, peerServed, peersKnown)
+			storeFull, storeErrors, evicted, evictedBytes, pinnedImages, pinnedBytes, pinnedOverHighWater, pinsWarmed, expired, peerRequests, peerBytes, peerServed, peersKnown)
+		pinsWarmed.WithLabelValues("ok")
+		pinsWarmed.WithLabelValues("failed")
 		for _, s := range upstreamStateNames {
 			upstreamStates.WithLabelValues(s)
 			if s != upstreamOK {

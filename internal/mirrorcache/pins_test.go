@@ -179,3 +179,30 @@ func TestEvictionPassesOverPinnedContent(t *testing.T) {
 		t.Errorf("pinned content alone above the mark: said %v, evicted %v", f.pinnedOver, s.content(images["old"][1]) == nil)
 	}
 }
+
+// A pinned image the cache does not hold is fetched before any node asks: with the upstream gone
+// afterwards, a node's first pull of it is served. A pin of an image the upstream does not have is
+// a failed warm, logged with the image's name and counted, and nothing else.
+func TestPinsAreWarmed(t *testing.T) {
+	up := startUpstream(t, authNone, "", false)
+	img := up.pushImage(t, "team/warm", []byte(`{"architecture":"amd64","os":"linux","warm":1}`), randomBytes(1<<16))
+	pinsPath := filepath.Join(t.TempDir(), mirror.PinsFile)
+	writePins(t, pinsPath, "team/warm:"+testTag, "team/absent:v1")
+	files := newCacheFiles(t, up.URL, "", "")
+	cache := startCacheWith(t, files, Options{PinsPath: pinsPath})
+	const ok, failed = `quartermaster_mirror_pins_warmed_total{result="ok"}`, `quartermaster_mirror_pins_warmed_total{result="failed"}`
+	waitMetric(t, cache, ok, func(v float64) bool { return v == 1 })
+	waitMetric(t, cache, failed, func(v float64) bool { return v == 1 })
+	for _, d := range append([]digest.Digest{img.manifest.Digest}, img.blobs[0].Digest, img.blobs[1].Digest) {
+		if !stored(files, d) {
+			t.Errorf("%s was not warmed", d)
+		}
+	}
+	if log := cache.log.String(); !strings.Contains(log, "warming a pinned image failed") || !strings.Contains(log, "team/absent:v1") {
+		t.Errorf("the failed warm is not logged with the image's name:\n%s", log)
+	}
+	up.stop()
+	hosts := t.TempDir()
+	writeHostsDir(t, hosts, up, cache.URL)
+	mustPull(t, hosts, img.byTag(up))
+}

@@ -84,11 +84,13 @@ func evictionChurnBench(ctx context.Context, _ *env) ([]result, error) {
 		return nil, err
 	}
 	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", fmt.Sprintf("size=%d", churnVolume), "qm-bench-churn", vol).CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("mounting a %d MiB tmpfs as the cache's volume (the case needs root): %v: %s", churnVolume>>20, err, out)
+		return nil, fmt.Errorf("mounting a %d MiB tmpfs as the cache's volume (the case needs root): %w: %s", churnVolume>>20, err, out)
 	}
 	defer func() { _ = exec.Command("umount", "-l", vol).Run() }()
 
-	push := func(repo string) (*benchImage, error) { return pushImageOf(b.up.url, repo, churnLayers, churnLayerBytes) }
+	push := func(repo string) (*benchImage, error) {
+		return pushImageOf(b.up.url, repo, churnLayers, churnLayerBytes)
+	}
 	pinned, err := push("bench/pinned")
 	if err != nil {
 		return nil, err
