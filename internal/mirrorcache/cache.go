@@ -187,7 +187,7 @@ func Run(ctx context.Context, opts Options) error {
 	if opts.started != nil {
 		opts.started(data) // before anything reads it: a test may replace its volume or clock
 	}
-	go data.run()
+	data.loop.Go(data.run)
 	defer func() {
 		if err := data.close(); err != nil {
 			log.Error(err, "writing the cache index")

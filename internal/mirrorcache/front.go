@@ -35,7 +35,8 @@ type front struct {
 
 	ctx    context.Context // the fills' context: the cache's, never a client's
 	cancel context.CancelFunc
-	wg     sync.WaitGroup
+	wg     sync.WaitGroup // the fills and warms
+	loop   sync.WaitGroup // run: it starts warms, so it ends before wg is waited for
 
 	mu    sync.Mutex
 	fills map[digest.Digest]*fill
@@ -184,6 +185,7 @@ func (f *front) sweep() {
 // close stops the fills (their partial files are removed) and writes the index.
 func (f *front) close() error {
 	f.cancel()
+	f.loop.Wait()
 	f.wg.Wait()
 	return f.store.flush()
 }

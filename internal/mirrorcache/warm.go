@@ -41,7 +41,7 @@ func newWarmer() *warmer {
 // warmPins starts a warm of every pin this pod owns whose manifest it does not hold.
 func (f *front) warmPins() {
 	p := f.pins.Load()
-	if p == nil {
+	if p == nil || f.ctx.Err() != nil { // stopping: close waits for the warms running
 		return
 	}
 	for repo, refs := range p.repos {
