@@ -43,11 +43,13 @@ type Spec struct {
 	TTL               time.Duration
 	// HighWater and LowWater are the volume's eviction marks, in percent used.
 	HighWater, LowWater int32
-	ServiceType         corev1.ServiceType
-	NodeSelector        map[string]string
-	Tolerations         []corev1.Toleration
-	Resources           corev1.ResourceRequirements
-	DeletionPolicy      registryv1alpha1.DeletionPolicy
+	// Prefetch are the images pinned and warmed whatever the workloads name (spec.prefetch).
+	Prefetch       []string
+	ServiceType    corev1.ServiceType
+	NodeSelector   map[string]string
+	Tolerations    []corev1.Toleration
+	Resources      corev1.ResourceRequirements
+	DeletionPolicy registryv1alpha1.DeletionPolicy
 }
 
 // Resolve applies the defaults to rm's spec and checks what the API server could not: an error
@@ -79,6 +81,7 @@ func Resolve(rm *registryv1alpha1.RegistryMirror) (Spec, error) {
 		LowWater:          DefaultLowWater,
 		ServiceType:       corev1.ServiceTypeClusterIP,
 		NodeSelector:      s.NodeSelector,
+		Prefetch:          s.Prefetch,
 		Tolerations:       s.Tolerations,
 		Resources:         defaultResources(),
 		DeletionPolicy:    registryv1alpha1.DeletionPolicyRetain,

@@ -93,6 +93,18 @@ type RegistryMirrorSpec struct {
 	// +optional
 	Eviction *Eviction `json:"eviction,omitempty"`
 
+	// Prefetch lists images (as a Pod names them, e.g. docker.io/library/nginx:1.27 or
+	// quay.io/team/app@sha256:…) the cache fetches before any node asks and keeps whatever their
+	// ttl: what the cluster must be able to start cold, such as its own add-ons. Each must be
+	// pulled through this mirror's host; one that is not is ignored and the Ready condition's
+	// message says so.
+	// +kubebuilder:validation:MaxItems=200
+	// +kubebuilder:validation:items:MaxLength=512
+	// +kubebuilder:validation:XValidation:rule="self.all(r, r.matches('^([A-Za-z0-9][-A-Za-z0-9.]*(:[0-9]+)?/)?[a-z0-9]+([._-][a-z0-9]+)*(/[a-z0-9]+([._-][a-z0-9]+)*)*(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[a-f0-9]{64})?$'))",message="prefetch: each entry must be an image reference as a Pod names it: [host[:port]/]repository[:tag][@sha256:digest], the repository in lower case (e.g. docker.io/library/nginx:1.27)"
+	// +listType=set
+	// +optional
+	Prefetch []string `json:"prefetch,omitempty"`
+
 	// DeletionPolicy says what happens to the cache volumes when the mirror is deleted: Retain
 	// keeps them (a mirror of the same name made later reuses them), Delete removes them.
 	// +kubebuilder:validation:Enum=Retain;Delete

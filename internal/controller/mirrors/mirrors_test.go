@@ -120,6 +120,15 @@ func testValidation(t *testing.T, f *fixture) {
 		{"a low-water mark above the high one", func(rm *registryv1alpha1.RegistryMirror) {
 			rm.Spec.Eviction = &registryv1alpha1.Eviction{HighWaterPercent: 60, LowWaterPercent: ptr.To[int32](70)}
 		}, "eviction.lowWaterPercent must be below eviction.highWaterPercent"},
+		{"a prefetch entry with an upper-case repository", func(rm *registryv1alpha1.RegistryMirror) {
+			rm.Spec.Prefetch = []string{"quay.io/Team/app:v1"}
+		}, "prefetch: each entry must be an image reference"},
+		{"a prefetch entry with a space", func(rm *registryv1alpha1.RegistryMirror) {
+			rm.Spec.Prefetch = []string{"quay.io/team/app v1"}
+		}, "prefetch: each entry must be an image reference"},
+		{"a prefetch entry with a short digest", func(rm *registryv1alpha1.RegistryMirror) {
+			rm.Spec.Prefetch = []string{"quay.io/team/app@sha256:12ab"}
+		}, "prefetch: each entry must be an image reference"},
 		{"a low-water mark above the default high one", func(rm *registryv1alpha1.RegistryMirror) {
 			rm.Spec.Eviction = &registryv1alpha1.Eviction{LowWaterPercent: ptr.To[int32](90)}
 		}, "eviction.lowWaterPercent must be below eviction.highWaterPercent"},

@@ -186,18 +186,27 @@ func (r *Reconciler) mirrorsOfImages(ctx context.Context, obj client.Object) []r
 	return out
 }
 
-// pinned is the mirror's pins: every image a Pod or workload names through the mirror's host, and
+// pinned is the mirror's pins: the images spec.prefetch lists (ignored: those of another host),
+// every image a Pod or workload names through the mirror's host, and
 // for ttl after the last reference went each one the current pins ConfigMap had (0 ttl: none, the
 // content is kept forever anyway). next is when the earliest of those ends (0: none).
-func (r *Reconciler) pinned(ctx context.Context, spec mirror.Spec) (p mirror.Pins, next time.Duration, err error) {
+func (r *Reconciler) pinned(ctx context.Context, spec mirror.Spec) (p mirror.Pins, next time.Duration, ignored []string, err error) {
 	p = mirror.Pins{Images: map[string]string{}}
+	// spec.prefetch is pinned for as long as it lists the image, pinning by use on or off.
+	for _, img := range spec.Prefetch {
+		if ref, ok := mirror.PinRef(img, spec.MirrorHost); ok {
+			p.Images[ref] = ""
+		} else {
+			ignored = append(ignored, img)
+		}
+	}
 	if r.usage == nil {
-		return p, 0, nil // pinning is off: whatever was pinned is released
+		return p, 0, ignored, nil // pinning by use is off: what workloads name is released
 	}
 	for _, obj := range usageKinds() {
 		list, err := r.usageList(ctx, obj, spec.MirrorHost)
 		if err != nil {
-			return p, 0, err
+			return p, 0, nil, err
 		}
 		for _, o := range list {
 			for _, img := range imagesOf(o) {
@@ -210,14 +219,14 @@ func (r *Reconciler) pinned(ctx context.Context, spec mirror.Spec) (p mirror.Pin
 	current := &corev1.ConfigMap{}
 	err = r.objects.Get(ctx, client.ObjectKey{Namespace: r.install.Namespace, Name: mirror.PinsName(spec.Name)}, current)
 	if apierrors.IsNotFound(err) {
-		return p, 0, nil
+		return p, 0, ignored, nil
 	}
 	if err != nil {
-		return p, 0, err
+		return p, 0, nil, err
 	}
 	before, err := mirror.ParsePins([]byte(current.Data[mirror.PinsFile]))
 	if err != nil || spec.TTL == 0 {
-		return p, 0, nil //nolint:nilerr // a file that does not parse is written anew from what is in use
+		return p, 0, ignored, nil //nolint:nilerr // a file that does not parse is written anew from what is in use
 	}
 	now := r.now()
 	for ref, until := range before.Images {
@@ -239,7 +248,7 @@ func (r *Reconciler) pinned(ctx context.Context, spec mirror.Spec) (p mirror.Pin
 			next = left
 		}
 	}
-	return p, next, nil
+	return p, next, ignored, nil
 }
 
 // usageList lists the objects of obj's kind whose images come from host.

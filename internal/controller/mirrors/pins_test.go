@@ -10,9 +10,11 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	registryv1alpha1 "github.com/quartermaster-dev/quartermaster/api/registry/v1alpha1"
 	"github.com/quartermaster-dev/quartermaster/internal/mirror"
 )
 
@@ -34,6 +36,9 @@ func testPinnedByUse(t *testing.T, f *fixture) {
 	const host = "registry.pins.example"
 	rm := mirrorOf("pins", f.open, host)
 	rm.Spec.TTL = &metav1.Duration{Duration: 3 * time.Second}
+	// What the cluster must start cold, by reference as a Pod names it: pinned for as long as it
+	// is listed; an image of another host is ignored, and said.
+	rm.Spec.Prefetch = []string{host + "/addons/dns:1.2", "quay.io/addons/metrics:v3", host + "/team/app@" + pinDigest}
 	f.create(t, rm)
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "pins-workloads"}}
 	f.create(t, ns)
@@ -69,7 +74,7 @@ func testPinnedByUse(t *testing.T, f *fixture) {
 	done.Status.Phase = corev1.PodSucceeded
 	must(t, f.c.Status().Update(ctx, done))
 
-	inUse := []string{"batch/report:latest", "team/app:v1", "team/init:v2", "team/web@" + pinDigest}
+	inUse := []string{"addons/dns:1.2", "batch/report:latest", "team/app:v1", "team/app@" + pinDigest, "team/init:v2", "team/web@" + pinDigest}
 	pins := func() mirror.Pins {
 		cm := &corev1.ConfigMap{}
 		f.object(t, mirror.PinsName("pins"), cm)
@@ -96,6 +101,10 @@ func testPinnedByUse(t *testing.T, f *fixture) {
 	got := f.waitReason(t, "pins", ReasonStarting)
 	if got.Status.PinnedImages != int32(len(inUse)) {
 		t.Errorf("status.pinnedImages %d, want %d", got.Status.PinnedImages, len(inUse))
+	}
+	if msg := meta.FindStatusCondition(got.Status.Conditions, registryv1alpha1.ConditionReady).Message; !strings.Contains(msg,
+		"prefetch ignores quay.io/addons/metrics:v3: not pulled through "+host) {
+		t.Errorf("the Ready message does not say which prefetch entry is ignored: %q", msg)
 	}
 	sts := &appsv1.StatefulSet{}
 	f.object(t, mirror.CacheName("pins"), sts)

@@ -147,9 +147,15 @@ func (r *Reconciler) apply(ctx context.Context, rm *registryv1alpha1.RegistryMir
 		}
 	}
 
-	pins, pinsEnd, err := r.pinned(ctx, spec)
+	pins, pinsEnd, ignored, err := r.pinned(ctx, spec)
 	if err != nil {
 		return status.Outcome{}, err
+	}
+	if len(ignored) > 0 {
+		// The mirror serves; the message says what of spec.prefetch it does not do.
+		defer func() {
+			o.Message += fmt.Sprintf("; prefetch ignores %s: not pulled through %s", strings.Join(ignored, ", "), spec.MirrorHost)
+		}()
 	}
 	pinsMap, err := mirror.PinsConfigMap(r.install, spec, pins)
 	if err != nil {
