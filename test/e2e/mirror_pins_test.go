@@ -18,6 +18,7 @@ import (
 	"github.com/quartermaster-dev/quartermaster/internal/manager"
 	"github.com/quartermaster-dev/quartermaster/internal/mirror"
 	"github.com/quartermaster-dev/quartermaster/internal/nodeagent"
+	"github.com/quartermaster-dev/quartermaster/internal/testing/upstreamregistry"
 )
 
 // expiredContent is the cache's own count of the manifests and blobs its ttl deleted.
@@ -25,7 +26,8 @@ const expiredContent = "quartermaster_mirror_expired_total"
 
 // TestPinnedImageOutlivesItsTTLThroughContainerd: a Deployment scaled to zero names an image
 // through the mirror's host; the manager, under its generated RBAC, pins it in the mirror's pins
-// ConfigMap, which the cache reads as the kubelet mounts it. A real containerd pulls that image and
+// ConfigMap, which the cache reads as the kubelet mounts it, and warms (fetches before any node
+// asks). A real containerd pulls that image (no blob from the upstream) and
 // one no workload names; the mirror's ttl (2 s) passes and the unnamed image expires (the cache's
 // own count); then, with the upstream down, containerd pulls the pinned image again from the
 // cache, and the other one fails.
@@ -90,8 +92,17 @@ func TestPinnedImageOutlivesItsTTLThroughContainerd(t *testing.T) {
 		t.Errorf("the cache pins %v images, want 1", n)
 	}
 
+	// The cache fetched the pinned image before any node asked: containerd's pull of it takes no
+	// blob from the upstream.
+	eventually(t, "the cache to warm the pinned image", func() bool {
+		return cache.metrics(t)[`quartermaster_mirror_pins_warmed_total{result="ok"}`] == 1
+	})
 	before := cache.metrics(t)
+	up.Requests()
 	mustPullImage(t, node, pinned, nil)
+	if seen := up.Requests(); upstreamregistry.BlobGETs(seen, "") != 0 {
+		t.Errorf("the pull of the warmed image fetched %d blobs from the upstream, want none: %v", upstreamregistry.BlobGETs(seen, ""), seen)
+	}
 	mustPullImage(t, node, idle, nil)
 	// The idle image's manifest, config and layer expire; nothing of the pinned one may.
 	eventually(t, "the unpinned image to expire", func() bool {
