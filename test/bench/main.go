@@ -67,6 +67,7 @@ var cases = []benchCase{
 	{name: "mirrors/cache-replicas", run: cacheReplicasBench},
 	{name: "mirrors/upstream-refusing", run: refusingUpstreamBench},
 	{name: "mirrors/eviction-under-churn", run: evictionChurnBench},
+	{name: "mirrors/pins-10000-pods", run: pinsBench},
 	{name: "manager/every-controller-unrelated-objects", run: cachesBench},
 	{name: "manager/failover-under-kill", run: failoverBench},
 	// On a real node of its own (root): helm install, Pods pulling through the mirror.
