@@ -12,6 +12,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -48,9 +49,11 @@ type Reconciler struct {
 	upstream  *upstreamChecker // nil: upstreams are not asked
 	resync    time.Duration
 	slowRetry time.Duration
-	// usage is the cluster's Pods and workloads, their images alone (pins.go); nil: pinning off.
-	usage cache.Cache
-	now   func() time.Time
+	// usage is the cluster's Pods and workloads, their images alone (pins.go), and usageIndex its
+	// informers' indexes by image host; nil: pinning off.
+	usage      cache.Cache
+	usageIndex []toolscache.Indexer
+	now        func() time.Time
 }
 
 // step ends every reconcile (status.Step): the guarded client, the recorder.

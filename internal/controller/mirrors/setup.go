@@ -89,7 +89,7 @@ func setup(mgr ctrl.Manager, o Options) (*Reconciler, error) {
 		now:       time.Now,
 	}
 	if o.PinByUse {
-		if r.usage, err = newUsageCache(mgr); err != nil {
+		if r.usage, r.usageIndex, err = newUsageCache(mgr); err != nil {
 			return nil, err
 		}
 	}

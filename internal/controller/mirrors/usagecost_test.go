@@ -85,7 +85,7 @@ func TestUsageCacheCost(t *testing.T) {
 	if err != nil || len(got) != pods {
 		t.Errorf("image-host index: %d Pods (%v), want %d", len(got), err, pods)
 	}
-	if p := got[0].(*corev1.Pod); len(p.Spec.Containers) != 2 || p.Spec.Containers[0].Env != nil || p.Status.Conditions != nil || p.Labels != nil {
-		t.Errorf("the transform kept more than the images: %+v", p)
+	if u := got[0].(*imageUse); len(u.Images) != 2 || u.Labels != nil || u.Annotations != nil || u.OwnerReferences != nil || u.Ended {
+		t.Errorf("the transform kept more than the images: %+v", u)
 	}
 }
