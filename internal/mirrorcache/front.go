@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net/http"
 	"regexp"
 	"strconv"
@@ -53,11 +54,13 @@ type front struct {
 	// highWater and lowWater are the volume's eviction marks, as fractions of it used (bound).
 	highWater, lowWater float64
 
-	// pinsPath is the pins file; pins what it said last (nil: nothing pinned). The loop alone
-	// reads the file and writes pinsSeen, pinnedBytesAt and pinnedOver.
+	// pinsPath is the pins file; pins what it said last (nil: nothing pinned); pinsSeen the stat
+	// of the file last read, read again only when it changed (the kubelet swaps in a new file, a
+	// test writes in place: a new modification time). The loop alone reads the file and writes
+	// pinsSeen, pinnedBytesAt and pinnedOver.
 	pinsPath      string
 	pins          atomic.Pointer[pins]
-	pinsSeen      pinsFile
+	pinsSeen      fs.FileInfo
 	pinnedBytesAt time.Time
 	pinnedOver    bool
 	warmer        *warmer

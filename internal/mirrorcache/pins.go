@@ -31,13 +31,6 @@ func newPins(p mirror.Pins) (*pins, error) {
 	return out, nil
 }
 
-// pinsFile is the last pins file read (its stat), so that it is read again only when it changed:
-// the kubelet replaces a mounted ConfigMap's files by a new file (a symlink swapped), a test
-// writes it in place (a new modification time).
-type pinsFile struct {
-	info fs.FileInfo
-}
-
 // loadPins reads the pins file if it changed since the last look. A file that cannot be read or
 // parsed keeps the last pins (content is never released on a bad file); a file that is gone (the
 // ConfigMap deleted: pinning off, the mirror going) pins nothing.
@@ -48,8 +41,8 @@ func (f *front) loadPins() {
 	info, err := os.Stat(f.pinsPath)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
-		if f.pinsSeen.info != nil || f.pins.Load() != nil {
-			f.pinsSeen = pinsFile{}
+		if f.pinsSeen != nil || f.pins.Load() != nil {
+			f.pinsSeen = nil
 			f.pins.Store(nil)
 			pinnedImages.Set(0)
 			f.log.Info("the pins file is gone: nothing is pinned", "path", f.pinsPath)
@@ -59,7 +52,7 @@ func (f *front) loadPins() {
 		f.log.Error(err, "reading the pins file: keeping the last pins", "path", f.pinsPath)
 		return
 	}
-	if last := f.pinsSeen.info; last != nil && os.SameFile(last, info) && last.ModTime().Equal(info.ModTime()) && last.Size() == info.Size() {
+	if last := f.pinsSeen; last != nil && os.SameFile(last, info) && last.ModTime().Equal(info.ModTime()) && last.Size() == info.Size() {
 		return
 	}
 	b, err := os.ReadFile(f.pinsPath)
@@ -67,7 +60,7 @@ func (f *front) loadPins() {
 		f.log.Error(err, "reading the pins file: keeping the last pins", "path", f.pinsPath)
 		return
 	}
-	f.pinsSeen = pinsFile{info: info} // a bad file is reported once, not at every look
+	f.pinsSeen = info // a bad file is reported once, not at every look
 	parsed, err := mirror.ParsePins(b)
 	var p *pins
 	if err == nil {

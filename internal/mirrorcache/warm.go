@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"runtime"
 	"sync"
@@ -201,5 +200,3 @@ func (w *warmWriter) Write(b []byte) (int, error) {
 }
 
 func (w *warmWriter) Flush() {}
-
-var _ io.Writer = (*warmWriter)(nil)

@@ -69,20 +69,13 @@ func podSpecOf(obj client.Object) *corev1.PodSpec {
 	return nil
 }
 
-// imagesOf lists the images of every container of obj (init and ephemeral ones included), or none
-// for a Pod that ended: it pulls nothing more. obj is what the usage cache keeps (imageUse) or an
-// object as the API server sends it.
+// imagesOf lists the images of what the usage cache keeps of an object (imageUse): none for a Pod
+// that ended, which pulls nothing more.
 func imagesOf(obj client.Object) []string {
-	if u, ok := obj.(*imageUse); ok {
-		if u.Ended {
-			return nil
-		}
+	if u, ok := obj.(*imageUse); ok && !u.Ended {
 		return u.Images
 	}
-	if p, ok := obj.(*corev1.Pod); ok && podEnded(p) {
-		return nil
-	}
-	return imagesOfAll(obj)
+	return nil
 }
 
 func podEnded(p *corev1.Pod) bool {
@@ -158,6 +151,14 @@ func imageHosts(obj client.Object) []string {
 	return hosts
 }
 
+// byImageHost is the usage informers' index function (indexImageHost).
+func byImageHost(o any) ([]string, error) {
+	if obj, ok := o.(client.Object); ok {
+		return imageHosts(obj), nil
+	}
+	return nil, nil
+}
+
 // newUsageCache is the cluster-wide cache of Pods and workloads that pinning reads, and the index
 // by image host of each kind's informer (its objects are imageUse, not the kinds' types: they are
 // read through the index, never through the cache's typed List).
@@ -178,12 +179,7 @@ func newUsageCache(mgr ctrl.Manager) (cache.Cache, []toolscache.Indexer, error) 
 		if err != nil {
 			return nil, nil, err
 		}
-		if err := inf.AddIndexers(toolscache.Indexers{indexImageHost: func(o any) ([]string, error) {
-			if obj, ok := o.(client.Object); ok {
-				return imageHosts(obj), nil
-			}
-			return nil, nil
-		}}); err != nil {
+		if err := inf.AddIndexers(toolscache.Indexers{indexImageHost: byImageHost}); err != nil {
 			return nil, nil, err
 		}
 		shared, ok := inf.(toolscache.SharedIndexInformer)

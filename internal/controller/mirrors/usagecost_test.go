@@ -10,7 +10,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	toolscache "k8s.io/client-go/tools/cache"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
 // usagePod is a Pod as a cluster holds it: labels, annotations, two containers with env,
@@ -53,9 +52,7 @@ func TestUsageCacheCost(t *testing.T) {
 	const pods = 10000
 	store := toolscache.NewIndexer(toolscache.MetaNamespaceKeyFunc, toolscache.Indexers{
 		toolscache.NamespaceIndex: toolscache.MetaNamespaceIndexFunc,
-		indexImageHost: func(obj any) ([]string, error) {
-			return imageHosts(obj.(client.Object)), nil
-		},
+		indexImageHost:            byImageHost,
 	})
 	heap := func() uint64 {
 		runtime.GC()
