@@ -29,7 +29,7 @@ func testStaleCache(t *testing.T, f *fixture) {
 	counted, err := client.New(cfg, client.Options{Scheme: f.scheme})
 	must(t, err)
 	lagging := testenv.Lagging(counted)
-	b := f.standaloneBase(t)
+	b, _ := f.standaloneBase(t)
 	b.client = guarded(lagging)
 	rec := events.NewFakeRecorder(100)
 	b.recorder = rec

@@ -3,9 +3,15 @@ package iam
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net/http/httptest"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	awsmiddleware "github.com/aws/aws-sdk-go-v2/aws/middleware"
+	"github.com/aws/smithy-go/middleware"
 
 	"go.uber.org/zap/zapcore"
 	corev1 "k8s.io/api/core/v1"
@@ -49,6 +55,7 @@ type fixture struct {
 	emu    *iamemulator.Server
 	aws    *awsiam.Client // the controller's client of the emulator; tests use it to make drift
 	eks    *awseks.Client // the same for EKS
+	awsCfg aws.Config     // what both were made from
 	url    string         // the emulator's endpoint
 	logs   *testenv.LogBuffer
 	opts   Options
@@ -74,8 +81,8 @@ func start(t *testing.T) *fixture {
 	t.Cleanup(ts.Close)
 	f.url = ts.URL
 	// The SDK's retry decisions with short waits, so fault tests stay quick.
-	awsCfg := iamemulator.SDKConfig(ts.URL, iamemulator.FixedBackoff(5*time.Millisecond))
-	f.aws, f.eks = awsiam.New(awsCfg), awseks.New(awsCfg)
+	f.awsCfg = iamemulator.SDKConfig(ts.URL, iamemulator.FixedBackoff(5*time.Millisecond))
+	f.aws, f.eks = awsiam.New(f.awsCfg), awseks.New(f.awsCfg)
 	f.opts = Options{
 		ClusterName: testCluster, OIDCIssuer: testIssuer, Partition: "aws", AllowedPolicyARNs: allowedARNs,
 		Resync: time.Hour, ConfigMapCompat: true, Concurrency: 4,
@@ -237,21 +244,52 @@ func request(obj client.Object) reconcile.Request {
 }
 
 // standalonePolicy and standaloneServiceAccount are reconcilers outside the manager, for calling
-// Reconcile directly; they read through the test's uncached client.
-func (f *fixture) standaloneBase(t *testing.T) *base {
+// Reconcile directly; they read through the test's uncached client. Their AWS clients count what
+// they send: the emulator counts every caller's requests, and the fixture's manager may still be
+// reconciling the same object (an Event, a status write) while a test measures one reconcile.
+func (f *fixture) standaloneBase(t *testing.T) (*base, *sdkCalls) {
 	t.Helper()
 	cfg, err := f.opts.validate()
 	must(t, err)
-	return &base{client: f.c, apiReader: f.c, recorder: events.NewFakeRecorder(100), aws: f.aws, eks: f.eks, cfg: cfg, account: f.emu.AccountID(),
-		SlowRetry: time.Second, WaitRetry: time.Second}
+	calls := &sdkCalls{n: map[string]int{}}
+	awsCfg := f.awsCfg.Copy()
+	awsCfg.APIOptions = append(awsCfg.APIOptions, calls.count)
+	return &base{client: f.c, apiReader: f.c, recorder: events.NewFakeRecorder(100), aws: awsiam.New(awsCfg), eks: awseks.New(awsCfg), cfg: cfg, account: f.emu.AccountID(),
+		SlowRetry: time.Second, WaitRetry: time.Second}, calls
 }
 
-func (f *fixture) standalonePolicy(t *testing.T) *PolicyReconciler {
-	return &PolicyReconciler{base: f.standaloneBase(t)}
+func (f *fixture) standalonePolicy(t *testing.T) (*PolicyReconciler, *sdkCalls) {
+	b, calls := f.standaloneBase(t)
+	return &PolicyReconciler{base: b}, calls
 }
 
-func (f *fixture) standaloneServiceAccount(t *testing.T) *ServiceAccountReconciler {
-	return &ServiceAccountReconciler{base: f.standaloneBase(t)}
+func (f *fixture) standaloneServiceAccount(t *testing.T) (*ServiceAccountReconciler, *sdkCalls) {
+	b, calls := f.standaloneBase(t)
+	return &ServiceAccountReconciler{base: b}, calls
+}
+
+// sdkCalls counts the requests one set of AWS clients sends, per operation and attempt (it runs
+// after the retry middleware), named as the emulator names them.
+type sdkCalls struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (c *sdkCalls) count(stack *middleware.Stack) error {
+	return stack.Finalize.Add(middleware.FinalizeMiddlewareFunc("QuartermasterTestCount",
+		func(ctx context.Context, in middleware.FinalizeInput, next middleware.FinalizeHandler) (middleware.FinalizeOutput, middleware.Metadata, error) {
+			c.mu.Lock()
+			c.n[awsmiddleware.GetOperationName(ctx)]++
+			c.mu.Unlock()
+			return next.HandleFinalize(ctx, in)
+		}), middleware.After)
+}
+
+// Calls returns the counts so far, per operation.
+func (c *sdkCalls) Calls() map[string]int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return maps.Clone(c.n)
 }
 
 // diffCalls is after minus before, per IAM action, without zeros.

@@ -2,6 +2,7 @@ package mirrors
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -98,10 +99,9 @@ func testPinnedByUse(t *testing.T, f *fixture) {
 	if ref := metav1.GetControllerOf(cm); ref == nil || ref.Name != "pins" || cm.Labels[mirror.LabelMirror] != "pins" {
 		t.Errorf("the pins ConfigMap's owner %+v, labels %v", ref, cm.Labels)
 	}
-	got := f.waitReason(t, "pins", ReasonStarting)
-	if got.Status.PinnedImages != int32(len(inUse)) {
-		t.Errorf("status.pinnedImages %d, want %d", got.Status.PinnedImages, len(inUse))
-	}
+	got := f.waitMirror(t, "pins", ReasonStarting, func(rm *registryv1alpha1.RegistryMirror) (bool, string) {
+		return rm.Status.PinnedImages == int32(len(inUse)), fmt.Sprintf("status.pinnedImages %d, want %d", rm.Status.PinnedImages, len(inUse))
+	})
 	if msg := meta.FindStatusCondition(got.Status.Conditions, registryv1alpha1.ConditionReady).Message; !strings.Contains(msg,
 		"prefetch ignores quay.io/addons/metrics:v3: not pulled through "+host) {
 		t.Errorf("the Ready message does not say which prefetch entry is ignored: %q", msg)

@@ -160,6 +160,14 @@ func (f *fixture) patch(t *testing.T, obj client.Object, change func()) {
 // returns the mirror as read.
 func (f *fixture) waitReason(t *testing.T, name, reason string) *registryv1alpha1.RegistryMirror {
 	t.Helper()
+	return f.waitMirror(t, name, reason, nil)
+}
+
+// waitMirror waits until the mirror's Ready condition has reason for its current generation and
+// cond, if any, holds for the mirror as read; it returns that mirror. A status is written after
+// the objects it counts, so a test reads a count through this wait, never once.
+func (f *fixture) waitMirror(t *testing.T, name, reason string, cond func(*registryv1alpha1.RegistryMirror) (bool, string)) *registryv1alpha1.RegistryMirror {
+	t.Helper()
 	rm := &registryv1alpha1.RegistryMirror{}
 	testenv.Eventually(t, fmt.Sprintf("RegistryMirror %s Ready reason %s", name, reason), func() (bool, string) {
 		if err := f.c.Get(context.Background(), client.ObjectKey{Name: name}, rm); err != nil {
@@ -169,7 +177,13 @@ func (f *fixture) waitReason(t *testing.T, name, reason string) *registryv1alpha
 		if c == nil {
 			return false, "no Ready condition"
 		}
-		return c.Reason == reason && c.ObservedGeneration == rm.Generation, c.Reason + ": " + c.Message
+		if c.Reason != reason || c.ObservedGeneration != rm.Generation {
+			return false, c.Reason + ": " + c.Message
+		}
+		if cond == nil {
+			return true, ""
+		}
+		return cond(rm)
 	})
 	return rm
 }
