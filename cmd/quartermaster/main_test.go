@@ -116,7 +116,7 @@ func TestEveryShippedCommandLineStillParses(t *testing.T) {
 		t.Errorf("manager, mixed forms: %+v, %v", o, err)
 	}
 
-	in := mirror.Install{Namespace: "quartermaster-mirrors", Image: "quartermaster:test", AgentServiceAccount: "quartermaster-node-agent"}
+	in := mirror.Install{Namespace: "quartermaster-mirrors", Image: "quartermaster:test", AgentServiceAccount: "quartermaster-node-agent", CacheServiceAccount: "quartermaster-mirror-cache"}
 	s, err := mirror.Resolve(&registryv1alpha1.RegistryMirror{ObjectMeta: metav1.ObjectMeta{Name: "hub"},
 		Spec: registryv1alpha1.RegistryMirrorSpec{UpstreamURL: "https://registry-1.docker.io"}})
 	if err != nil {
@@ -128,9 +128,9 @@ func TestEveryShippedCommandLineStillParses(t *testing.T) {
 		t.Fatalf("rendered commands %q and %q", sts, agent)
 	}
 	for _, args := range [][]string{sts[1:], singleDash(sts[1:])} {
-		o, err := registryMirrorFlags(args, io.Discard)
-		if err != nil || o.ConfigPath != filepath.Join(mirror.ConfigDir, mirror.ConfigFile) || o.CredentialsDir != mirror.ConfigDir {
-			t.Errorf("registry-mirror %q: %+v, %v", args, o, err)
+		o, report, err := registryMirrorFlags(args, io.Discard)
+		if err != nil || o.ConfigPath != filepath.Join(mirror.ConfigDir, mirror.ConfigFile) || o.CredentialsDir != mirror.ConfigDir || !report {
+			t.Errorf("registry-mirror %q: %+v, report to the Pod %v, %v", args, o, report, err)
 		}
 		// The replicas find each other through the headless Service; the pod's name (expanded
 		// by the kubelet) is its own among them: it keeps its share of the digests.
@@ -154,17 +154,17 @@ func TestEveryShippedCommandLineStillParses(t *testing.T) {
 	if err != nil || cfg.Resync != time.Second || probe != "127.0.0.1:0" || !zopts.Development {
 		t.Errorf("node-agent as e2e runs it: %+v %q, %v", cfg, probe, err)
 	}
-	if _, err := registryMirrorFlags([]string{"stray"}, io.Discard); err == nil || !strings.Contains(err.Error(), "takes no arguments") {
+	if _, _, err := registryMirrorFlags([]string{"stray"}, io.Discard); err == nil || !strings.Contains(err.Error(), "takes no arguments") {
 		t.Errorf("registry-mirror with an argument: %v", err)
 	}
-	mo, err := registryMirrorFlags([]string{"--peers=b=127.0.0.1:2,a=127.0.0.1:1", "--peer-name=a", "--peer-address=127.0.0.1:0"}, io.Discard)
+	mo, _, err := registryMirrorFlags([]string{"--peers=b=127.0.0.1:2,a=127.0.0.1:1", "--peer-name=a", "--peer-address=127.0.0.1:0"}, io.Discard)
 	if err != nil || mo.Peers == nil || mo.Peers.Lookup != nil {
 		t.Errorf("registry-mirror with a fixed peer list: %+v, %v", mo.Peers, err)
 	} else if got := ownerAddrs(mo.Peers.Set); !maps.Equal(got, map[string]bool{"": true, "127.0.0.1:2": true}) {
 		t.Errorf("registry-mirror with a fixed peer list: digests go to %v, want some kept by a and the rest to b", got)
 	}
 	// As test/e2e and the bench run the cache as a process beside others.
-	po, err := registryMirrorFlags([]string{"--config=/c.yml", "--address=127.0.0.1:1", "--metrics-address=127.0.0.1:2", "--storage-dir=/s", "--zap-log-level=error"}, io.Discard)
+	po, _, err := registryMirrorFlags([]string{"--config=/c.yml", "--address=127.0.0.1:1", "--metrics-address=127.0.0.1:2", "--storage-dir=/s", "--zap-log-level=error"}, io.Discard)
 	if err != nil || po.ConfigPath != "/c.yml" || po.Addr != "127.0.0.1:1" || po.MetricsAddr != "127.0.0.1:2" || po.StorageDir != "/s" ||
 		po.LogFlags == nil || po.LogFlags.Level == nil || po.Peers != nil {
 		t.Errorf("registry-mirror as a process: %+v, %v", po, err)
@@ -174,7 +174,7 @@ func TestEveryShippedCommandLineStillParses(t *testing.T) {
 		t.Error(`the binary still has the subcommand "get" (distribution's credential helper)`)
 	}
 	for _, bad := range [][]string{{"--peers=a", "--peer-name=a"}, {"--peers=a=h:1", "--peers-service=s"}} {
-		if _, err := registryMirrorFlags(bad, io.Discard); err == nil {
+		if _, _, err := registryMirrorFlags(bad, io.Discard); err == nil {
 			t.Errorf("registry-mirror %q accepted", bad)
 		}
 	}

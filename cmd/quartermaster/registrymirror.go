@@ -11,12 +11,15 @@ import (
 	"path/filepath"
 	"strconv"
 
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client/config"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/quartermaster-dev/quartermaster/internal/cli"
 	"github.com/quartermaster-dev/quartermaster/internal/mirror"
 	"github.com/quartermaster-dev/quartermaster/internal/mirrorcache"
 	"github.com/quartermaster-dev/quartermaster/internal/mirrorcache/peerset"
+	"github.com/quartermaster-dev/quartermaster/internal/ownpod"
 )
 
 func init() {
@@ -68,12 +71,27 @@ func cacheStorage(_ context.Context, args []string) error {
 
 // registryMirror runs a RegistryMirror's pull-through cache (the StatefulSet's container).
 func registryMirror(ctx context.Context, args []string) error {
-	opts, err := registryMirrorFlags(args, os.Stderr)
+	opts, reportToPod, err := registryMirrorFlags(args, os.Stderr)
 	if errors.Is(err, flag.ErrHelp) {
 		return nil
 	}
 	if err != nil {
 		return err
+	}
+	if reportToPod {
+		restCfg, err := config.GetConfig()
+		if err != nil {
+			return fmt.Errorf("--report-to-pod: connecting to the API server: %w", err)
+		}
+		restCfg = rest.CopyConfig(restCfg)
+		restCfg.UserAgent = "quartermaster-registry-mirror"
+		pod, err := ownpod.New(restCfg, os.Getenv("POD_NAME"), os.Getenv("POD_NAMESPACE"))
+		if err != nil {
+			return fmt.Errorf("--report-to-pod: %w", err)
+		}
+		opts.Report = func(ctx context.Context, r mirror.CacheReport) error {
+			return pod.Annotate(ctx, map[string]string{mirror.AnnotationCacheReport: r.Annotation()})
+		}
 	}
 	return mirrorcache.Run(ctx, opts)
 }
@@ -94,11 +112,10 @@ flags replace its log settings.`,
 	},
 }
 
-// registryMirrorFlags reads registry-mirror's command line.
-func registryMirrorFlags(args []string, out io.Writer) (mirrorcache.Options, error) {
+// registryMirrorFlags reads registry-mirror's command line; reportToPod is --report-to-pod.
+func registryMirrorFlags(args []string, out io.Writer) (o mirrorcache.Options, reportToPod bool, err error) {
 	fs := flag.NewFlagSet("registry-mirror", flag.ContinueOnError)
 	fs.SetOutput(out)
-	var o mirrorcache.Options
 	fs.StringVar(&o.ConfigPath, "config", filepath.Join(mirror.ConfigDir, mirror.ConfigFile), "the cache's configuration file (rendered by the mirrors controller)")
 	fs.StringVar(&o.CredentialsDir, "credentials-dir", mirror.ConfigDir, "directory with the upstream's username and password files; without them the upstream is pulled anonymously")
 	fs.StringVar(&o.PinsPath, "pins", "", "the mirror's pins file (its pins ConfigMap, mounted; read again when it changes): images in use, never expired or evicted; a missing file pins nothing")
@@ -111,28 +128,29 @@ func registryMirrorFlags(args []string, out io.Writer) (mirrorcache.Options, err
 	list := fs.String("peers", "", "a fixed list of the cache pods acting as one cache, name=host:port,… (instead of --peers-service)")
 	name := fs.String("peer-name", "", "this pod's name among the peers (default: the host name, a StatefulSet pod's name)")
 	addr := fs.String("peer-address", ":"+strconv.Itoa(mirror.PeerPort), "where the peer port listens (with --peers-service or --peers)")
+	fs.BoolVar(&reportToPod, "report-to-pod", false, "note the pins' state (content held, warms running and failed) in an annotation of the cache's own Pod, named by POD_NAME and POD_NAMESPACE, reaching the API server in-cluster or through KUBECONFIG")
 	rest, err := cli.Parse(fs, registryMirrorUsage, args)
 	if err == nil && len(rest) > 0 {
 		err = registryMirrorUsage.Errorf("registry-mirror takes no arguments, got %q", rest)
 	}
 	if err != nil || (*service == "" && *list == "") {
-		return o, err
+		return o, reportToPod, err
 	}
 	if *service != "" && *list != "" {
-		return o, registryMirrorUsage.Errorf("--peers-service and --peers exclude each other")
+		return o, reportToPod, registryMirrorUsage.Errorf("--peers-service and --peers exclude each other")
 	}
 	members, err := peerset.ParseList(*list)
 	if err != nil {
-		return o, registryMirrorUsage.Errorf("--peers: %v", err)
+		return o, reportToPod, registryMirrorUsage.Errorf("--peers: %v", err)
 	}
 	if *name == "" {
 		if *name, err = os.Hostname(); err != nil {
-			return o, err
+			return o, reportToPod, err
 		}
 	}
 	o.Peers = &mirrorcache.PeerOptions{Addr: *addr, Set: peerset.New(*name, members)}
 	if *service != "" {
 		o.Peers.Lookup = peerset.LookupSRV(net.DefaultResolver, mirror.PeerPortName, *service)
 	}
-	return o, nil
+	return o, reportToPod, nil
 }

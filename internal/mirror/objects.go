@@ -58,6 +58,10 @@ type Install struct {
 	Image string
 	// AgentServiceAccount is the node agent's ServiceAccount (installed with the operator).
 	AgentServiceAccount string
+	// CacheServiceAccount, when set, is the cache pods' ServiceAccount (installed with the
+	// operator): they note their pins' state on their own Pods (AnnotationCacheReport), which is
+	// all its token may do. Without one a cache has no API token and reports nothing.
+	CacheServiceAccount string
 	// PrepareStorage gives each cache pod the init container StorageInit: volumes whose
 	// provisioner ignores fsGroup arrive owned by root, and the non-root cache could not write them.
 	PrepareStorage bool
@@ -269,8 +273,10 @@ func cachePod(in Install, s Spec) corev1.PodSpec {
 		}
 	}
 	spec := corev1.PodSpec{
-		// The cache talks to the upstream only; it needs no API access.
-		AutomountServiceAccountToken: ptr.To(false),
+		// The cache talks to the upstream, and to the API server only to note on its own Pod what
+		// it holds of the pins (its ServiceAccount may do nothing else).
+		AutomountServiceAccountToken: ptr.To(in.CacheServiceAccount != ""),
+		ServiceAccountName:           in.CacheServiceAccount,
 		SecurityContext: &corev1.PodSecurityContext{
 			RunAsNonRoot: ptr.To(true), RunAsUser: ptr.To[int64](nonRoot), RunAsGroup: ptr.To[int64](nonRoot),
 			FSGroup:        ptr.To[int64](nonRoot),
@@ -323,6 +329,11 @@ func cachePod(in Install, s Spec) corev1.PodSpec {
 	}
 	if in.PrepareStorage {
 		spec.InitContainers = []corev1.Container{storageInit(in)}
+	}
+	if in.CacheServiceAccount != "" {
+		c := &spec.Containers[0]
+		c.Args = append(c.Args, "--report-to-pod")
+		c.Env = append(c.Env, fieldEnv("POD_NAMESPACE", "metadata.namespace"))
 	}
 	return spec
 }

@@ -187,7 +187,7 @@ func TestConfigHash(t *testing.T) {
 // TestObjectsGolden renders every object of two mirrors (defaults; every option set) and compares
 // them with testdata/objects.
 func TestObjectsGolden(t *testing.T) {
-	in := Install{Namespace: "quartermaster-mirrors", Image: "quartermaster:v1", AgentServiceAccount: "quartermaster-node-agent"}
+	in := Install{Namespace: "quartermaster-mirrors", Image: "quartermaster:v1", AgentServiceAccount: "quartermaster-node-agent", CacheServiceAccount: "quartermaster-mirror-cache"}
 	full := &registryv1alpha1.RegistryMirror{
 		ObjectMeta: metav1.ObjectMeta{Name: "internal"},
 		Spec: registryv1alpha1.RegistryMirrorSpec{

@@ -69,6 +69,9 @@ type Options struct {
 	LogFlags *zap.Options
 	// Peers, when set, make this cache one of the mirror's replicas acting as one cache (peer.go).
 	Peers *PeerOptions
+	// Report, when set, receives the cache's note of its pins as it changes (report.go): the
+	// registry-mirror command notes it on the cache's own Pod, where the controller reads it.
+	Report func(context.Context, mirror.CacheReport) error
 
 	// Tests only: the clock ttls count on, and a look at the data path once it serves.
 	now     func() time.Time
@@ -184,6 +187,10 @@ func Run(ctx context.Context, opts Options) error {
 	}
 	data.pinsPath = opts.PinsPath
 	data.loadPins() // before the first sweep: pins are known before anything expires
+	if opts.Report != nil {
+		data.reporter = newReporter(opts.Report, log)
+		data.wg.Go(func() { data.reporter.run(data.ctx) })
+	}
 	if opts.started != nil {
 		opts.started(data) // before anything reads it: a test may replace its volume or clock
 	}

@@ -359,7 +359,7 @@ func startCacheWith(t *testing.T, f cacheFiles, extra Options) *runningCache {
 	go func() {
 		// The file stays as rendered; the storage is the test's.
 		c.done <- Run(ctx, Options{ConfigPath: f.config, CredentialsDir: f.credentials, StorageDir: f.storage, Listener: ln, MetricsListener: mln,
-			Log: zap.New(zap.WriteTo(c.log)), Peers: extra.Peers, PinsPath: extra.PinsPath, now: extra.now, started: extra.started})
+			Log: zap.New(zap.WriteTo(c.log)), Peers: extra.Peers, PinsPath: extra.PinsPath, Report: extra.Report, now: extra.now, started: extra.started})
 	}()
 	t.Cleanup(func() { c.stop(t) })
 	deadline := time.Now().Add(20 * time.Second)

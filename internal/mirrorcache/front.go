@@ -36,7 +36,7 @@ type front struct {
 
 	ctx    context.Context // the fills' context: the cache's, never a client's
 	cancel context.CancelFunc
-	wg     sync.WaitGroup // the fills and warms
+	wg     sync.WaitGroup // the fills, the warms and the reporter
 	loop   sync.WaitGroup // run: it starts warms, so it ends before wg is waited for
 
 	mu    sync.Mutex
@@ -57,13 +57,18 @@ type front struct {
 	// pinsPath is the pins file; pins what it said last (nil: nothing pinned); pinsSeen the stat
 	// of the file last read, read again only when it changed (the kubelet swaps in a new file, a
 	// test writes in place: a new modification time). The loop alone reads the file and writes
-	// pinsSeen, pinnedBytesAt and pinnedOver.
+	// pinsSeen, pinsHash, pinnedBytesAt, pinnedBytes and pinnedOver.
 	pinsPath      string
 	pins          atomic.Pointer[pins]
 	pinsSeen      fs.FileInfo
+	pinsHash      string // mirror.PinsHash of the file read last
 	pinnedBytesAt time.Time
+	pinnedBytes   uint64
 	pinnedOver    bool
 	warmer        *warmer
+	warmed        atomic.Bool // a warm ended well since the pinned content was counted
+	// reporter, when set, notes the pins' state on the cache's Pod (report.go).
+	reporter *reporter
 	// A write the volume refused: fills pass through until then (unix nanoseconds), as when
 	// the volume reports itself full.
 	refusedUntil atomic.Int64
@@ -98,7 +103,7 @@ func (f *front) bound() {
 	used := total - free
 	above := float64(used) > highWater*float64(total)
 	var pinned map[digest.Digest]bool
-	if p := f.pins.Load(); p != nil && (above || time.Since(f.pinnedBytesAt) >= pinnedBytesEvery) {
+	if p := f.pins.Load(); p != nil && (above || f.warmed.Swap(false) || time.Since(f.pinnedBytesAt) >= pinnedBytesEvery) {
 		pinned = f.store.pinnedSet(p)
 		f.countPinned(pinned, total)
 	}
@@ -169,8 +174,9 @@ func (f *front) run() {
 				peersKnown.WithLabelValues("down").Set(float64(down))
 			}
 			f.loadPins()
-			f.warmPins()
+			warms := f.warmPins()
 			f.bound()
+			f.report(warms)
 			if err := f.store.flush(); err != nil {
 				f.log.Error(err, "writing the cache index")
 			}

@@ -42,9 +42,10 @@ func (f *front) loadPins() {
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 		if f.pinsSeen != nil || f.pins.Load() != nil {
-			f.pinsSeen = nil
+			f.pinsSeen, f.pinsHash, f.pinnedBytes = nil, "", 0
 			f.pins.Store(nil)
 			pinnedImages.Set(0)
+			pinnedBytes.Set(0)
 			f.log.Info("the pins file is gone: nothing is pinned", "path", f.pinsPath)
 		}
 		return
@@ -71,6 +72,7 @@ func (f *front) loadPins() {
 		return
 	}
 	f.pins.Store(p)
+	f.pinsHash = mirror.PinsHash(b)
 	pinnedImages.Set(float64(p.count))
 	f.pinnedBytesAt = time.Time{} // counted again at the next look
 	f.log.Info("pins read", "images", p.count)
@@ -132,7 +134,7 @@ const pinnedBytesEvery = 30 * time.Second
 // alone is above the volume's high-water mark: eviction cannot bring the volume under it.
 func (f *front) countPinned(set map[digest.Digest]bool, total uint64) {
 	n := f.store.bytesOf(set)
-	f.pinnedBytesAt = time.Now()
+	f.pinnedBytesAt, f.pinnedBytes = time.Now(), n
 	pinnedBytes.Set(float64(n))
 	over := total > 0 && float64(n) > f.highWater*float64(total)
 	if over != f.pinnedOver {

@@ -1,11 +1,13 @@
 package mirrorcache
 
 import (
+	"context"
 	"encoding/json"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -13,6 +15,7 @@ import (
 	"github.com/opencontainers/go-digest"
 
 	"github.com/quartermaster-dev/quartermaster/internal/mirror"
+	"github.com/quartermaster-dev/quartermaster/internal/testing/testenv"
 )
 
 // writePins writes a pins file naming refs (in use).
@@ -182,17 +185,55 @@ func TestEvictionPassesOverPinnedContent(t *testing.T) {
 
 // A pinned image the cache does not hold is fetched before any node asks: with the upstream gone
 // afterwards, a node's first pull of it is served. A pin of an image the upstream does not have is
-// a failed warm, logged with the image's name and counted, and nothing else.
+// a failed warm, logged with the image's name and counted, and reported with the upstream's answer.
+// The reports follow the state: the pins file read (its hash), the bytes pinned content takes,
+// nothing fetching once the warms ended, and the same report never sent twice in a row.
 func TestPinsAreWarmed(t *testing.T) {
 	up := startUpstream(t, authNone, "", false)
-	img := up.pushImage(t, "team/warm", []byte(`{"architecture":"amd64","os":"linux","warm":1}`), randomBytes(1<<16))
+	layer := randomBytes(1 << 16)
+	img := up.pushImage(t, "team/warm", []byte(`{"architecture":"amd64","os":"linux","warm":1}`), layer)
 	pinsPath := filepath.Join(t.TempDir(), mirror.PinsFile)
 	writePins(t, pinsPath, "team/warm:"+testTag, "team/absent:v1")
+	pinsFile, err := os.ReadFile(pinsPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		mu      sync.Mutex
+		reports []mirror.CacheReport
+	)
+	report := func(_ context.Context, r mirror.CacheReport) error {
+		mu.Lock()
+		defer mu.Unlock()
+		reports = append(reports, r)
+		return nil
+	}
 	files := newCacheFiles(t, up.URL, "", "")
-	cache := startCacheWith(t, files, Options{PinsPath: pinsPath})
+	cache := startCacheWith(t, files, Options{PinsPath: pinsPath, Report: report})
 	const ok, failed = `quartermaster_mirror_pins_warmed_total{result="ok"}`, `quartermaster_mirror_pins_warmed_total{result="failed"}`
 	waitMetric(t, cache, ok, func(v float64) bool { return v == 1 })
 	waitMetric(t, cache, failed, func(v float64) bool { return v == 1 })
+	var last mirror.CacheReport
+	testenv.Eventually(t, "a report of the warms' end", func() (bool, string) {
+		mu.Lock()
+		defer mu.Unlock()
+		if len(reports) == 0 {
+			return false, "no report"
+		}
+		last = reports[len(reports)-1]
+		return last.Warming == 0 && len(last.Failed) == 1 && last.Bytes >= int64(len(layer)), last.Annotation()
+	})
+	if last.PinsHash != mirror.PinsHash(pinsFile) || last.Pinned != 2 || last.FailedCount != 1 ||
+		last.Failed[0].Image != "team/absent:v1" || !strings.Contains(last.Failed[0].Error, "404") {
+		t.Errorf("the last report %s, want the pins file's hash %s, 2 pinned, team/absent:v1 failed with the upstream's 404", last.Annotation(), mirror.PinsHash(pinsFile))
+	}
+	mu.Lock()
+	for i := 1; i < len(reports); i++ {
+		if reports[i].Annotation() == reports[i-1].Annotation() {
+			t.Errorf("report %d is sent again: %s", i, reports[i].Annotation())
+		}
+	}
+	mu.Unlock()
 	for _, d := range append([]digest.Digest{img.manifest.Digest}, img.blobs[0].Digest, img.blobs[1].Digest) {
 		if !stored(files, d) {
 			t.Errorf("%s was not warmed", d)

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/opencontainers/go-digest"
+
+	"github.com/quartermaster-dev/quartermaster/internal/mirror"
 )
 
 // Warming: what a pin names and the cache does not hold is fetched before a node asks, through the
@@ -18,31 +20,48 @@ import (
 // an index the manifest of this pod's platform, the config and the layers). Of a mirror's cache
 // pods, the one that owns the pin among the peers warms it; its fills ask each blob's owner first,
 // so the upstream serves each blob once per mirror. A pod on a fresh volume warms what is pinned
-// again. A failed warm is logged and counted, and tried again after warmRetry.
+// again. A failed warm is logged, counted and reported (report.go), and tried again after
+// warmRetry.
 const (
 	warmRetry       = 5 * time.Minute
 	warmConcurrency = 2
 )
 
-// warmer is what the loop knows of the warms: those running, and when a failed one may be tried
-// again.
+// warmer is what the loop knows of the warms: those running, and of those that failed when they
+// may be tried again and why they failed.
 type warmer struct {
 	mu      sync.Mutex
 	running map[string]bool
 	retry   map[string]time.Time
+	failed  map[string]string
 	sem     chan struct{}
 }
 
 func newWarmer() *warmer {
-	return &warmer{running: map[string]bool{}, retry: map[string]time.Time{}, sem: make(chan struct{}, warmConcurrency)}
+	return &warmer{running: map[string]bool{}, retry: map[string]time.Time{}, failed: map[string]string{}, sem: make(chan struct{}, warmConcurrency)}
 }
 
-// warmPins starts a warm of every pin this pod owns whose manifest it does not hold.
-func (f *front) warmPins() {
+// warmState is what warmPins found: how many of the pins this pod owns it does not hold and
+// fetches (or is about to), and those whose last fetch failed.
+type warmState struct {
+	warming int
+	failed  []mirror.WarmFailure
+}
+
+// warmPins starts a warm of every pin this pod owns whose manifest it does not hold, and says
+// where the pod's warms stand. Failures of pins no longer pinned are forgotten.
+func (f *front) warmPins() warmState {
+	var st warmState
 	p := f.pins.Load()
+	w := f.warmer
 	if p == nil || f.ctx.Err() != nil { // stopping: close waits for the warms running
-		return
+		w.mu.Lock()
+		clear(w.failed)
+		clear(w.retry)
+		w.mu.Unlock()
+		return st
 	}
+	owned := map[string]bool{}
 	for repo, refs := range p.repos {
 		for _, ref := range refs {
 			if f.holds(repo, ref) {
@@ -54,8 +73,13 @@ func (f *front) warmPins() {
 					continue
 				}
 			}
-			w := f.warmer
+			owned[key] = true
 			w.mu.Lock()
+			if msg, failed := w.failed[key]; failed && !w.running[key] {
+				st.failed = append(st.failed, mirror.WarmFailure{Image: pinName(repo, ref), Error: msg})
+			} else {
+				st.warming++
+			}
 			if w.running[key] || time.Now().Before(w.retry[key]) {
 				w.mu.Unlock()
 				continue
@@ -74,8 +98,10 @@ func (f *front) warmPins() {
 				delete(w.running, key)
 				if err != nil {
 					w.retry[key] = time.Now().Add(warmRetry)
+					w.failed[key] = err.Error()
 				} else {
 					delete(w.retry, key)
+					delete(w.failed, key)
 				}
 				w.mu.Unlock()
 				if err != nil {
@@ -83,11 +109,21 @@ func (f *front) warmPins() {
 					f.log.Info("warming a pinned image failed: pulls of it will fetch it", "image", pinName(repo, ref), "error", err.Error(), "retryIn", warmRetry.String())
 					return
 				}
+				f.warmed.Store(true)
 				pinsWarmed.WithLabelValues("ok").Inc()
 				f.log.Info("pinned image warmed", "image", pinName(repo, ref))
 			})
 		}
 	}
+	w.mu.Lock()
+	for key := range w.failed {
+		if !owned[key] {
+			delete(w.failed, key)
+			delete(w.retry, key)
+		}
+	}
+	w.mu.Unlock()
+	return st
 }
 
 func pinName(repo, ref string) string {

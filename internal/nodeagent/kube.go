@@ -2,18 +2,16 @@ package nodeagent
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
-	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
 
 	registryv1alpha1 "github.com/quartermaster-dev/quartermaster/api/registry/v1alpha1"
+	"github.com/quartermaster-dev/quartermaster/internal/ownpod"
 )
 
 // Annotations the agent keeps on its own Pod: how the node it runs on is configured. The
@@ -40,31 +38,22 @@ type Kube struct {
 	// Mirrors reads whole RegistryMirrors, status included (metadata alone cannot say whether a
 	// mirror still serves its host), as unstructured objects: an agent older or newer than the
 	// CRD still reads the few fields it needs.
-	Mirrors      dynamic.ResourceInterface
-	Pods         corev1client.PodInterface
-	PodName      string
-	PodNamespace string
+	Mirrors dynamic.ResourceInterface
+	// Pod is the agent's own Pod, where it notes how the node is configured.
+	*ownpod.Pod
 }
 
 // NewKube connects to the API server as cfg says, for the agent running as the named Pod.
 func NewKube(cfg *rest.Config, podName, podNamespace string) (*Kube, error) {
-	if podName == "" || podNamespace == "" {
-		return nil, fmt.Errorf("the agent's Pod name and namespace are required (POD_NAME and POD_NAMESPACE from the downward API)")
+	pod, err := ownpod.New(cfg, podName, podNamespace)
+	if err != nil {
+		return nil, err
 	}
 	dyn, err := dynamic.NewForConfig(cfg)
 	if err != nil {
 		return nil, err
 	}
-	core, err := corev1client.NewForConfig(cfg)
-	if err != nil {
-		return nil, err
-	}
-	return &Kube{
-		Mirrors:      dyn.Resource(MirrorResource),
-		Pods:         core.Pods(podNamespace),
-		PodName:      podName,
-		PodNamespace: podNamespace,
-	}, nil
+	return &Kube{Mirrors: dyn.Resource(MirrorResource), Pod: pod}, nil
 }
 
 // MirrorState is what the API server says of a RegistryMirror, as far as one host's node files
@@ -137,14 +126,4 @@ func mirrorState(m *unstructured.Unstructured, host string) MirrorState {
 		return MirrorMoved
 	}
 	return MirrorServes
-}
-
-// Annotate merges annotations into the agent's Pod.
-func (k *Kube) Annotate(ctx context.Context, annotations map[string]string) error {
-	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": annotations}})
-	if err != nil {
-		return err
-	}
-	_, err = k.Pods.Patch(ctx, k.PodName, types.MergePatchType, patch, metav1.PatchOptions{})
-	return err
 }

@@ -52,8 +52,11 @@ func TestPinnedImageOutlivesItsTTLThroughContainerd(t *testing.T) {
 				Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "app", Image: pinned}}}}},
 	}
 	must(t, c.Create(ctx, deploy))
+	// An image the cluster must be able to start cold, which the upstream does not have.
+	absent := up.Host + "/team/absent:v1"
 	rm := processMirror(t, c, "e2e-pins", up, user, password, func(s *registryv1alpha1.RegistryMirrorSpec) {
 		s.TTL = &metav1.Duration{Duration: 2 * time.Second}
+		s.Prefetch = []string{absent}
 	})
 
 	ref := strings.TrimPrefix(pinned, up.Host+"/")
@@ -64,7 +67,7 @@ func TestPinnedImageOutlivesItsTTLThroughContainerd(t *testing.T) {
 		}
 		p, err := mirror.ParsePins([]byte(pins.Data[mirror.PinsFile]))
 		_, ok := p.Images[ref]
-		return err == nil && ok && len(p.Images) == 1
+		return err == nil && ok && len(p.Images) == 2
 	})
 	secret, sts := &corev1.Secret{}, &appsv1.StatefulSet{}
 	ds, agentPods := &appsv1.DaemonSet{}, &corev1.PodList{}
@@ -79,8 +82,8 @@ func TestPinnedImageOutlivesItsTTLThroughContainerd(t *testing.T) {
 	})
 	got := &registryv1alpha1.RegistryMirror{}
 	must(t, c.Get(ctx, client.ObjectKeyFromObject(rm), got))
-	if got.Status.PinnedImages != 1 {
-		t.Errorf("status.pinnedImages %d, want 1", got.Status.PinnedImages)
+	if got.Status.PinnedImages != 2 {
+		t.Errorf("status.pinnedImages %d, want 2", got.Status.PinnedImages)
 	}
 
 	cache := newCachePod(t, c, sts, secret)
@@ -88,8 +91,8 @@ func TestPinnedImageOutlivesItsTTLThroughContainerd(t *testing.T) {
 	node := startContainerd(t, registrySingleDir)
 	startNodeAgent(t, ds, &agentPods.Items[0], node, cache.URL)
 	waitNodeState(t, c, &agentPods.Items[0], "true", nodeagent.ReasonConfigured)
-	if n := cache.metrics(t)["quartermaster_mirror_pinned_images"]; n != 1 {
-		t.Errorf("the cache pins %v images, want 1", n)
+	if n := cache.metrics(t)["quartermaster_mirror_pinned_images"]; n != 2 {
+		t.Errorf("the cache pins %v images, want 2", n)
 	}
 
 	// The cache fetched the pinned image before any node asked: containerd's pull of it takes no
@@ -97,6 +100,22 @@ func TestPinnedImageOutlivesItsTTLThroughContainerd(t *testing.T) {
 	eventually(t, "the cache to warm the pinned image", func() bool {
 		return cache.metrics(t)[`quartermaster_mirror_pins_warmed_total{result="ok"}`] == 1
 	})
+	// The cache notes on its Pod, as the caches' ServiceAccount (under its RBAC and the admission
+	// policy), the pins it read, what they take and the fetch that failed, with the upstream's answer.
+	cachePod := &corev1.Pod{}
+	var report mirror.CacheReport
+	eventually(t, "the cache's note of its pins on its Pod", func() bool {
+		if c.Get(ctx, client.ObjectKey{Namespace: mirrorsNamespace, Name: sts.Name + "-0"}, cachePod) != nil {
+			return false
+		}
+		var err error
+		report, err = mirror.ParseCacheReport(cachePod.Annotations[mirror.AnnotationCacheReport])
+		return err == nil && report.Warming == 0 && len(report.Failed) == 1 && report.Bytes > 0
+	})
+	if report.PinsHash != mirror.PinsHash([]byte(pins.Data[mirror.PinsFile])) || report.Pinned != 2 ||
+		report.Failed[0].Image != "team/absent:v1" || !strings.Contains(report.Failed[0].Error, "404") {
+		t.Errorf("the cache's note %s, want the pins ConfigMap's hash, 2 pinned, team/absent:v1 failed with the upstream's 404", report.Annotation())
+	}
 	before := cache.metrics(t)
 	up.Requests()
 	mustPullImage(t, node, pinned, nil)

@@ -353,6 +353,14 @@ func newCachePod(t *testing.T, c client.Client, sts *appsv1.StatefulSet, secret 
 	cp.URL = "http://" + cp.addr
 	cp.metricsURL = "http://" + cp.debug + mirror.MetricsPath
 	cp.args = append(cp.args, "--address="+cp.addr, "--metrics-address="+cp.debug)
+	if sa := spec.ServiceAccountName; sa != "" && ptr.Deref(spec.AutomountServiceAccountToken, true) {
+		// As the kubelet mounts the pod's token: the ServiceAccount's, under its RBAC and policies.
+		kubeconfig, _, err := cluster.ServiceAccountKubeconfig(context.Background(), sts.Namespace, sa, time.Hour)
+		must(t, err)
+		path := filepath.Join(t.TempDir(), "cache.kubeconfig")
+		must(t, os.WriteFile(path, kubeconfig, 0o600))
+		cp.env = append(cp.env, "KUBECONFIG="+path)
+	}
 	volumes := map[string]corev1.Volume{}
 	for _, v := range spec.Volumes {
 		volumes[v.Name] = v

@@ -12,14 +12,18 @@ import (
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
+	"github.com/quartermaster-dev/quartermaster/internal/mirror"
 	"github.com/quartermaster-dev/quartermaster/internal/testing/policyprobe"
 	"github.com/quartermaster-dev/quartermaster/internal/testing/testenv"
 )
@@ -55,62 +59,87 @@ func TestManagerPoliciesAreEnforced(t *testing.T) {
 	if _, err := asManager.CoreV1().ResourceQuotas(managed.Name).Create(ctx, quota, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}); err != nil {
 		t.Errorf("a quota in a namespace the manager manages: %v, want allowed", err)
 	}
+
+	// A cache's StatefulSet has an API token only as the caches' ServiceAccount.
+	in := mirror.Install{Namespace: "quartermaster-mirrors", Image: "quartermaster:test", AgentServiceAccount: "quartermaster-node-agent", CacheServiceAccount: "quartermaster-mirror-cache"}
+	spec := mirror.Spec{Name: "hub", UpstreamURL: "https://registry-1.docker.io", MirrorHost: "docker.io", Replicas: 1, StorageSize: resource.MustParse("1Gi")}
+	createSTS := func(sts *appsv1.StatefulSet) error {
+		_, err := asManager.AppsV1().StatefulSets(in.Namespace).Create(ctx, sts, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		return err
+	}
+	if err := createSTS(mirror.StatefulSet(in, spec, "hash")); err != nil {
+		t.Errorf("a cache's StatefulSet as the caches' ServiceAccount: %v, want allowed", err)
+	}
+	in.CacheServiceAccount = ""
+	if err := createSTS(mirror.StatefulSet(in, spec, "hash")); err != nil {
+		t.Errorf("a cache's StatefulSet without an API token: %v, want allowed", err)
+	}
+	other := mirror.StatefulSet(in, spec, "hash")
+	other.Spec.Template.Spec.AutomountServiceAccountToken = ptr.To(true)
+	const tokenOnly = "Quartermaster's manager runs StatefulSets only as the caches' ServiceAccount, or without an API token."
+	if err := createSTS(other); err == nil || !strings.Contains(err.Error(), tokenOnly) {
+		t.Errorf("a cache's StatefulSet with the default ServiceAccount's token: %v, want refused with %q", err, tokenOnly)
+	}
 }
 
-// TestNodeAgentPolicyIsEnforced applies config/local and, as a node agent holding a token bound to
-// its Pod (impersonated: envtest's users authenticate by certificate, which carries no extra), may
-// annotate its own Pod's registry.quartermaster.dev/ keys and nothing else: the policy's own
-// messages, on the oldest Kubernetes supported too (make test-k8s-min). The e2e tests check it
-// with a real Pod-bound token.
+// TestNodeAgentPolicyIsEnforced applies config/local and, as a node agent or a cache holding a
+// token bound to its Pod (impersonated: envtest's users authenticate by certificate, which carries
+// no extra), may annotate its own Pod's registry.quartermaster.dev/ keys and nothing else: the
+// policy's own messages, on the oldest Kubernetes supported too (make test-k8s-min). The e2e tests
+// check it with a real Pod-bound token.
 func TestNodeAgentPolicyIsEnforced(t *testing.T) {
 	ctx := context.Background()
 	env := startWithLocalConfig(t)
 	const ns = "quartermaster-mirrors"
-	for _, name := range []string{"agent-a", "agent-b"} {
+	for _, name := range []string{"pod-a", "pod-b"} {
 		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: map[string]string{"app": "node-agent"}},
 			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "agent", Image: "agent"}}}}
 		if err := env.Client.Create(ctx, pod); err != nil {
 			t.Fatal(err)
 		}
 	}
-	cfg := rest.CopyConfig(env.Config)
-	cfg.Impersonate = rest.ImpersonationConfig{
-		UserName: "system:serviceaccount:quartermaster-mirrors:quartermaster-node-agent",
-		Groups:   []string{"system:serviceaccounts", "system:serviceaccounts:quartermaster-mirrors", "system:authenticated"},
-		Extra:    map[string][]string{"authentication.kubernetes.io/pod-name": {"agent-a"}},
-	}
-	asAgent, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	patch := func(pod, body string) error {
-		_, err := asAgent.CoreV1().Pods(ns).Patch(ctx, pod, types.MergePatchType, []byte(body), metav1.PatchOptions{DryRun: []string{metav1.DryRunAll}})
-		return err
-	}
-	const (
-		mine      = `{"metadata":{"annotations":{"registry.quartermaster.dev/mirrors":"ready"}}}`
-		ownOnly   = "A node agent may annotate only its own Pod."
-		annotOnly = "A node agent may change only its Pod's registry.quartermaster.dev/ annotations."
-	)
-	// The API server loads a policy from a watch a moment after it is created.
-	var last error
-	if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
-		last = patch("agent-b", mine)
-		return last != nil && strings.Contains(last.Error(), ownOnly), nil
-	}); err != nil {
-		t.Fatalf("annotating another agent's Pod: %v, want refused with %q", last, ownOnly)
-	}
-	if err := patch("agent-a", mine); err != nil {
-		t.Errorf("annotating its own Pod's registry.quartermaster.dev/ key: %v, want allowed", err)
-	}
-	for what, body := range map[string]string{
-		"another annotation": `{"metadata":{"annotations":{"example.com/x":"y"}}}`,
-		"a label":            `{"metadata":{"labels":{"app":"other"}}}`,
-		"the spec":           `{"spec":{"activeDeadlineSeconds":5}}`,
-	} {
-		if err := patch("agent-a", body); err == nil || !strings.Contains(err.Error(), annotOnly) {
-			t.Errorf("changing %s of its own Pod: %v, want refused with %q", what, err, annotOnly)
-		}
+	for _, sa := range []string{"quartermaster-node-agent", "quartermaster-mirror-cache"} {
+		t.Run(sa, func(t *testing.T) {
+			cfg := rest.CopyConfig(env.Config)
+			cfg.Impersonate = rest.ImpersonationConfig{
+				UserName: "system:serviceaccount:quartermaster-mirrors:" + sa,
+				Groups:   []string{"system:serviceaccounts", "system:serviceaccounts:quartermaster-mirrors", "system:authenticated"},
+				Extra:    map[string][]string{"authentication.kubernetes.io/pod-name": {"pod-a"}},
+			}
+			as, err := kubernetes.NewForConfig(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			patch := func(pod, body string) error {
+				_, err := as.CoreV1().Pods(ns).Patch(ctx, pod, types.MergePatchType, []byte(body), metav1.PatchOptions{DryRun: []string{metav1.DryRunAll}})
+				return err
+			}
+			const (
+				mine      = `{"metadata":{"annotations":{"registry.quartermaster.dev/mirrors":"ready"}}}`
+				ownOnly   = "A node agent or a cache may annotate only its own Pod."
+				annotOnly = "A node agent or a cache may change only its Pod's registry.quartermaster.dev/ annotations."
+			)
+			// The API server loads a policy from a watch a moment after it is created.
+			var last error
+			if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+				last = patch("pod-b", mine)
+				return last != nil && strings.Contains(last.Error(), ownOnly), nil
+			}); err != nil {
+				t.Fatalf("annotating another Pod: %v, want refused with %q", last, ownOnly)
+			}
+			if err := patch("pod-a", mine); err != nil {
+				t.Errorf("annotating its own Pod's registry.quartermaster.dev/ key: %v, want allowed", err)
+			}
+			for what, body := range map[string]string{
+				"another annotation": `{"metadata":{"annotations":{"example.com/x":"y"}}}`,
+				"a label":            `{"metadata":{"labels":{"app":"other"}}}`,
+				"the spec":           `{"spec":{"activeDeadlineSeconds":5}}`,
+			} {
+				if err := patch("pod-a", body); err == nil || !strings.Contains(err.Error(), annotOnly) {
+					t.Errorf("changing %s of its own Pod: %v, want refused with %q", what, err, annotOnly)
+				}
+			}
+		})
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	"k8s.io/utils/ptr"
@@ -49,6 +50,13 @@ func TestPinnedImageRestartsFromTheCacheAfterItsTTL(t *testing.T) {
 	eventually(t, "the cache pod to read its pin from the mounted ConfigMap", func() bool {
 		pods := cachePods(t, rm)
 		return len(pods) == 1 && cacheMetrics(t, &pods[0])["quartermaster_mirror_pinned_images"] == 1
+	})
+	// The cache pod warms it and notes so on its Pod with its own token (the chart's ServiceAccount,
+	// RBAC and admission policy): the mirror says Warmed, with the size the image takes.
+	eventually(t, "the mirror to say the pinned image is warmed", func() bool {
+		must(t, admin.Get(ctx, client.ObjectKeyFromObject(rm), rm))
+		c := meta.FindStatusCondition(rm.Status.Conditions, registryv1alpha1.ConditionWarmed)
+		return c != nil && c.Status == metav1.ConditionTrue && rm.Status.PinnedSize != nil && !rm.Status.PinnedSize.IsZero()
 	})
 
 	first := runImage(t, ns, "first", image)

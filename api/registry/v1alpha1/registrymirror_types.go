@@ -153,10 +153,27 @@ const (
 )
 
 // Condition types of a RegistryMirror (kstatus: Ready summarizes, Reconciling and Stalled qualify).
+// Warmed, present while something is pinned, says whether the cache pods hold every pinned image;
+// it never changes Ready (a mirror serves while it fetches).
 const (
 	ConditionReady       = "Ready"
 	ConditionReconciling = "Reconciling"
 	ConditionStalled     = "Stalled"
+	ConditionWarmed      = "Warmed"
+)
+
+// Reasons of the Warmed condition.
+const (
+	// ReasonWarmed: every ready cache pod read the current pins and holds what it owns of them.
+	ReasonWarmed = "Warmed"
+	// ReasonWarming: a cache pod fetches pinned images, or has not read the current pins yet.
+	ReasonWarming = "Warming"
+	// ReasonWarmFailed: a pinned image could not be fetched (the message names it and why); the
+	// cache tries again every 5 minutes.
+	ReasonWarmFailed = "WarmFailed"
+	// ReasonNotReported: no ready cache pod noted its pins (none ready, or a cache of a release
+	// that does not report).
+	ReasonNotReported = "NotReported"
 )
 
 // ReasonDuplicateMirrorHost is the Ready reason of a mirror refused because an older mirror serves
@@ -184,7 +201,11 @@ type RegistryMirrorStatus struct {
 	// workload template names through the mirror's host, and those named within ttl.
 	// +optional
 	PinnedImages int32 `json:"pinnedImages"`
-	// Conditions: Ready, Reconciling, Stalled.
+	// PinnedSize is what pinned content takes on the cache pod's volume that holds the most of
+	// it (rounded up to a MiB), as the cache pods last reported it.
+	// +optional
+	PinnedSize *resource.Quantity `json:"pinnedSize,omitempty"`
+	// Conditions: Ready, Reconciling, Stalled; Warmed while something is pinned.
 	// +optional
 	// +listType=map
 	// +listMapKey=type
@@ -204,6 +225,8 @@ type RegistryMirrorStatus struct {
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
 // +kubebuilder:printcolumn:name="Nodes",type=integer,JSONPath=`.status.nodesConfigured`
 // +kubebuilder:printcolumn:name="Pinned",type=integer,JSONPath=`.status.pinnedImages`,priority=1
+// +kubebuilder:printcolumn:name="Pinned-Size",type=string,JSONPath=`.status.pinnedSize`,priority=1
+// +kubebuilder:printcolumn:name="Warmed",type=string,JSONPath=`.status.conditions[?(@.type=="Warmed")].reason`,priority=1
 // +kubebuilder:printcolumn:name="Endpoint",type=string,JSONPath=`.status.endpoint`,priority=1
 // +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`

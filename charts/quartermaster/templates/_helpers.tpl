@@ -42,6 +42,10 @@ app.kubernetes.io/component: manager
 {{- printf "%s-node-agent" (include "quartermaster.fullname" .) }}
 {{- end }}
 
+{{- define "quartermaster.mirrorCacheServiceAccountName" -}}
+{{- printf "%s-mirror-cache" (include "quartermaster.fullname" .) }}
+{{- end }}
+
 {{- define "quartermaster.image" -}}
 {{- $tag := default .Chart.AppVersion .Values.image.tag }}
 {{- if .Values.image.digest }}
@@ -88,7 +92,8 @@ quartermaster.rebase: the objects of a file the chart copies from config/rbac (h
 as this release installs them: names FULLNAME-X for quartermaster-X (the manager's ServiceAccount
 as serviceAccount.name), the namespaces quartermaster-system, namespace-requests and
 quartermaster-mirrors as the release's namespace, namespaces.requestsNamespace and
-mirrors.namespace, the same for the ServiceAccounts that admission policies name in CEL, and the
+mirrors.namespace, the same for the ServiceAccounts that admission policies name in CEL (the
+manager's, the node agents' and the caches'), and the
 chart's labels. Takes (dict "root" ROOT "file" PATH "skip" (list NAMES)).
 */}}
 {{- define "quartermaster.rebase" -}}
@@ -100,6 +105,9 @@ chart's labels. Takes (dict "root" ROOT "file" PATH "skip" (list NAMES)).
 {{- $text = replace "system:serviceaccount:quartermaster-system:quartermaster-manager" $manager $text }}
 {{- $text = replace "system:serviceaccount:quartermaster-mirrors:quartermaster-node-agent" (printf "system:serviceaccount:%s:%s" $root.Values.mirrors.namespace $agent) $text }}
 {{- $text = replace "'quartermaster-node-agent'" (printf "'%s'" $agent) $text }}
+{{- $cache := include "quartermaster.mirrorCacheServiceAccountName" $root }}
+{{- $text = replace "system:serviceaccount:quartermaster-mirrors:quartermaster-mirror-cache" (printf "system:serviceaccount:%s:%s" $root.Values.mirrors.namespace $cache) $text }}
+{{- $text = replace "'quartermaster-mirror-cache'" (printf "'%s'" $cache) $text }}
 {{- $labels := include "quartermaster.labels" $root | fromYaml }}
 {{- range $doc := regexSplit "(?m)^---[ \t]*$" $text -1 }}
 {{- $obj := fromYaml $doc }}

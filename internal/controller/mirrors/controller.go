@@ -25,6 +25,7 @@ type Options struct {
 	Namespace           string
 	Image               string
 	AgentServiceAccount string
+	CacheServiceAccount string
 	Concurrency         int
 	Resync              time.Duration
 	// CheckUpstream: the controller asks each upstream whether the mirror's credentials work.
@@ -41,6 +42,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.Namespace, "mirrors-namespace", "quartermaster-mirrors", "Namespace of every mirror's cache, node agent and credentials Secret.")
 	fs.StringVar(&o.Image, "mirrors-image", "quartermaster:dev", "Image of the mirrors' cache and node agent: Quartermaster's own image (they are its registry-mirror and node-agent subcommands).")
 	fs.StringVar(&o.AgentServiceAccount, "mirrors-agent-service-account", "quartermaster-node-agent", "ServiceAccount of the node agents, in --mirrors-namespace (installed with the operator).")
+	fs.StringVar(&o.CacheServiceAccount, "mirrors-cache-service-account", "quartermaster-mirror-cache", "ServiceAccount of the cache pods, in --mirrors-namespace (installed with the operator): they note on their own Pods what they hold of the pins and which fetches failed, for the mirrors' status. Empty: the caches run without an API token, and status.pinnedSize and the Warmed condition stay unknown.")
 	fs.IntVar(&o.Concurrency, "mirrors-concurrency", 4, "RegistryMirrors reconciled in parallel.")
 	fs.DurationVar(&o.Resync, "mirrors-resync", 10*time.Minute, "How often a ready mirror's objects and upstream are checked again.")
 	fs.BoolVar(&o.PrepareStorage, "mirrors-prepare-storage", true, "Give each cache pod an init container that makes a fresh, empty volume owned by root writable by the cache (as root with CAP_CHOWN alone, changing only the volume's owner): for provisioners that ignore fsGroup. Off: such a volume stalls the mirror with a message naming it.")
@@ -58,6 +60,11 @@ func (o *Options) validate() error {
 	}
 	if msgs := validation.IsDNS1123Subdomain(o.AgentServiceAccount); len(msgs) > 0 {
 		errs = append(errs, errors.New("--mirrors-agent-service-account: "+msgs[0]))
+	}
+	if o.CacheServiceAccount != "" {
+		if msgs := validation.IsDNS1123Subdomain(o.CacheServiceAccount); len(msgs) > 0 {
+			errs = append(errs, errors.New("--mirrors-cache-service-account: "+msgs[0]))
+		}
 	}
 	if o.Concurrency < 1 {
 		errs = append(errs, errors.New("--mirrors-concurrency must be at least 1"))

@@ -13,10 +13,12 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	registryv1alpha1 "github.com/quartermaster-dev/quartermaster/api/registry/v1alpha1"
 	"github.com/quartermaster-dev/quartermaster/internal/mirror"
+	"github.com/quartermaster-dev/quartermaster/internal/testing/testenv"
 )
 
 const pinDigest = "sha256:00000000000000000000000000000000000000000000000000000000000000aa"
@@ -112,6 +114,13 @@ func testPinnedByUse(t *testing.T, f *fixture) {
 		t.Errorf("the cache is not given its pins: %s", args)
 	}
 
+	if spec := sts.Spec.Template.Spec; spec.ServiceAccountName != "quartermaster-mirror-cache" || !ptr.Deref(spec.AutomountServiceAccountToken, false) ||
+		!slices.Contains(spec.Containers[0].Args, "--report-to-pod") {
+		t.Errorf("the cache pods do not note their pins on their Pods as the caches' ServiceAccount: %s, token %v, args %q",
+			spec.ServiceAccountName, spec.AutomountServiceAccountToken, spec.Containers[0].Args)
+	}
+	testWarmedFromTheCachePods(t, f, sts, mirror.PinsHash([]byte(cm.Data[mirror.PinsFile])), len(inUse))
+
 	// The Deployment goes: its image stays pinned for the ttl, with its end, then goes.
 	must(t, f.c.Delete(ctx, deploy))
 	f.waitObject(t, mirror.PinsName("pins"), cm, func() (bool, string) {
@@ -149,4 +158,80 @@ func testPinnedByUse(t *testing.T, f *fixture) {
 		p, _ := mirror.ParsePins([]byte(cm.Data[mirror.PinsFile]))
 		return p.Images["batch/report:latest"] != "", cm.Data[mirror.PinsFile]
 	})
+}
+
+// testWarmedFromTheCachePods plays the cache pods (envtest runs none): each ready one notes what it
+// holds of the pins on its Pod, and the mirror's Warmed condition and status.pinnedSize follow
+// their notes: Warming while a pod has not read the current pins or fetches some, WarmFailed
+// naming the image and the upstream's answer (with a Warning Event), Warmed once every pod holds
+// what it owns; a pod that is not ready is not read.
+func testWarmedFromTheCachePods(t *testing.T, f *fixture, sts *appsv1.StatefulSet, hash string, pinned int) {
+	ctx := context.Background()
+	pods := make([]*corev1.Pod, 3)
+	for i := range pods {
+		pods[i] = &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Namespace: testNamespace, Name: fmt.Sprintf("%s-%d", sts.Name, i), Labels: sts.Spec.Template.Labels},
+			Spec:       *sts.Spec.Template.Spec.DeepCopy(),
+		}
+		pods[i].Spec.Volumes = append(pods[i].Spec.Volumes, corev1.Volume{Name: "cache", VolumeSource: corev1.VolumeSource{
+			PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: mirror.PVCName("pins", i)},
+		}})
+		f.create(t, pods[i])
+		pods[i].Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}
+		must(t, f.c.Status().Update(ctx, pods[i]))
+	}
+	defer func() {
+		for _, pod := range pods {
+			must(t, client.IgnoreNotFound(f.c.Delete(ctx, pod)))
+		}
+	}()
+	// The third pod is not ready: its note, however bad, is not read.
+	pods[2].Status.Conditions[0].Status = corev1.ConditionFalse
+	must(t, f.c.Status().Update(ctx, pods[2]))
+	note := func(pod *corev1.Pod, r mirror.CacheReport) {
+		f.patch(t, pod, func() { pod.Annotations = map[string]string{mirror.AnnotationCacheReport: r.Annotation()} })
+	}
+	note(pods[2], mirror.NewCacheReport(hash, pinned, 1<<40, true, 0, []mirror.WarmFailure{{Image: "team/ghost:v1", Error: "not read"}}))
+	warmed := func(reason, message string, size string) *registryv1alpha1.RegistryMirror {
+		t.Helper()
+		return f.waitMirror(t, "pins", ReasonStarting, func(rm *registryv1alpha1.RegistryMirror) (bool, string) {
+			c := meta.FindStatusCondition(rm.Status.Conditions, registryv1alpha1.ConditionWarmed)
+			got := ""
+			if rm.Status.PinnedSize != nil {
+				got = rm.Status.PinnedSize.String()
+			}
+			if c == nil {
+				return false, "no Warmed condition, pinnedSize " + got
+			}
+			return c.Reason == reason && strings.Contains(c.Message, message) && got == size, fmt.Sprintf("Warmed %s %s: %q, pinnedSize %q", c.Status, c.Reason, c.Message, got)
+		})
+	}
+	warmed(registryv1alpha1.ReasonNotReported, "no ready cache pod has noted", "")
+
+	// One pod has not read the current pins yet; the other fetches two of its own.
+	note(pods[0], mirror.NewCacheReport("0123456789abcdef", pinned-1, 10<<20, false, 0, nil))
+	note(pods[1], mirror.NewCacheReport(hash, pinned, 20<<20, false, 2, nil))
+	warmed(registryv1alpha1.ReasonWarming, "1 of 2 ready cache pods have not read the current pins", "20Mi")
+	note(pods[0], mirror.NewCacheReport(hash, pinned, 38_000_000, false, 0, nil))
+	warmed(registryv1alpha1.ReasonWarming, "fetching 2 pinned image(s)", "37Mi")
+
+	// A fetch fails: the image and the upstream's answer, once as an Event.
+	const refusal = "GET /v2/team/app/manifests/v1: 404 manifest unknown"
+	note(pods[1], mirror.NewCacheReport(hash, pinned, 20<<20, false, 1, []mirror.WarmFailure{{Image: "team/app:v1", Error: refusal}}))
+	rm := warmed(registryv1alpha1.ReasonWarmFailed, "1 pinned image(s) could not be fetched", "37Mi")
+	if c := meta.FindStatusCondition(rm.Status.Conditions, registryv1alpha1.ConditionWarmed); c.Status != metav1.ConditionFalse ||
+		!strings.Contains(c.Message, "team/app:v1: "+refusal) || strings.Contains(c.Message, "ghost") {
+		t.Errorf("Warmed %s: %q, want False naming team/app:v1 and the upstream's answer, and nothing of the pod not ready", c.Status, c.Message)
+	}
+	if !meta.IsStatusConditionTrue(rm.Status.Conditions, registryv1alpha1.ConditionReady) && meta.FindStatusCondition(rm.Status.Conditions, registryv1alpha1.ConditionReady).Reason != ReasonStarting {
+		t.Errorf("a failed warm changed Ready: %+v", meta.FindStatusCondition(rm.Status.Conditions, registryv1alpha1.ConditionReady))
+	}
+	testenv.WaitForEvent(t, f.c, rm, registryv1alpha1.ReasonWarmFailed)
+
+	// Fetched at the next try: Warmed, the size the fullest pod's volume holds.
+	note(pods[1], mirror.NewCacheReport(hash, pinned, 21<<20, false, 0, nil))
+	rm = warmed(registryv1alpha1.ReasonWarmed, fmt.Sprintf("the cache pods hold every one of the %d pinned image(s)", pinned), "37Mi")
+	if c := meta.FindStatusCondition(rm.Status.Conditions, registryv1alpha1.ConditionWarmed); c.Status != metav1.ConditionTrue || c.ObservedGeneration != rm.Generation {
+		t.Errorf("Warmed %+v, want True for generation %d", c, rm.Generation)
+	}
 }

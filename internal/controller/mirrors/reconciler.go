@@ -3,7 +3,6 @@ package mirrors
 import (
 	"context"
 	"fmt"
-	"slices"
 	"strings"
 	"time"
 
@@ -96,7 +95,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 func (r *Reconciler) reconcile(ctx context.Context, rm *registryv1alpha1.RegistryMirror) (o status.Outcome, after func(context.Context) error, err error) {
 	// What the objects show is observed anew; a mirror stopped before them shows nothing.
 	r.observe(rm, observed{})
-	rm.Status.PinnedImages = 0
+	rm.Status.PinnedImages, rm.Status.PinnedSize = 0, nil
 	spec, err := mirror.Resolve(rm)
 	if err != nil {
 		return status.WaitsForPerson(ReasonInvalidSpec, err.Error(), r.slowRetry), nil, nil
@@ -185,6 +184,11 @@ func (r *Reconciler) apply(ctx context.Context, rm *registryv1alpha1.RegistryMir
 		return status.WaitsForPerson(ReasonNameTaken, a.taken, r.slowRetry), nil
 	}
 	r.observe(rm, state)
+	pods, err := r.cachePods(ctx, spec.Name)
+	if err != nil {
+		return status.Outcome{}, err
+	}
+	r.observeWarmed(rm, pinsState{pinned: len(pins.Images), hash: mirror.PinsHash([]byte(pinsMap.Data[mirror.PinsFile])), pods: pods})
 	switch {
 	case credsProblem != "":
 		return status.WaitsForPerson(ReasonCredentials, credsProblem, r.slowRetry), nil
@@ -196,31 +200,21 @@ func (r *Reconciler) apply(ctx context.Context, rm *registryv1alpha1.RegistryMir
 		return o, nil
 	}
 	// Not serving yet: a cache pod that failed says why.
-	failures, err := r.cacheFailures(ctx, spec.Name)
-	if err != nil {
-		return status.Outcome{}, err
-	}
-	if len(failures) > 0 {
+	if failures := cacheFailures(pods); len(failures) > 0 {
 		return status.WaitsForPerson(ReasonCacheFailing, strings.Join(failures, "; "), r.slowRetry), nil
 	}
 	return o, nil
 }
 
 // cacheFailures are the failures of the mirror's cache pods (mirror.CacheFailure), in name order.
-func (r *Reconciler) cacheFailures(ctx context.Context, name string) ([]string, error) {
-	pods := &corev1.PodList{}
-	if err := r.objects.List(ctx, pods, client.InNamespace(r.install.Namespace),
-		client.MatchingLabels{mirror.LabelMirror: name, mirror.LabelComponent: mirror.ComponentCache}); err != nil {
-		return nil, err
-	}
-	slices.SortFunc(pods.Items, func(a, b corev1.Pod) int { return strings.Compare(a.Name, b.Name) })
+func cacheFailures(pods []corev1.Pod) []string {
 	var out []string
-	for i := range pods.Items {
-		if f := mirror.CacheFailure(&pods.Items[i]); f != "" {
+	for i := range pods {
+		if f := mirror.CacheFailure(&pods[i]); f != "" {
 			out = append(out, f)
 		}
 	}
-	return out, nil
+	return out
 }
 
 // checkUnique stops a mirror whose host an older mirror already serves. Its node agent, if it had

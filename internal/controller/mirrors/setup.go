@@ -83,7 +83,8 @@ func setup(mgr ctrl.Manager, o Options) (*Reconciler, error) {
 		apiReader: mgr.GetAPIReader(),
 		scheme:    mgr.GetScheme(),
 		recorder:  status.NewRecorder(mgr, "quartermaster-mirrors"),
-		install:   mirror.Install{Namespace: o.Namespace, Image: o.Image, AgentServiceAccount: o.AgentServiceAccount, PrepareStorage: o.PrepareStorage},
+		install: mirror.Install{Namespace: o.Namespace, Image: o.Image, AgentServiceAccount: o.AgentServiceAccount,
+			CacheServiceAccount: o.CacheServiceAccount, PrepareStorage: o.PrepareStorage},
 		resync:    o.Resync,
 		slowRetry: time.Minute,
 		now:       time.Now,
@@ -122,10 +123,14 @@ func setup(mgr ctrl.Manager, o Options) (*Reconciler, error) {
 		WatchesRawSource(owned(&corev1.Service{})).
 		WatchesRawSource(owned(&policyv1.PodDisruptionBudget{})).
 		WatchesRawSource(owned(&corev1.ConfigMap{})).
-		// Cache pods: a container's failure, or its end, changes what the mirror reports.
+		// Cache pods: a container's failure or its end, a pod's readiness and its note of the pins
+		// change what the mirror reports.
 		WatchesRawSource(source.Kind(objects, client.Object(&corev1.Pod{}), handler.EnqueueRequestsFromMapFunc(mirrorOfPod),
 			predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
-				return mirror.CacheFailure(e.ObjectOld.(*corev1.Pod)) != mirror.CacheFailure(e.ObjectNew.(*corev1.Pod))
+				was, is := e.ObjectOld.(*corev1.Pod), e.ObjectNew.(*corev1.Pod)
+				return mirror.CacheFailure(was) != mirror.CacheFailure(is) ||
+					was.Annotations[mirror.AnnotationCacheReport] != is.Annotations[mirror.AnnotationCacheReport] ||
+					podReady(was) != podReady(is)
 			}})).
 		// Secrets: the cache's own (owned), and the users' credentials Secrets they name.
 		WatchesRawSource(source.Kind(objects, client.Object(&corev1.Secret{}), handler.EnqueueRequestsFromMapFunc(r.secretUsers))).

@@ -63,7 +63,7 @@ func start(t *testing.T) *fixture {
 
 	f.opts = Options{
 		Namespace: testNamespace, Image: "quartermaster:test", AgentServiceAccount: "quartermaster-node-agent",
-		Concurrency: 4, Resync: time.Hour, CheckUpstream: true, PrepareStorage: true, PinByUse: true,
+		CacheServiceAccount: "quartermaster-mirror-cache", Concurrency: 4, Resync: time.Hour, CheckUpstream: true, PrepareStorage: true, PinByUse: true,
 	}
 	must(t, f.opts.validate())
 	f.run(t)
