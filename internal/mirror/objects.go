@@ -274,8 +274,9 @@ func cachePod(in Install, s Spec) corev1.PodSpec {
 	}
 	spec := corev1.PodSpec{
 		// The cache talks to the upstream, and to the API server only to note on its own Pod what
-		// it holds of the pins (its ServiceAccount may do nothing else).
-		AutomountServiceAccountToken: ptr.To(in.CacheServiceAccount != ""),
+		// it holds of the pins (its ServiceAccount may do nothing else): its container alone mounts
+		// the token (apiToken), never the storage init container.
+		AutomountServiceAccountToken: ptr.To(false),
 		ServiceAccountName:           in.CacheServiceAccount,
 		SecurityContext: &corev1.PodSecurityContext{
 			RunAsNonRoot: ptr.To(true), RunAsUser: ptr.To[int64](nonRoot), RunAsGroup: ptr.To[int64](nonRoot),
@@ -334,8 +335,32 @@ func cachePod(in Install, s Spec) corev1.PodSpec {
 		c := &spec.Containers[0]
 		c.Args = append(c.Args, "--report-to-pod")
 		c.Env = append(c.Env, fieldEnv("POD_NAMESPACE", "metadata.namespace"))
+		c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: apiTokenVolume, MountPath: APITokenDir, ReadOnly: true})
+		spec.Volumes = append(spec.Volumes, apiToken())
 	}
 	return spec
+}
+
+// APITokenDir is where a client finds its Pod's ServiceAccount token, the cluster's CA and its
+// namespace (rest.InClusterConfig); apiTokenVolume is the cache container's own mount of them.
+const (
+	APITokenDir    = "/var/run/secrets/kubernetes.io/serviceaccount"
+	apiTokenVolume = "api-token"
+)
+
+// apiToken is the projected volume the kubelet mounts for an automounted token (a bound token it
+// renews, the cluster's CA, the namespace), made explicit so that one container alone mounts it.
+func apiToken() corev1.Volume {
+	return corev1.Volume{Name: apiTokenVolume, VolumeSource: corev1.VolumeSource{Projected: &corev1.ProjectedVolumeSource{
+		DefaultMode: ptr.To[int32](0o444),
+		Sources: []corev1.VolumeProjection{
+			{ServiceAccountToken: &corev1.ServiceAccountTokenProjection{Path: "token", ExpirationSeconds: ptr.To[int64](3607)}},
+			{ConfigMap: &corev1.ConfigMapProjection{LocalObjectReference: corev1.LocalObjectReference{Name: "kube-root-ca.crt"},
+				Items: []corev1.KeyToPath{{Key: "ca.crt", Path: "ca.crt"}}}},
+			{DownwardAPI: &corev1.DownwardAPIProjection{Items: []corev1.DownwardAPIVolumeFile{{
+				Path: "namespace", FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: "metadata.namespace"}}}}},
+		},
+	}}}
 }
 
 func restricted() *corev1.SecurityContext {

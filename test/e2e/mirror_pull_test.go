@@ -353,14 +353,6 @@ func newCachePod(t *testing.T, c client.Client, sts *appsv1.StatefulSet, secret 
 	cp.URL = "http://" + cp.addr
 	cp.metricsURL = "http://" + cp.debug + mirror.MetricsPath
 	cp.args = append(cp.args, "--address="+cp.addr, "--metrics-address="+cp.debug)
-	if sa := spec.ServiceAccountName; sa != "" && ptr.Deref(spec.AutomountServiceAccountToken, true) {
-		// As the kubelet mounts the pod's token: the ServiceAccount's, under its RBAC and policies.
-		kubeconfig, _, err := cluster.ServiceAccountKubeconfig(context.Background(), sts.Namespace, sa, time.Hour)
-		must(t, err)
-		path := filepath.Join(t.TempDir(), "cache.kubeconfig")
-		must(t, os.WriteFile(path, kubeconfig, 0o600))
-		cp.env = append(cp.env, "KUBECONFIG="+path)
-	}
 	volumes := map[string]corev1.Volume{}
 	for _, v := range spec.Volumes {
 		volumes[v.Name] = v
@@ -375,6 +367,15 @@ func newCachePod(t *testing.T, c client.Client, sts *appsv1.StatefulSet, secret 
 			for key, value := range secret.Data {
 				must(t, os.WriteFile(filepath.Join(dir, key), value, mode))
 			}
+		case ok && v.Projected != nil && slices.ContainsFunc(v.Projected.Sources, func(p corev1.VolumeProjection) bool { return p.ServiceAccountToken != nil }):
+			// As the kubelet mounts the pod's token: the ServiceAccount's, under its RBAC and
+			// policies, given as a kubeconfig (the API server is not where in-cluster config looks).
+			kubeconfig, _, err := cluster.ServiceAccountKubeconfig(context.Background(), sts.Namespace, spec.ServiceAccountName, time.Hour)
+			must(t, err)
+			path := filepath.Join(dir, "kubeconfig")
+			must(t, os.WriteFile(path, kubeconfig, 0o600))
+			cp.env = append(cp.env, "KUBECONFIG="+path)
+			continue
 		case ok && v.ConfigMap != nil:
 			// As the kubelet mounts it when the pod starts (an optional one that does not exist
 			// is an empty directory); the test's copy is not updated afterwards.

@@ -74,11 +74,22 @@ func TestManagerPoliciesAreEnforced(t *testing.T) {
 	if err := createSTS(mirror.StatefulSet(in, spec, "hash")); err != nil {
 		t.Errorf("a cache's StatefulSet without an API token: %v, want allowed", err)
 	}
-	other := mirror.StatefulSet(in, spec, "hash")
-	other.Spec.Template.Spec.AutomountServiceAccountToken = ptr.To(true)
-	const tokenOnly = "Quartermaster's manager runs StatefulSets only as the caches' ServiceAccount, or without an API token."
-	if err := createSTS(other); err == nil || !strings.Contains(err.Error(), tokenOnly) {
-		t.Errorf("a cache's StatefulSet with the default ServiceAccount's token: %v, want refused with %q", err, tokenOnly)
+	const tokenOnly = "Quartermaster's manager runs StatefulSets without an automounted API token, and mounts a token only of the caches' ServiceAccount."
+	automounted := mirror.StatefulSet(in, spec, "hash")
+	automounted.Spec.Template.Spec.AutomountServiceAccountToken = ptr.To(true)
+	in.CacheServiceAccount = "quartermaster-mirror-cache"
+	cacheSA := mirror.StatefulSet(in, spec, "hash")
+	cacheSA.Spec.Template.Spec.AutomountServiceAccountToken = ptr.To(true)
+	otherSA := mirror.StatefulSet(in, spec, "hash")
+	otherSA.Spec.Template.Spec.ServiceAccountName = "default"
+	for what, sts := range map[string]*appsv1.StatefulSet{
+		"the default ServiceAccount's token automounted":      automounted,
+		"the caches' ServiceAccount's token automounted":      cacheSA,
+		"another ServiceAccount's token in a projected volume": otherSA,
+	} {
+		if err := createSTS(sts); err == nil || !strings.Contains(err.Error(), tokenOnly) {
+			t.Errorf("a cache's StatefulSet with %s: %v, want refused with %q", what, err, tokenOnly)
+		}
 	}
 }
 

@@ -114,9 +114,14 @@ func testPinnedByUse(t *testing.T, f *fixture) {
 		t.Errorf("the cache is not given its pins: %s", args)
 	}
 
-	if spec := sts.Spec.Template.Spec; spec.ServiceAccountName != "quartermaster-mirror-cache" || !ptr.Deref(spec.AutomountServiceAccountToken, false) ||
-		!slices.Contains(spec.Containers[0].Args, "--report-to-pod") {
-		t.Errorf("the cache pods do not note their pins on their Pods as the caches' ServiceAccount: %s, token %v, args %q",
+	// The cache container alone mounts the caches' ServiceAccount's token, never the storage init
+	// container, which runs as root.
+	mountsToken := func(c corev1.Container) bool {
+		return slices.ContainsFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool { return m.MountPath == mirror.APITokenDir })
+	}
+	if spec := sts.Spec.Template.Spec; spec.ServiceAccountName != "quartermaster-mirror-cache" || ptr.Deref(spec.AutomountServiceAccountToken, true) ||
+		!slices.Contains(spec.Containers[0].Args, "--report-to-pod") || !mountsToken(spec.Containers[0]) || slices.ContainsFunc(spec.InitContainers, mountsToken) {
+		t.Errorf("the cache pods do not note their pins on their Pods as the caches' ServiceAccount, from the cache container alone: %s, automount %v, args %q",
 			spec.ServiceAccountName, spec.AutomountServiceAccountToken, spec.Containers[0].Args)
 	}
 	testWarmedFromTheCachePods(t, f, sts, mirror.PinsHash([]byte(cm.Data[mirror.PinsFile])), len(inUse))
