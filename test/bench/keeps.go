@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/quartermaster-dev/quartermaster/internal/mirror"
@@ -172,5 +173,95 @@ func evictionChurnBench(ctx context.Context, _ *env) ([]result, error) {
 			note: fmt.Sprintf("%d of %d pulls", hotHits, hotPulls)},
 		{metric: "pinned image after the churn", value: map[bool]float64{true: 1, false: 0}[pinnedLost == ""], unit: "",
 			note: pinnedNote},
+	}, nil
+}
+
+// rolloutWarmPulls is how many warm pulls give the floor (their median).
+const rolloutWarmPulls = 5
+
+// prewarmRolloutBench: a rollout of a new image after pre-warming. The cache runs with an empty
+// pins file; the rollout's template starts naming the bench image, which the pins file then names
+// (as the controller writes it), and the cache warms it (its warmed counter says when). The first
+// Pod's pull of the image, as the kubelet makes it, is measured against the same pull served warm
+// (the median of rolloutWarmPulls more): within 1.2x, and no byte of it from the upstream. For
+// scale, the same pull of a second image of the same size that nothing pinned (cold, through the
+// cache, at the upstream's pace).
+func prewarmRolloutBench(ctx context.Context, _ *env) ([]result, error) {
+	b, err := startCacheBench(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer b.close()
+	cold, err := pushImageOf(b.up.url, "bench/not-prewarmed", cacheLayers, cacheLayerBytes)
+	if err != nil {
+		return nil, err
+	}
+	pins := filepath.Join(b.work, mirror.PinsFile)
+	writePins := func(p mirror.Pins) error {
+		j, err := json.Marshal(p)
+		if err != nil {
+			return err
+		}
+		// As the kubelet updates a mounted ConfigMap: a new file swapped in.
+		tmp := pins + ".new"
+		if err := os.WriteFile(tmp, j, 0o644); err != nil {
+			return err
+		}
+		return os.Rename(tmp, pins)
+	}
+	if err := writePins(mirror.Pins{Images: map[string]string{}}); err != nil {
+		return nil, err
+	}
+	ours, err := startCacheProcess(b.bin, b.up.url, filepath.Join(b.work, "ours"), "--pins="+pins)
+	if err != nil {
+		return nil, err
+	}
+	defer ours.stop()
+
+	const warmed = `quartermaster_mirror_pins_warmed_total{result="ok"}`
+	start := time.Now()
+	if err := writePins(mirror.Pins{Images: map[string]string{b.img.repo + ":" + b.img.tag: ""}}); err != nil {
+		return nil, err
+	}
+	for ours.metric(warmed) < 1 {
+		if time.Since(start) > 2*time.Minute {
+			return nil, errors.New("the pinned image was not warmed within 2 minutes:\n" + ours.logs.String())
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(20 * time.Millisecond): // polling the cache's counter
+		}
+	}
+	warming := time.Since(start)
+
+	before := b.up.bytes.Load()
+	first, err := pullers(ctx, 1, ours.url, b.img)
+	if err != nil {
+		return nil, fmt.Errorf("the first pull: %w", err)
+	}
+	fromUpstream := b.up.bytes.Load() - before
+	warm := make([]time.Duration, rolloutWarmPulls)
+	for i := range warm {
+		if warm[i], err = pullers(ctx, 1, ours.url, b.img); err != nil {
+			return nil, err
+		}
+	}
+	slices.Sort(warm)
+	median := warm[len(warm)/2]
+	coldPull, err := pullers(ctx, 1, ours.url, cold)
+	if err != nil {
+		return nil, fmt.Errorf("the pull of the image nothing pinned: %w", err)
+	}
+	mib := cacheLayers * cacheLayerBytes >> 20
+	return []result{
+		{metric: fmt.Sprintf("first pull of a %d MiB image pre-warmed for its rollout, against the same pull served warm", mib),
+			value: first.Seconds() / median.Seconds(), unit: "x",
+			note: fmt.Sprintf("must be ≤ 1.2; %.3f s against the median of %d warm pulls %.3f s; %d bytes of it from the upstream (must be 0)",
+				first.Seconds(), rolloutWarmPulls, median.Seconds(), fromUpstream)},
+		{metric: "… time from the pins naming it to the cache holding it", value: warming.Seconds(), unit: "s",
+			note: fmt.Sprintf("the upstream paced at %d MiB/s; the cache looks at its pins every 2 s", cacheUpstreamRate>>20)},
+		{metric: "… the same pull of an image nothing pre-warmed", value: coldPull.Seconds(), unit: "s",
+			note: fmt.Sprintf("%.1fx the pre-warmed first pull", coldPull.Seconds()/first.Seconds())},
 	}, nil
 }

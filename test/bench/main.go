@@ -67,6 +67,7 @@ var cases = []benchCase{
 	{name: "mirrors/cache-replicas", run: cacheReplicasBench},
 	{name: "mirrors/upstream-refusing", run: refusingUpstreamBench},
 	{name: "mirrors/eviction-under-churn", run: evictionChurnBench},
+	{name: "mirrors/rollout-after-prewarm", run: prewarmRolloutBench},
 	{name: "mirrors/pins-10000-pods", run: pinsBench},
 	{name: "manager/every-controller-unrelated-objects", run: cachesBench},
 	{name: "manager/failover-under-kill", run: failoverBench},
