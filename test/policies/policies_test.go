@@ -83,8 +83,8 @@ func TestManagerPoliciesAreEnforced(t *testing.T) {
 	otherSA := mirror.StatefulSet(in, spec, "hash")
 	otherSA.Spec.Template.Spec.ServiceAccountName = "default"
 	for what, sts := range map[string]*appsv1.StatefulSet{
-		"the default ServiceAccount's token automounted":      automounted,
-		"the caches' ServiceAccount's token automounted":      cacheSA,
+		"the default ServiceAccount's token automounted":       automounted,
+		"the caches' ServiceAccount's token automounted":       cacheSA,
 		"another ServiceAccount's token in a projected volume": otherSA,
 	} {
 		if err := createSTS(sts); err == nil || !strings.Contains(err.Error(), tokenOnly) {
