@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
+	"regexp"
 	"slices"
 	"strings"
 	"time"
@@ -29,9 +30,24 @@ func PinsName(mirror string) string { return CacheName(mirror) + "-pins" }
 
 // Pins are a mirror's pinned images: each reference (a repository of the mirror's upstream and a
 // tag or digest, as PinRef makes it) maps to "" while a workload references it, or to the time
-// (RFC 3339) until which it stays pinned after the last reference went.
+// (RFC 3339) until which it stays pinned after the last reference went. Platforms are the
+// cluster's nodes' platforms ("linux/amd64", sorted): of a pinned multi-platform image the cache
+// fetches the manifest of each (none listed: the cache pod's own).
 type Pins struct {
-	Images map[string]string `json:"images"`
+	Images    map[string]string `json:"images"`
+	Platforms []string          `json:"platforms,omitempty"`
+}
+
+// platformPart is an OS or architecture name as nodes label them (kubernetes.io/os, kubernetes.io/arch).
+var platformPart = regexp.MustCompile(`^[a-z0-9]+$`)
+
+// Platform is the platform of a node labelled os and arch ("linux/amd64"), or "" when either is
+// not a platform name.
+func Platform(os, arch string) string {
+	if !platformPart.MatchString(os) || !platformPart.MatchString(arch) {
+		return ""
+	}
+	return os + "/" + arch
 }
 
 // Refs are the pinned references, sorted.
@@ -42,6 +58,11 @@ func ParsePins(b []byte) (Pins, error) {
 	var p Pins
 	if err := json.Unmarshal(b, &p); err != nil {
 		return Pins{}, fmt.Errorf("%s: %w", PinsFile, err)
+	}
+	for _, pl := range p.Platforms {
+		if os, arch, _ := strings.Cut(pl, "/"); Platform(os, arch) != pl {
+			return Pins{}, fmt.Errorf("%s: platform %q is not os/arch", PinsFile, pl)
+		}
 	}
 	for ref, until := range p.Images {
 		if _, _, _, err := SplitPin(ref); err != nil {

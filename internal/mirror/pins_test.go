@@ -1,6 +1,7 @@
 package mirror
 
 import (
+	"slices"
 	"strings"
 	"testing"
 )
@@ -50,10 +51,16 @@ func TestParsePins(t *testing.T) {
 		{`{"images":{"Library/nginx:1.27":""}}`, "pin"},
 		{`{"images":{"library/nginx@sha256:12":""}}`, "pin"},
 		{`[`, PinsFile},
+		{`{"images":{},"platforms":["linux"]}`, "not os/arch"},
+		{`{"images":{},"platforms":["linux/arm64/v8"]}`, "not os/arch"},
+		{`{"images":{},"platforms":["Linux/amd64"]}`, "not os/arch"},
 	} {
 		if _, err := ParsePins([]byte(bad.in)); err == nil || !strings.Contains(err.Error(), bad.want) {
 			t.Errorf("ParsePins(%s) = %v, want an error with %q", bad.in, err, bad.want)
 		}
+	}
+	if p, err := ParsePins([]byte(`{"images":{},"platforms":["linux/amd64","linux/arm64"]}`)); err != nil || !slices.Equal(p.Platforms, []string{"linux/amd64", "linux/arm64"}) {
+		t.Errorf("ParsePins with platforms = %+v, %v", p, err)
 	}
 	cm, err := PinsConfigMap(Install{Namespace: "ns"}, Spec{Name: "hub"}, Pins{})
 	if err != nil || cm.Name != "mirror-hub-pins" || cm.Data[PinsFile] != `{"images":{}}` {

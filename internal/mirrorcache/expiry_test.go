@@ -47,10 +47,12 @@ func TestExpiryKeepsSharedContent(t *testing.T) {
 	writeHostsDir(t, hosts, up, cache.URL)
 
 	mustPull(t, hosts, a.byTag(up))
+	waitCommitted(t, data, append([]digest.Digest{a.manifest.Digest}, digestsOf(a.blobs)...)...)
 	up.requests()
 	// b's manifest comes from the upstream, which names the shared layer: b is served the copy
 	// a's pull stored, not fetched again.
 	mustPull(t, hosts, b.byTag(up))
+	waitCommitted(t, data, append([]digest.Digest{b.manifest.Digest}, digestsOf(b.blobs)...)...)
 	if seen := up.requests(); slices.Contains(seen, "GET /v2/team/b/blobs/"+sharedDigest.String()) {
 		t.Errorf("the shared layer was fetched again for team/b: %q", seen)
 	}

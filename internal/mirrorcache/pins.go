@@ -16,10 +16,13 @@ import (
 type pins struct {
 	repos map[string][]string // repository → tags and digests ("sha256:…")
 	count int
+	// platforms are the cluster's nodes' platforms ("linux/amd64"): of an index, the warm fetches
+	// each one's manifest; none: the pod's own.
+	platforms []string
 }
 
 func newPins(p mirror.Pins) (*pins, error) {
-	out := &pins{repos: map[string][]string{}}
+	out := &pins{repos: map[string][]string{}, platforms: p.Platforms}
 	for _, ref := range p.Refs() {
 		repo, tag, dig, err := mirror.SplitPin(ref)
 		if err != nil {

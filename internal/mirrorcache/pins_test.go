@@ -3,6 +3,7 @@ package mirrorcache
 import (
 	"context"
 	"encoding/json"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
 	"github.com/quartermaster-dev/quartermaster/internal/mirror"
 	"github.com/quartermaster-dev/quartermaster/internal/testing/testenv"
@@ -62,6 +64,8 @@ func TestPinnedImageOutlivesItsTTL(t *testing.T) {
 
 	for _, img := range []testImage{inUse, idle, byDigest} {
 		mustPull(t, hosts, img.byTag(up))
+		// A fill commits once its client has every byte: the clock moves on only after.
+		waitCommitted(t, data, append([]digest.Digest{img.manifest.Digest}, digestsOf(img.blobs)...)...)
 	}
 	for range 3 {
 		clock.advance(2 * ttl)
@@ -246,4 +250,99 @@ func TestPinsAreWarmed(t *testing.T) {
 	hosts := t.TempDir()
 	writeHostsDir(t, hosts, up, cache.URL)
 	mustPull(t, hosts, img.byTag(up))
+}
+
+// waitCommitted waits until the cache's index holds each of ds: a fill's responses finish before
+// it is committed (made durable, renamed, indexed), so a test that moves a fake clock right after
+// a pull waits for the commits first, or the pull's content would count as pulled later.
+func waitCommitted(t *testing.T, f *front, ds ...digest.Digest) {
+	t.Helper()
+	for _, d := range ds {
+		for deadline := time.Now().Add(time.Minute); f.store.content(d) == nil; {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s was not committed", d)
+			}
+			time.Sleep(10 * time.Millisecond) // polling
+		}
+	}
+}
+
+func digestsOf(descs []ocispec.Descriptor) []digest.Digest {
+	out := make([]digest.Digest, len(descs))
+	for i, d := range descs {
+		out[i] = d.Digest
+	}
+	return out
+}
+
+// A pinned multi-platform image is warmed for every platform the cluster's nodes run (the pins
+// file's platforms): an index of linux/amd64, linux/arm64 and linux/s390x, pinned for a cluster of
+// amd64 and arm64 nodes, has both of theirs fetched, manifest, config and layers, and nothing of
+// s390x's. Pinned for s390x nodes alone, an index without their platform is a failed warm saying so.
+func TestPinsWarmEveryNodePlatform(t *testing.T) {
+	up := startUpstream(t, authNone, "", false)
+	images := map[string]testImage{}
+	var index ocispec.Index
+	index.SchemaVersion, index.MediaType = 2, ocispec.MediaTypeImageIndex
+	for _, arch := range []string{"amd64", "arm64", "s390x"} {
+		img := up.pushImage(t, "team/multi", []byte(`{"architecture":"`+arch+`","os":"linux"}`), randomBytes(4096))
+		images[arch] = img
+		desc := img.manifest
+		desc.Platform = &ocispec.Platform{OS: "linux", Architecture: arch}
+		index.Manifests = append(index.Manifests, desc)
+	}
+	b, err := json.Marshal(index)
+	if err != nil {
+		t.Fatal(err)
+	}
+	up.do(t, http.MethodPut, up.URL+"/v2/team/multi/manifests/multi", ocispec.MediaTypeImageIndex, b, http.StatusCreated)
+	up.do(t, http.MethodPut, up.URL+"/v2/team/multi/manifests/s390x-only", ocispec.MediaTypeImageIndex, func() []byte {
+		only := index
+		only.Manifests = index.Manifests[2:]
+		b, err := json.Marshal(only)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}(), http.StatusCreated)
+
+	pinsPath := filepath.Join(t.TempDir(), mirror.PinsFile)
+	pins, err := json.Marshal(mirror.Pins{Images: map[string]string{"team/multi:multi": ""}, Platforms: []string{"linux/amd64", "linux/arm64"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(pinsPath, pins, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	files := newCacheFiles(t, up.URL, "", "")
+	cache := startCacheWith(t, files, Options{PinsPath: pinsPath})
+	for _, arch := range []string{"amd64", "arm64"} {
+		img := images[arch]
+		for _, d := range append([]digest.Digest{img.manifest.Digest}, digestsOf(img.blobs)...) {
+			waitStored(t, files, d)
+		}
+	}
+	waitMetric(t, cache, `quartermaster_mirror_pinned_images`, func(v float64) bool { return v == 1 })
+	for _, d := range append([]digest.Digest{images["s390x"].manifest.Digest}, digestsOf(images["s390x"].blobs)...) {
+		if stored(files, d) {
+			t.Errorf("s390x content %s was fetched for a cluster of amd64 and arm64 nodes", d)
+		}
+	}
+
+	pins, err = json.Marshal(mirror.Pins{Images: map[string]string{"team/multi:s390x-only": ""}, Platforms: []string{"linux/amd64"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(pinsPath+".new", pins, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(pinsPath+".new", pinsPath); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); !strings.Contains(cache.log.String(), "team/multi:s390x-only has no manifest for linux/amd64"); {
+		if time.Now().After(deadline) {
+			t.Fatalf("the warm of an index without the nodes' platform did not fail saying so:\n%s", cache.log)
+		}
+		time.Sleep(50 * time.Millisecond) // polling the cache's log
+	}
 }

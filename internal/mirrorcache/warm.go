@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"net/http"
 	"runtime"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -92,7 +94,7 @@ func (f *front) warmPins() warmState {
 				case <-f.ctx.Done():
 					return
 				}
-				err := f.warm(repo, ref)
+				err := f.warm(repo, ref, p.platforms)
 				<-w.sem
 				w.mu.Lock()
 				delete(w.running, key)
@@ -145,8 +147,13 @@ func (f *front) holds(repo, ref string) bool {
 	return f.store.content(d) != nil
 }
 
-// warm pulls a pin through the cache's own data path.
-func (f *front) warm(repo, ref string) error {
+// warm pulls a pin through the cache's own data path: of an index, the manifest of each of
+// platforms it lists (none given: the pod's own platform), and an error only when it lists none of
+// them.
+func (f *front) warm(repo, ref string, platforms []string) error {
+	if len(platforms) == 0 {
+		platforms = []string{runtime.GOOS + "/" + runtime.GOARCH}
+	}
 	ctx, cancel := context.WithTimeout(f.ctx, 30*time.Minute)
 	defer cancel()
 	m, err := f.warmGet(ctx, repo, "manifests", ref, true)
@@ -171,13 +178,21 @@ func (f *front) warm(repo, ref string) error {
 	if err := json.Unmarshal(m, &parsed); err != nil {
 		return fmt.Errorf("the manifest of %s does not parse: %w", pinName(repo, ref), err)
 	}
-	if len(parsed.Manifests) > 0 { // an index: this pod's platform (the cluster's nodes run it)
+	if len(parsed.Manifests) > 0 { // an index: the manifests of the platforms the nodes run
+		warmed := map[digest.Digest]bool{}
 		for _, c := range parsed.Manifests {
-			if c.Platform != nil && c.Platform.OS == runtime.GOOS && c.Platform.Architecture == runtime.GOARCH {
-				return f.warm(repo, c.Digest.String())
+			if c.Platform == nil || warmed[c.Digest] || !slices.Contains(platforms, c.Platform.OS+"/"+c.Platform.Architecture) {
+				continue
 			}
+			if err := f.warm(repo, c.Digest.String(), platforms); err != nil {
+				return err
+			}
+			warmed[c.Digest] = true
 		}
-		return fmt.Errorf("%s has no manifest for %s/%s", pinName(repo, ref), runtime.GOOS, runtime.GOARCH)
+		if len(warmed) == 0 {
+			return fmt.Errorf("%s has no manifest for %s", pinName(repo, ref), strings.Join(platforms, " or "))
+		}
+		return nil
 	}
 	var blobs []digest.Digest
 	if parsed.Config != nil {

@@ -163,7 +163,7 @@ func TestInstallsOnlyTheEnabledControllersRBAC(t *testing.T) {
 		"namespaces": {"ClusterRole quartermaster-namespaces", "ValidatingAdmissionPolicy quartermaster-manager-scope", "ValidatingAdmissionPolicy quartermaster-manager-namespaces"},
 		"vmgroups":   {"ClusterRole quartermaster-vmgroups", "ClusterRole quartermaster-vmgroups-user-data"},
 		"iam":        {"ClusterRole quartermaster-iam"},
-		"mirrors":    {"ClusterRole quartermaster-mirrors", "ClusterRole quartermaster-node-agent", "Role quartermaster-mirror-cache", "ServiceAccount quartermaster-mirror-cache", "ValidatingAdmissionPolicy quartermaster-manager-workloads", "ValidatingAdmissionPolicy quartermaster-node-agent"},
+		"mirrors":    {"ClusterRole quartermaster-mirrors", "ClusterRole quartermaster-node-agent", "Role quartermaster-mirror-cache", "ServiceAccount quartermaster-mirror-cache", "ValidatingAdmissionPolicy quartermaster-manager-workloads", "ValidatingAdmissionPolicy quartermaster-manager-pods", "ValidatingAdmissionPolicy quartermaster-node-agent"},
 		"intents":    {"ClusterRole quartermaster-intents", "ValidatingAdmissionPolicy quartermaster-manager-kyverno"},
 	}
 	// No oidcIssuer: it is optional (a cluster that uses only Pod Identity has none).

@@ -60,6 +60,31 @@ func TestManagerPoliciesAreEnforced(t *testing.T) {
 		t.Errorf("a quota in a namespace the manager manages: %v, want allowed", err)
 	}
 
+	// A cache pod: the manager may change its registry.quartermaster.dev/ annotations, not its image.
+	cachePod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "quartermaster-mirrors", Name: "mirror-hub-0"},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "cache", Image: "quartermaster:test"}}}}
+	if err := env.Client.Create(ctx, cachePod); err != nil {
+		t.Fatal(err)
+	}
+	patchPod := func(body string) error {
+		_, err := asManager.CoreV1().Pods(cachePod.Namespace).Patch(ctx, cachePod.Name, types.StrategicMergePatchType, []byte(body), metav1.PatchOptions{DryRun: []string{metav1.DryRunAll}})
+		return err
+	}
+	const annotationsOnly = "Quartermaster's manager may change only a pod's registry.quartermaster.dev/ annotations."
+	var last error
+	if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		last = patchPod(`{"spec":{"containers":[{"name":"cache","image":"evil:latest"}]}}`)
+		return last != nil && strings.Contains(last.Error(), annotationsOnly), nil
+	}); err != nil {
+		t.Errorf("changing a cache pod's image: %v, want refused with %q", last, annotationsOnly)
+	}
+	if err := patchPod(`{"metadata":{"annotations":{"example.com/x":"y"}}}`); err == nil || !strings.Contains(err.Error(), annotationsOnly) {
+		t.Errorf("another annotation of a cache pod: %v, want refused with %q", err, annotationsOnly)
+	}
+	if err := patchPod(`{"metadata":{"annotations":{"registry.quartermaster.dev/pins-requested":"0123@2026-11-27T00:00:00Z#1"}}}`); err != nil {
+		t.Errorf("asking for a cache pod's pins: %v, want allowed", err)
+	}
+
 	// A cache's StatefulSet has an API token only as the caches' ServiceAccount.
 	in := mirror.Install{Namespace: "quartermaster-mirrors", Image: "quartermaster:test", AgentServiceAccount: "quartermaster-node-agent", CacheServiceAccount: "quartermaster-mirror-cache"}
 	spec := mirror.Spec{Name: "hub", UpstreamURL: "https://registry-1.docker.io", MirrorHost: "docker.io", Replicas: 1, StorageSize: resource.MustParse("1Gi")}

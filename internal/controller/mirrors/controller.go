@@ -46,7 +46,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.Concurrency, "mirrors-concurrency", 4, "RegistryMirrors reconciled in parallel.")
 	fs.DurationVar(&o.Resync, "mirrors-resync", 10*time.Minute, "How often a ready mirror's objects and upstream are checked again.")
 	fs.BoolVar(&o.PrepareStorage, "mirrors-prepare-storage", true, "Give each cache pod an init container that makes a fresh, empty volume owned by root writable by the cache (as root with CAP_CHOWN alone, changing only the volume's owner): for provisioners that ignore fsGroup. Off: such a volume stalls the mirror with a message naming it.")
-	fs.BoolVar(&o.PinByUse, "mirrors-pin-by-use", true, "Keep in each mirror's cache, whatever its ttl, the images the cluster's Pods and workload templates name (and for ttl after the last does): the controller reads every namespace's Pods, Deployments, StatefulSets, DaemonSets, Jobs and CronJobs, keeping only their images. Off: nothing is pinned.")
+	fs.BoolVar(&o.PinByUse, "mirrors-pin-by-use", true, "Keep in each mirror's cache, whatever its ttl, the images the cluster's Pods and workload templates name (and for ttl after the last does): the controller reads every namespace's Pods, Deployments, StatefulSets, DaemonSets, Jobs and CronJobs, keeping only their images, and every Node, keeping only its platform (the caches warm a multi-platform image for each). Off: nothing is pinned.")
 	fs.BoolVar(&o.CheckUpstream, "mirrors-check-upstream", true, "Ask each upstream whether the mirror's credentials are accepted (a 401 stalls the mirror with a clear reason). Turn off where the operator has no egress.")
 }
 

@@ -3,6 +3,7 @@ package mirrors
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -39,6 +40,9 @@ import (
 // +kubebuilder:rbac:groups="",resources=pods,verbs=list;watch,roleName=quartermaster-mirrors-pins
 // +kubebuilder:rbac:groups=apps,resources=deployments;statefulsets;daemonsets,verbs=list;watch,roleName=quartermaster-mirrors-pins
 // +kubebuilder:rbac:groups=batch,resources=jobs;cronjobs,verbs=list;watch,roleName=quartermaster-mirrors-pins
+// The nodes' platforms (their kubernetes.io/os and kubernetes.io/arch labels alone are kept): the
+// cache warms a multi-platform image for each.
+// +kubebuilder:rbac:groups="",resources=nodes,verbs=list;watch,roleName=quartermaster-mirrors-pins
 // +kubebuilder:rbac:groups="",namespace=quartermaster-mirrors,resources=configmaps,verbs=get;list;watch;create;update
 
 // indexImageHost indexes Pods and workloads by the registry hosts of their images.
@@ -159,11 +163,18 @@ func byImageHost(o any) ([]string, error) {
 	return nil, nil
 }
 
-// newUsageCache is the cluster-wide cache of Pods and workloads that pinning reads, and the index
-// by image host of each kind's informer (its objects are imageUse, not the kinds' types: they are
-// read through the index, never through the cache's typed List).
-func newUsageCache(mgr ctrl.Manager) (cache.Cache, []toolscache.Indexer, error) {
-	byObject := map[client.Object]cache.ByObject{}
+// usageCache is the cluster-wide cache of Pods and workloads that pinning reads, with the index by
+// image host of each kind's informer (its objects are imageUse, not the kinds' types: they are
+// read through the index, never through the cache's typed List), and the Nodes, of which it keeps
+// the platform labels alone.
+type usageCache struct {
+	cache.Cache
+	byHost []toolscache.Indexer
+	nodes  toolscache.Store
+}
+
+func newUsageCache(mgr ctrl.Manager) (*usageCache, error) {
+	byObject := map[client.Object]cache.ByObject{&corev1.Node{}: {Transform: keepPlatform}}
 	for _, obj := range usageKinds() {
 		byObject[obj] = cache.ByObject{Transform: keepImages}
 	}
@@ -171,24 +182,66 @@ func newUsageCache(mgr ctrl.Manager) (cache.Cache, []toolscache.Indexer, error) 
 		Scheme: mgr.GetScheme(), Mapper: mgr.GetRESTMapper(), ByObject: byObject,
 	})
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	var indexers []toolscache.Indexer
-	for _, obj := range usageKinds() {
+	u := &usageCache{Cache: c}
+	informer := func(obj client.Object) (toolscache.SharedIndexInformer, error) {
 		inf, err := c.GetInformer(context.Background(), obj, cache.BlockUntilSynced(false))
 		if err != nil {
-			return nil, nil, err
-		}
-		if err := inf.AddIndexers(toolscache.Indexers{indexImageHost: byImageHost}); err != nil {
-			return nil, nil, err
+			return nil, err
 		}
 		shared, ok := inf.(toolscache.SharedIndexInformer)
 		if !ok {
-			return nil, nil, fmt.Errorf("the usage cache's informer of %T is a %T, not a shared index informer", obj, inf)
+			return nil, fmt.Errorf("the usage cache's informer of %T is a %T, not a shared index informer", obj, inf)
 		}
-		indexers = append(indexers, shared.GetIndexer())
+		return shared, nil
 	}
-	return c, indexers, controllers.AddCache(mgr, c)
+	for _, obj := range usageKinds() {
+		inf, err := informer(obj)
+		if err != nil {
+			return nil, err
+		}
+		if err := inf.AddIndexers(toolscache.Indexers{indexImageHost: byImageHost}); err != nil {
+			return nil, err
+		}
+		u.byHost = append(u.byHost, inf.GetIndexer())
+	}
+	nodes, err := informer(&corev1.Node{})
+	if err != nil {
+		return nil, err
+	}
+	u.nodes = nodes.GetStore()
+	return u, controllers.AddCache(mgr, c)
+}
+
+// keepPlatform is the usage cache's transform of a Node: its name and platform labels alone.
+func keepPlatform(in any) (any, error) {
+	n, ok := in.(*corev1.Node)
+	if !ok {
+		return in, nil // a tombstone
+	}
+	return &corev1.Node{ObjectMeta: metav1.ObjectMeta{
+		Name: n.Name, UID: n.UID, ResourceVersion: n.ResourceVersion,
+		Labels: map[string]string{corev1.LabelOSStable: n.Labels[corev1.LabelOSStable], corev1.LabelArchStable: n.Labels[corev1.LabelArchStable]},
+	}}, nil
+}
+
+func platformOf(obj client.Object) string {
+	l := obj.GetLabels()
+	return mirror.Platform(l[corev1.LabelOSStable], l[corev1.LabelArchStable])
+}
+
+// platforms are the cluster's nodes' platforms, sorted.
+func (u *usageCache) platforms() []string {
+	seen := map[string]bool{}
+	for _, o := range u.nodes.List() {
+		if obj, ok := o.(client.Object); ok {
+			if p := platformOf(obj); p != "" {
+				seen[p] = true
+			}
+		}
+	}
+	return slices.Sorted(maps.Keys(seen))
 }
 
 // usageSources wake the mirrors of the hosts whose images an object starts or stops naming.
@@ -199,6 +252,24 @@ func (r *Reconciler) usageSources() []source.Source {
 	var out []source.Source
 	for _, obj := range usageKinds() {
 		out = append(out, source.Kind(r.usage, obj, handler.EnqueueRequestsFromMapFunc(r.mirrorsOfImages), changed))
+	}
+	// A node that comes, goes or changes platform may change the platforms every mirror warms.
+	platformChanged := predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
+		return platformOf(e.ObjectOld) != platformOf(e.ObjectNew)
+	}}
+	out = append(out, source.Kind(r.usage, client.Object(&corev1.Node{}), handler.EnqueueRequestsFromMapFunc(r.allMirrors), platformChanged))
+	return out
+}
+
+// allMirrors maps an object to every mirror.
+func (r *Reconciler) allMirrors(ctx context.Context, _ client.Object) []reconcile.Request {
+	list := &registryv1alpha1.RegistryMirrorList{}
+	if err := r.client.List(ctx, list); err != nil {
+		return nil
+	}
+	out := make([]reconcile.Request, 0, len(list.Items))
+	for _, rm := range list.Items {
+		out = append(out, reconcile.Request{NamespacedName: client.ObjectKey{Name: rm.Name}})
 	}
 	return out
 }
@@ -235,7 +306,8 @@ func (r *Reconciler) pinned(ctx context.Context, spec mirror.Spec) (p mirror.Pin
 	if r.usage == nil {
 		return p, 0, ignored, nil // pinning by use is off: what workloads name is released
 	}
-	for _, idx := range r.usageIndex {
+	p.Platforms = r.usage.platforms()
+	for _, idx := range r.usage.byHost {
 		list, err := idx.ByIndex(indexImageHost, strings.ToLower(spec.MirrorHost))
 		if err != nil {
 			return p, 0, nil, err

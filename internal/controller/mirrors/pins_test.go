@@ -42,6 +42,14 @@ func testPinnedByUse(t *testing.T, f *fixture) {
 	// What the cluster must start cold, by reference as a Pod names it: pinned for as long as it
 	// is listed; an image of another host is ignored, and said.
 	rm.Spec.Prefetch = []string{host + "/addons/dns:1.2", "quay.io/addons/metrics:v3", host + "/team/app@" + pinDigest}
+	// The cluster's nodes: two platforms (and a node without the labels, which adds none).
+	for name, arch := range map[string]string{"node-amd64": "amd64", "node-arm64": "arm64", "node-arm64-b": "arm64", "node-unlabelled": ""} {
+		node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{corev1.LabelOSStable: "linux", corev1.LabelArchStable: arch}}}
+		if arch == "" {
+			node.Labels = nil
+		}
+		f.create(t, node)
+	}
 	f.create(t, rm)
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "pins-workloads"}}
 	f.create(t, ns)
@@ -91,7 +99,8 @@ func testPinnedByUse(t *testing.T, f *fixture) {
 		if err != nil {
 			return false, err.Error()
 		}
-		return slices.Equal(p.Refs(), inUse), strings.Join(p.Refs(), " ")
+		return slices.Equal(p.Refs(), inUse) && slices.Equal(p.Platforms, []string{"linux/amd64", "linux/arm64"}),
+			strings.Join(p.Refs(), " ") + " for " + strings.Join(p.Platforms, " ")
 	})
 	for ref, until := range pins().Images {
 		if until != "" {
@@ -163,6 +172,15 @@ func testPinnedByUse(t *testing.T, f *fixture) {
 		p, _ := mirror.ParsePins([]byte(cm.Data[mirror.PinsFile]))
 		return p.Images["batch/report:latest"] != "", cm.Data[mirror.PinsFile]
 	})
+
+	// The arm64 nodes go: the pins name amd64 alone.
+	for _, name := range []string{"node-arm64", "node-arm64-b"} {
+		must(t, f.c.Delete(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}))
+	}
+	f.waitObject(t, mirror.PinsName("pins"), cm, func() (bool, string) {
+		p, _ := mirror.ParsePins([]byte(cm.Data[mirror.PinsFile]))
+		return slices.Equal(p.Platforms, []string{"linux/amd64"}), cm.Data[mirror.PinsFile]
+	})
 }
 
 // testWarmedFromTheCachePods plays the cache pods (envtest runs none): each ready one notes what it
@@ -182,7 +200,14 @@ func testWarmedFromTheCachePods(t *testing.T, f *fixture, sts *appsv1.StatefulSe
 			PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: mirror.PVCName("pins", i)},
 		}})
 		f.create(t, pods[i])
+		// The third pod is not ready (not running): its note, however bad, is not read, and its
+		// kubelet is not asked for the pins.
+		pods[i].Status.Phase = corev1.PodRunning
 		pods[i].Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}
+		if i == 2 {
+			pods[i].Status.Phase = corev1.PodPending
+			pods[i].Status.Conditions[0].Status = corev1.ConditionFalse
+		}
 		must(t, f.c.Status().Update(ctx, pods[i]))
 	}
 	defer func() {
@@ -190,9 +215,6 @@ func testWarmedFromTheCachePods(t *testing.T, f *fixture, sts *appsv1.StatefulSe
 			must(t, client.IgnoreNotFound(f.c.Delete(ctx, pod)))
 		}
 	}()
-	// The third pod is not ready: its note, however bad, is not read.
-	pods[2].Status.Conditions[0].Status = corev1.ConditionFalse
-	must(t, f.c.Status().Update(ctx, pods[2]))
 	note := func(pod *corev1.Pod, r mirror.CacheReport) {
 		f.patch(t, pod, func() { pod.Annotations = map[string]string{mirror.AnnotationCacheReport: r.Annotation()} })
 	}
@@ -217,6 +239,17 @@ func testWarmedFromTheCachePods(t *testing.T, f *fixture, sts *appsv1.StatefulSe
 	note(pods[0], mirror.NewCacheReport("0123456789abcdef", pinned-1, 10<<20, false, 0, nil))
 	note(pods[1], mirror.NewCacheReport(hash, pinned, 20<<20, false, 2, nil))
 	warmed(registryv1alpha1.ReasonWarming, "1 of 2 ready cache pods have not read the current pins", "20Mi")
+	// The pod behind is changed, so that its kubelet hands it the pins at once; the others are not.
+	f.waitObject(t, pods[0].Name, pods[0], func() (bool, string) {
+		v := pods[0].Annotations[AnnotationPinsRequested]
+		return strings.HasPrefix(v, hash+"@") && strings.HasSuffix(v, "#1"), v
+	})
+	for _, pod := range pods[1:] {
+		f.object(t, pod.Name, pod)
+		if v, asked := pod.Annotations[AnnotationPinsRequested]; asked {
+			t.Errorf("pod %s, which read the pins or does not run, was asked for them: %q", pod.Name, v)
+		}
+	}
 	note(pods[0], mirror.NewCacheReport(hash, pinned, 38_000_000, false, 0, nil))
 	warmed(registryv1alpha1.ReasonWarming, "fetching 2 pinned image(s)", "37Mi")
 

@@ -11,9 +11,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/events"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -48,11 +46,10 @@ type Reconciler struct {
 	upstream  *upstreamChecker // nil: upstreams are not asked
 	resync    time.Duration
 	slowRetry time.Duration
-	// usage is the cluster's Pods and workloads, their images alone (pins.go), and usageIndex its
-	// informers' indexes by image host; nil: pinning off.
-	usage      cache.Cache
-	usageIndex []toolscache.Indexer
-	now        func() time.Time
+	// usage is the cluster's Pods, workloads and nodes, their images and platforms alone (pins.go);
+	// nil with pinning by use off.
+	usage *usageCache
+	now   func() time.Time
 }
 
 // step ends every reconcile (status.Step): the guarded client, the recorder.
@@ -188,7 +185,19 @@ func (r *Reconciler) apply(ctx context.Context, rm *registryv1alpha1.RegistryMir
 	if err != nil {
 		return status.Outcome{}, err
 	}
-	r.observeWarmed(rm, pinsState{pinned: len(pins.Images), hash: mirror.PinsHash([]byte(pinsMap.Data[mirror.PinsFile])), pods: pods})
+	pinsNow := pinsState{pinned: len(pins.Images), hash: mirror.PinsHash([]byte(pinsMap.Data[mirror.PinsFile])), pods: pods}
+	r.observeWarmed(rm, pinsNow)
+	askAgain, err := r.askForPins(ctx, pinsNow)
+	if err != nil {
+		return status.Outcome{}, err
+	}
+	if askAgain > 0 {
+		defer func() {
+			if o.RequeueAfter == 0 || askAgain < o.RequeueAfter {
+				o.RequeueAfter = askAgain
+			}
+		}()
+	}
 	switch {
 	case credsProblem != "":
 		return status.WaitsForPerson(ReasonCredentials, credsProblem, r.slowRetry), nil

@@ -43,8 +43,10 @@ import (
 // +kubebuilder:rbac:groups=apps,namespace=quartermaster-mirrors,resources=statefulsets,verbs=get;list;watch;create;update
 // +kubebuilder:rbac:groups=apps,namespace=quartermaster-mirrors,resources=daemonsets,verbs=get;list;watch;create;update;delete
 // +kubebuilder:rbac:groups=policy,namespace=quartermaster-mirrors,resources=poddisruptionbudgets,verbs=get;list;watch;create;update
-// The cache pods are read for why they fail (their containers' termination messages).
-// +kubebuilder:rbac:groups="",namespace=quartermaster-mirrors,resources=pods,verbs=get;list;watch
+// The cache pods are read for why they fail (their containers' termination messages) and for their
+// notes of the pins, and annotated so that their kubelets hand them new pins at once (the
+// quartermaster-manager-pods admission policy allows no other change).
+// +kubebuilder:rbac:groups="",namespace=quartermaster-mirrors,resources=pods,verbs=get;list;watch;patch
 
 // Field indexes of the shared cache.
 const (
@@ -79,7 +81,7 @@ func setup(mgr ctrl.Manager, o Options) (*Reconciler, error) {
 	r := &Reconciler{
 		client: status.NewClient(mgr.GetClient(), &registryv1alpha1.RegistryMirror{}),
 		objects: status.NewClient(owned.WithFieldOwner(objectClient),
-			&corev1.Secret{}, &corev1.ConfigMap{}, &corev1.Service{}, &appsv1.StatefulSet{}, &appsv1.DaemonSet{}, &policyv1.PodDisruptionBudget{}),
+			&corev1.Secret{}, &corev1.ConfigMap{}, &corev1.Service{}, &appsv1.StatefulSet{}, &appsv1.DaemonSet{}, &policyv1.PodDisruptionBudget{}, &corev1.Pod{}),
 		apiReader: mgr.GetAPIReader(),
 		scheme:    mgr.GetScheme(),
 		recorder:  status.NewRecorder(mgr, "quartermaster-mirrors"),
@@ -90,7 +92,7 @@ func setup(mgr ctrl.Manager, o Options) (*Reconciler, error) {
 		now:       time.Now,
 	}
 	if o.PinByUse {
-		if r.usage, r.usageIndex, err = newUsageCache(mgr); err != nil {
+		if r.usage, err = newUsageCache(mgr); err != nil {
 			return nil, err
 		}
 	}

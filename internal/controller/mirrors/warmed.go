@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -136,4 +138,87 @@ func (r *Reconciler) observeWarmed(rm *registryv1alpha1.RegistryMirror, st pinsS
 		r.recorder.Eventf(rm, nil, corev1.EventTypeWarning, registryv1alpha1.ReasonWarmFailed, "Warm", "%s", c.Message)
 	}
 	meta.SetStatusCondition(&rm.Status.Conditions, *c)
+}
+
+// A cache pod reads its pins from the mounted ConfigMap, which its kubelet refreshes when it syncs
+// the pod: periodically (about a minute), and whenever the pod changes. So that new pins reach the
+// caches before the Pods of a rollout ask, the controller changes each running cache pod that has
+// not read the current pins: it sets AnnotationPinsRequested to "<pins hash>@<time>#<asks>". It
+// asks again after pinsAskAgain while the pod's note still shows other pins (its kubelet's copy of
+// the ConfigMap may have lagged behind the pod's change), pinsAsks times in all (the periodic sync
+// comes by then), and once only of a pod that notes nothing (a cache that does not report).
+const (
+	AnnotationPinsRequested = "registry.quartermaster.dev/pins-requested"
+	pinsAskAgain            = 15 * time.Second
+	pinsAsks                = 3
+)
+
+// askForPins changes the cache pods that have not read the current pins, and says when to look
+// again (0: no pod waits).
+func (r *Reconciler) askForPins(ctx context.Context, st pinsState) (time.Duration, error) {
+	var again time.Duration
+	soonest := func(d time.Duration) {
+		if d > 0 && (again == 0 || d < again) {
+			again = d
+		}
+	}
+	now := r.now()
+	for i := range st.pods {
+		pod := &st.pods[i]
+		ask, wait := pinsAsk(pod, st.hash, now)
+		soonest(wait)
+		if ask == "" {
+			continue
+		}
+		patch := client.MergeFrom(pod.DeepCopy())
+		if pod.Annotations == nil {
+			pod.Annotations = map[string]string{}
+		}
+		pod.Annotations[AnnotationPinsRequested] = ask
+		if err := r.objects.Patch(ctx, pod, patch); client.IgnoreNotFound(err) != nil {
+			return 0, fmt.Errorf("asking cache pod %s's kubelet for the new pins: %w", pod.Name, err)
+		}
+	}
+	return again, nil
+}
+
+// pinsAsk decides for one cache pod: the value of AnnotationPinsRequested to set now ("": none),
+// and when to decide again (0: not for this pod).
+func pinsAsk(pod *corev1.Pod, hash string, now time.Time) (ask string, wait time.Duration) {
+	if pod.Status.Phase != corev1.PodRunning || !pod.DeletionTimestamp.IsZero() {
+		return "", 0
+	}
+	note, reported := pod.Annotations[mirror.AnnotationCacheReport]
+	if reported {
+		if rep, err := mirror.ParseCacheReport(note); err == nil && rep.PinsHash == hash {
+			return "", 0
+		}
+	}
+	asked, at, asks := parsePinsRequested(pod.Annotations[AnnotationPinsRequested])
+	if asked == hash {
+		if !reported || asks >= pinsAsks {
+			return "", 0
+		}
+		if since := now.Sub(at); since < pinsAskAgain {
+			return "", pinsAskAgain - since
+		}
+	} else {
+		asks = 0
+	}
+	if !reported || asks+1 >= pinsAsks {
+		wait = 0
+	} else {
+		wait = pinsAskAgain
+	}
+	return fmt.Sprintf("%s@%s#%d", hash, now.UTC().Format(time.RFC3339), asks+1), wait
+}
+
+// parsePinsRequested reads AnnotationPinsRequested: the hash asked for, when, and how many times
+// (zero values for what does not parse).
+func parsePinsRequested(v string) (hash string, at time.Time, asks int) {
+	hash, rest, _ := strings.Cut(v, "@")
+	when, n, _ := strings.Cut(rest, "#")
+	at, _ = time.Parse(time.RFC3339, when)
+	asks, _ = strconv.Atoi(n)
+	return hash, at, asks
 }
