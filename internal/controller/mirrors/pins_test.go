@@ -272,4 +272,9 @@ func testWarmedFromTheCachePods(t *testing.T, f *fixture, sts *appsv1.StatefulSe
 	if c := meta.FindStatusCondition(rm.Status.Conditions, registryv1alpha1.ConditionWarmed); c.Status != metav1.ConditionTrue || c.ObservedGeneration != rm.Generation {
 		t.Errorf("Warmed %+v, want True for generation %d", c, rm.Generation)
 	}
+
+	// Pinned content alone fills a pod's volume past its high-water mark: said, with what to do.
+	note(pods[1], mirror.NewCacheReport(hash, pinned, 900<<20, true, 0, nil))
+	rm = warmed(registryv1alpha1.ReasonWarmed, "pinned content alone is above the high-water mark on cache pod(s) "+pods[1].Name, "900Mi")
+	testenv.WaitForEvent(t, f.c, rm, "PinnedOverHighWater")
 }

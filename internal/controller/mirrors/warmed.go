@@ -63,7 +63,7 @@ func warmedCondition(st pinsState) (*metav1.Condition, *resource.Quantity) {
 		most                     int64
 		failed                   = map[string]string{}
 		failedCount              int
-		unreadable               []string
+		unreadable, over         []string
 	)
 	for i := range st.pods {
 		pod := &st.pods[i]
@@ -78,6 +78,9 @@ func warmedCondition(st pinsState) (*metav1.Condition, *resource.Quantity) {
 		}
 		reported++
 		most = max(most, rep.Bytes)
+		if rep.OverHighWater {
+			over = append(over, pod.Name)
+		}
 		if rep.PinsHash != st.hash {
 			stale++
 		}
@@ -120,8 +123,15 @@ func warmedCondition(st pinsState) (*metav1.Condition, *resource.Quantity) {
 		c.Status, c.Reason = metav1.ConditionTrue, registryv1alpha1.ReasonWarmed
 		c.Message = fmt.Sprintf("the cache pods hold every one of the %d pinned image(s)", st.pinned)
 	}
+	if len(over) > 0 {
+		c.Message += "; " + pinnedOverHighWater + " on cache pod(s) " + strings.Join(over, ", ") +
+			": eviction cannot bring the volume under it (give the mirror a larger volume, spec.storage.size)"
+	}
 	return c, size
 }
+
+// pinnedOverHighWater says that pinned content alone fills a volume past its high-water mark.
+const pinnedOverHighWater = "pinned content alone is above the high-water mark"
 
 // observeWarmed sets the Warmed condition and status.pinnedSize from st, keeping the condition's
 // place and transition time, and records a WarmFailed Event when the failures shown change.
@@ -136,6 +146,9 @@ func (r *Reconciler) observeWarmed(rm *registryv1alpha1.RegistryMirror, st pinsS
 	was := meta.FindStatusCondition(rm.Status.Conditions, registryv1alpha1.ConditionWarmed)
 	if c.Reason == registryv1alpha1.ReasonWarmFailed && (was == nil || was.Reason != c.Reason || was.Message != c.Message) {
 		r.recorder.Eventf(rm, nil, corev1.EventTypeWarning, registryv1alpha1.ReasonWarmFailed, "Warm", "%s", c.Message)
+	}
+	if strings.Contains(c.Message, pinnedOverHighWater) && (was == nil || !strings.Contains(was.Message, pinnedOverHighWater)) {
+		r.recorder.Eventf(rm, nil, corev1.EventTypeWarning, "PinnedOverHighWater", "Evict", "%s", c.Message[strings.Index(c.Message, pinnedOverHighWater):])
 	}
 	meta.SetStatusCondition(&rm.Status.Conditions, *c)
 }
