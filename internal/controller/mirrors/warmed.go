@@ -147,8 +147,8 @@ func (r *Reconciler) observeWarmed(rm *registryv1alpha1.RegistryMirror, st pinsS
 	if c.Reason == registryv1alpha1.ReasonWarmFailed && (was == nil || was.Reason != c.Reason || was.Message != c.Message) {
 		r.recorder.Eventf(rm, nil, corev1.EventTypeWarning, registryv1alpha1.ReasonWarmFailed, "Warm", "%s", c.Message)
 	}
-	if strings.Contains(c.Message, pinnedOverHighWater) && (was == nil || !strings.Contains(was.Message, pinnedOverHighWater)) {
-		r.recorder.Eventf(rm, nil, corev1.EventTypeWarning, "PinnedOverHighWater", "Evict", "%s", c.Message[strings.Index(c.Message, pinnedOverHighWater):])
+	if _, over, ok := strings.Cut(c.Message, pinnedOverHighWater); ok && (was == nil || !strings.Contains(was.Message, pinnedOverHighWater)) {
+		r.recorder.Eventf(rm, nil, corev1.EventTypeWarning, "PinnedOverHighWater", "Evict", "%s%s", pinnedOverHighWater, over)
 	}
 	meta.SetStatusCondition(&rm.Status.Conditions, *c)
 }
