@@ -42,6 +42,9 @@ type Spec struct {
 	Boot string
 	// GuestIP: a VM is ready only once its guest reports an IP address, not as soon as it is on.
 	GuestIP bool
+	// DeleteFirst names members to remove first when the group scales in (the VmGroup's
+	// compute.quartermaster.dev/delete-first annotation); the others go highest ordinal first.
+	DeleteFirst map[string]bool
 }
 
 // Member is one of the group's VMs with its ordinal.
@@ -108,7 +111,8 @@ func (f InFlight) busy(name string) bool { return f.Busy[name] || f.Cloning[name
 // time and only when every other VM is ready and nothing else runs, so at most one VM is ever
 // unavailable because of the operator.
 type Plan struct {
-	// Delete are members beyond spec.Replicas, highest ordinal first.
+	// Delete are members beyond spec.Replicas: those named in spec.DeleteFirst (highest ordinal
+	// first) before the others, which go highest ordinal first.
 	Delete []Member
 	// Create are the ordinals to clone now, lowest first: as many of the Missing as there are free
 	// clone slots.
@@ -161,10 +165,20 @@ func NewPlan(s Spec, o Observation, running InFlight, cloneSlots int) Plan {
 			used[n] = true
 		}
 	}
-	slices.SortFunc(have, func(a, b slot) int { return cmp.Compare(a.ordinal, b.ordinal) })
+	// The members named to go first are last in line to be kept; then the lowest ordinals are.
+	named := func(sl slot) bool { return sl.member != nil && s.DeleteFirst[sl.member.Name] }
+	slices.SortFunc(have, func(a, b slot) int {
+		if na, nb := named(a), named(b); na != nb {
+			if na {
+				return 1
+			}
+			return -1
+		}
+		return cmp.Compare(a.ordinal, b.ordinal)
+	})
 	keep := have
 	if len(have) > replicas {
-		keep = have[:replicas]
+		keep = slices.Clone(have[:replicas])
 		for i := len(have) - 1; i >= replicas; i-- {
 			// A clone beyond the spec is removed once it exists: cancelling it half-way could
 			// leave a VM behind that nobody knows of.
@@ -172,6 +186,7 @@ func NewPlan(s Spec, o Observation, running InFlight, cloneSlots int) Plan {
 				p.Delete = append(p.Delete, *m)
 			}
 		}
+		slices.SortFunc(keep, func(a, b slot) int { return cmp.Compare(a.ordinal, b.ordinal) })
 	}
 
 	p.Missing = replicas - len(keep)

@@ -44,6 +44,7 @@ func TestNewPlan(t *testing.T) {
 		replace     int // -1: none
 		reconfigure int // -1: none
 		unmanaged   int
+		deleteFirst []string // names of members to remove first on scale-in
 	}{
 		{name: "empty group creates from 0", replicas: 3, batch: 4, create: []int{0, 1, 2}, missing: 3, replace: -1, reconfigure: -1},
 		{name: "batch bounds the clones", replicas: 20, batch: 4, create: []int{0, 1, 2, 3}, missing: 20, replace: -1, reconfigure: -1},
@@ -66,11 +67,29 @@ func TestNewPlan(t *testing.T) {
 		{name: "another group's VM in the folder is not ours", replicas: 1,
 			vms: []VM{vm(0, func(v *VM) { v.Group = "other/web" })}, batch: 1, create: []int{1}, missing: 1, replace: -1, reconfigure: -1, unmanaged: 1},
 		{name: "no free clone slot starts no clone", replicas: 2, batch: 0, missing: 2, replace: -1, reconfigure: -1},
+		{name: "scale down removes the named first", replicas: 2, vms: []VM{vm(0), vm(1), vm(2), vm(3)}, batch: 4,
+			deleteFirst: []string{"web-1"}, del: []int{1, 3}, replace: -1, reconfigure: -1},
+		{name: "the named go first, highest ordinal first", replicas: 2, vms: []VM{vm(0), vm(1), vm(2), vm(3)}, batch: 4,
+			deleteFirst: []string{"web-0", "web-1", "web-2"}, del: []int{2, 1}, replace: -1, reconfigure: -1},
+		{name: "names that are no members change nothing", replicas: 1, vms: []VM{vm(0), vm(1)}, batch: 4,
+			deleteFirst: []string{"web-7", "scratch"}, del: []int{1}, replace: -1, reconfigure: -1},
+		{name: "the named stay while nothing scales in", replicas: 3, vms: []VM{vm(0), vm(1), vm(2)}, batch: 4,
+			deleteFirst: []string{"web-1"}, replace: -1, reconfigure: -1},
+		{name: "the kept roll lowest ordinal first after a named removal", replicas: 2, vms: []VM{vm(0), vm(1), vm(2, oldCPU)}, batch: 4,
+			deleteFirst: []string{"web-0"}, del: []int{0}, replace: -1, reconfigure: -1},
+		{name: "a gap left by a named removal is filled on scale-up", replicas: 3, vms: []VM{vm(0), vm(2)}, batch: 4,
+			deleteFirst: []string{"web-1"}, create: []int{1}, missing: 1, replace: -1, reconfigure: -1},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			s := spec
 			s.Replicas = c.replicas
+			if len(c.deleteFirst) > 0 {
+				s.DeleteFirst = map[string]bool{}
+				for _, n := range c.deleteFirst {
+					s.DeleteFirst[n] = true
+				}
+			}
 			o := Observe(s, c.vms, nil)
 			if len(o.Unmanaged) != c.unmanaged {
 				t.Errorf("unmanaged = %v, want %d", o.Unmanaged, c.unmanaged)

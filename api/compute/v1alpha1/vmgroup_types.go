@@ -82,6 +82,12 @@ const (
 	ReadinessPowerState Readiness = "PowerState"
 )
 
+// AnnotationDeleteFirst is the VmGroup annotation naming the member VMs to remove first when it scales in
+// (comma-separated VM names, e.g. "web-3,web-1"; as Cluster API's delete-machine annotation does for
+// its Machines): annotate, then `kubectl scale`. Without it, or for the rest, the highest ordinals
+// go first. A name that is no member is ignored, and said in a Warning Event at the scale-in.
+const AnnotationDeleteFirst = "compute.quartermaster.dev/delete-first"
+
 // DefaultUserDataKey is the Secret key of the user data when spec.userData.key is empty.
 const DefaultUserDataKey = "userData"
 

@@ -209,14 +209,41 @@ func spec(vg *computev1alpha1.VmGroup) vsphere.Spec {
 		replicas = int(*vg.Spec.Replicas)
 	}
 	return vsphere.Spec{
-		Name:     vg.Name,
-		Key:      vsphere.GroupKey(vg.Namespace, vg.Name),
-		Replicas: replicas,
-		CPU:      vg.Spec.CPU,
-		MemoryMB: vg.Spec.Memory * 1024,
-		Template: vg.Spec.Template,
-		GuestIP:  vg.Spec.Readiness != computev1alpha1.ReadinessPowerState,
+		Name:        vg.Name,
+		Key:         vsphere.GroupKey(vg.Namespace, vg.Name),
+		Replicas:    replicas,
+		CPU:         vg.Spec.CPU,
+		MemoryMB:    vg.Spec.Memory * 1024,
+		Template:    vg.Spec.Template,
+		GuestIP:     vg.Spec.Readiness != computev1alpha1.ReadinessPowerState,
+		DeleteFirst: deleteFirst(vg),
 	}
+}
+
+// deleteFirst is the set of VM names the group's AnnotationDeleteFirst lists (nil: none).
+func deleteFirst(vg *computev1alpha1.VmGroup) map[string]bool {
+	var out map[string]bool
+	for name := range strings.SplitSeq(vg.Annotations[computev1alpha1.AnnotationDeleteFirst], ",") {
+		if name = strings.TrimSpace(name); name != "" {
+			if out == nil {
+				out = map[string]bool{}
+			}
+			out[name] = true
+		}
+	}
+	return out
+}
+
+// notMembers are the names s.DeleteFirst lists that are no member of the group, sorted.
+func notMembers(s vsphere.Spec, obs vsphere.Observation) []string {
+	var out []string
+	for name := range s.DeleteFirst {
+		if !slices.ContainsFunc(obs.Members, func(m vsphere.Member) bool { return m.Name == name }) {
+			out = append(out, name)
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 // shutdownTimeout is how long a guest gets to shut down before a hard power-off.
@@ -298,6 +325,10 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, vg *computev1alpha1.Vm
 	}
 
 	plan := vsphere.NewPlan(*s, obs, running, r.CloneConcurrency-len(running.Cloning))
+	if unknown := notMembers(*s, obs); len(plan.Delete) > 0 && len(unknown) > 0 {
+		r.Recorder.Eventf(vg, nil, corev1.EventTypeWarning, "DeleteFirstIgnored", "ScaleDown",
+			"%s names %s, which are not members of the group: ignored", computev1alpha1.AnnotationDeleteFirst, strings.Join(unknown, ", "))
+	}
 	if f := r.startPlan(ctx, g, plan); f != nil {
 		return r.waitOut(vg, f, r.work.failed(key, f, r.SlowRetry))
 	}

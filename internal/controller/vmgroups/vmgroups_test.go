@@ -232,6 +232,23 @@ func testScale(t *testing.T, f *fixture) {
 		t.Errorf("scale = %+v", got)
 	}
 	f.waitEvent(t, vg, "VMsDeleted")
+
+	// Members named in the delete-first annotation go first; a name that is no member is said.
+	scale = &autoscalingv1.Scale{Spec: autoscalingv1.ScaleSpec{Replicas: 4}}
+	must(t, f.c.SubResource("scale").Update(ctx, f.get(t, "t-create", "web"), client.WithSubResourceBody(scale)))
+	vg = f.waitRunning(t, "t-create", "web", 4)
+	patch := client.MergeFrom(vg.DeepCopy())
+	vg.Annotations = map[string]string{computev1alpha1.AnnotationDeleteFirst: "web-3, web-1,web-9"}
+	must(t, f.c.Patch(ctx, vg, patch))
+	scale = &autoscalingv1.Scale{Spec: autoscalingv1.ScaleSpec{Replicas: 2}}
+	must(t, f.c.SubResource("scale").Update(ctx, f.get(t, "t-create", "web"), client.WithSubResourceBody(scale)))
+	vg = f.waitRunning(t, "t-create", "web", 2)
+	if names := keys(f.sim.VMs(t, "/DC0/vm/t-create-web")); names != "web-0,web-2" {
+		t.Errorf("VMs after a scale down naming web-3 and web-1 first: %s", names)
+	}
+	if e := f.waitEvent(t, vg, "DeleteFirstIgnored"); e.Note != computev1alpha1.AnnotationDeleteFirst+" names web-9, which are not members of the group: ignored" {
+		t.Errorf("DeleteFirstIgnored note %q", e.Note)
+	}
 }
 
 // availability samples a folder's VMs while a change rolls and records the most VMs of the group
