@@ -369,7 +369,15 @@ show kubectl -n "${mirrors_ns}" get sts,ds,svc,secret,pvc -l "registry.quarterma
 # Only its listen addresses are loopback ports (a pod has a network namespace of its own).
 sts="$(kubectl -n "${mirrors_ns}" get sts "mirror-${mirror}" -o json)"
 mapfile -t cache_args < <(jq -r '.spec.template.spec.containers[0].args[]' <<<"${sts}")
-mapfile -t cache_env < <(jq -r '.spec.template.spec.containers[0].env[]? | "\(.name)=\(.value)"' <<<"${sts}")
+# The pod's name and namespace come from the downward API; with a ServiceAccount the cache notes its
+# pins on its Pod (--report-to-pod) with that account's token, as the kubelet would mount it.
+mapfile -t cache_env < <(jq -r --arg pod "mirror-${mirror}-0" --arg ns "${mirrors_ns}" '.spec.template.spec.containers[0].env[]? |
+	"\(.name)=\(.value // ({"metadata.name": $pod, "metadata.namespace": $ns}[.valueFrom.fieldRef.fieldPath]))"' <<<"${sts}")
+cache_sa="$(jq -r '.spec.template.spec.serviceAccountName // ""' <<<"${sts}")"
+if [[ -n "${cache_sa}" ]]; then
+	sa_kubeconfig "${mirrors_ns}" "${cache_sa}" "${state}/mirror-cache.kubeconfig"
+	cache_env+=("KUBECONFIG=${state}/mirror-cache.kubeconfig")
+fi
 claim="$(jq -r '.spec.volumeClaimTemplates[0].metadata.name' <<<"${sts}")"
 secret_volume="$(jq -r --arg s "mirror-${mirror}-cache" '.spec.template.spec.volumes[] | select(.secret.secretName == $s) | .name' <<<"${sts}")"
 secret_path="$(jq -r --arg v "${secret_volume}" '.spec.template.spec.containers[0].volumeMounts[] | select(.name == $v) | .mountPath' <<<"${sts}")"

@@ -137,7 +137,7 @@ func TestRegistryMirrorOnTheLocalCluster(t *testing.T) {
 			must(t, c.Get(ctx, client.ObjectKey{Namespace: mirrorsNamespace, Name: name}, p))
 			patch := client.MergeFrom(p.DeepCopy())
 			change(p)
-			if err := asAgent.Patch(ctx, p, patch, client.DryRunAll); err == nil || !strings.Contains(err.Error(), "node agent may") {
+			if err := asAgent.Patch(ctx, p, patch, client.DryRunAll); err == nil || !strings.Contains(err.Error(), "A node agent or a cache may") {
 				t.Errorf("the agents' token changing %s: want a denial by the admission policy, got %v", what, err)
 			}
 		}

@@ -80,13 +80,6 @@ func (e *engines) detect(ctx context.Context) {
 	}
 }
 
-// watchInstalled adds the watches of engines markServed found at set-up.
-func (e *engines) watchInstalled(ctx context.Context, installed []intent.Engine) {
-	for _, en := range installed {
-		e.watch(ctx, en, false)
-	}
-}
-
 // markServed marks present, and returns, the engines not present yet whose kinds discovery
 // serves now (K8TLS: whose namespace and ServiceAccount exist).
 func (e *engines) markServed(ctx context.Context) []intent.Engine {

@@ -52,9 +52,12 @@ type policyReconciler struct {
 	engineWatch
 }
 
-func (r *policyReconciler) setup(mgr ctrl.Manager, opts controller.Options) (controller.Controller, error) {
-	r.engineWatch = newEngineWatch(namespacedKinds, &intentv1alpha1.NimbusPolicy{}, &intentv1alpha1.NimbusPolicyList{})
-	return builder.ControllerManagedBy(mgr).
+func (r *policyReconciler) setup(mgr ctrl.Manager, opts controller.Options, engines []source.SyncingSource) (controller.Controller, error) {
+	b := builder.ControllerManagedBy(mgr)
+	for _, src := range engines {
+		b = b.WatchesRawSource(src)
+	}
+	return b.
 		Named("nimbuspolicy").
 		For(&intentv1alpha1.NimbusPolicy{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		WatchesRawSource(source.Channel(r.all, &handler.EnqueueRequestForObject{})).
@@ -67,6 +70,27 @@ func (r *policyReconciler) setup(mgr ctrl.Manager, opts controller.Options) (con
 			handler.EnqueueRequestsFromMapFunc(r.needing(needsDeployments)), predicate.Or[client.Object](predicate.LabelChangedPredicate{}, createOrDelete()))).
 		WithOptions(opts).
 		Build(r)
+}
+
+// sources are the watches of engine e's kinds that this reconciler generates (each with the
+// controller index in its cache).
+func (w *engineWatch) sources(ctx context.Context, mgr ctrl.Manager, objects cache.Cache, engines ...intent.Engine) ([]source.SyncingSource, error) {
+	var out []source.SyncingSource
+	for _, e := range engines {
+		for _, gvk := range intent.EngineKinds[e] {
+			if !slices.Contains(w.kinds, gvk) {
+				continue
+			}
+			obj := &unstructured.Unstructured{}
+			obj.SetGroupVersionKind(gvk)
+			if err := w.index(ctx, objects, obj); err != nil {
+				return nil, err
+			}
+			out = append(out, source.Kind[client.Object](objects, obj,
+				handler.EnqueueRequestForOwner(mgr.GetScheme(), mgr.GetRESTMapper(), w.owner, handler.OnlyControllerOwner()), notCreated()))
+		}
+	}
+	return out, nil
 }
 
 // engineWatch is how a policy reconciler follows the engines: it watches the kinds it generates
@@ -94,22 +118,14 @@ func newEngineWatch(kinds []schema.GroupVersionKind, owner client.Object, list c
 // and at start, or when an engine appears, every owner is reconciled anyway. An edit or deletion
 // by hand reconciles the owner.
 func (w *engineWatch) watchEngine(ctx context.Context, mgr ctrl.Manager, c controller.Controller, objects cache.Cache, reader client.Reader, e intent.Engine, wake bool) error {
-	var sources []source.SyncingSource
-	for _, gvk := range intent.EngineKinds[e] {
-		if !slices.Contains(w.kinds, gvk) {
-			continue
-		}
-		obj := &unstructured.Unstructured{}
-		obj.SetGroupVersionKind(gvk)
-		if err := w.index(ctx, objects, obj); err != nil {
-			return err
-		}
-		src := source.Kind[client.Object](objects, obj,
-			handler.EnqueueRequestForOwner(mgr.GetScheme(), mgr.GetRESTMapper(), w.owner, handler.OnlyControllerOwner()), notCreated())
+	sources, err := w.sources(ctx, mgr, objects, e)
+	if err != nil {
+		return err
+	}
+	for _, src := range sources {
 		if err := c.Watch(src); err != nil {
 			return err
 		}
-		sources = append(sources, src)
 	}
 	if !wake {
 		return nil // the controller has not started: it waits for its watches before reconciling
@@ -327,9 +343,12 @@ type clusterPolicyReconciler struct {
 	engineWatch
 }
 
-func (r *clusterPolicyReconciler) setup(mgr ctrl.Manager, opts controller.Options) (controller.Controller, error) {
-	r.engineWatch = newEngineWatch(clusterKinds, &intentv1alpha1.ClusterNimbusPolicy{}, &intentv1alpha1.ClusterNimbusPolicyList{})
-	return builder.ControllerManagedBy(mgr).
+func (r *clusterPolicyReconciler) setup(mgr ctrl.Manager, opts controller.Options, engines []source.SyncingSource) (controller.Controller, error) {
+	b := builder.ControllerManagedBy(mgr)
+	for _, src := range engines {
+		b = b.WatchesRawSource(src)
+	}
+	return b.
 		Named("clusternimbuspolicy").
 		For(&intentv1alpha1.ClusterNimbusPolicy{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		WatchesRawSource(source.Channel(r.all, &handler.EnqueueRequestForObject{})).

@@ -155,13 +155,32 @@ func setup(mgr ctrl.Manager, o Options, engineInterval time.Duration) (*base, er
 	if err := (&clusterBindingReconciler{base: b}).setup(mgr, bindingOpts); err != nil {
 		return nil, err
 	}
+	// The watches of the engines there now (NetworkPolicy always; the others looked for above) are
+	// the policy controllers' from the start. Added to a controller the manager already runs, a
+	// watch waits for the lock the controller's start holds while its sources sync, and the manager
+	// stops the registry's runnable that waits before the controller: a stop in that window waited
+	// out the grace period (seen in the e2e suite). Engines that appear later are watched as they do.
+	initial := installed
+	if b.engines.enabled(intent.NetworkPolicy) {
+		initial = append([]intent.Engine{intent.NetworkPolicy}, installed...)
+	}
 	policies := &policyReconciler{base: b}
-	policyCtrl, err := policies.setup(mgr, opts)
+	policies.engineWatch = newEngineWatch(namespacedKinds, &intentv1alpha1.NimbusPolicy{}, &intentv1alpha1.NimbusPolicyList{})
+	clusterPolicies := &clusterPolicyReconciler{base: b}
+	clusterPolicies.engineWatch = newEngineWatch(clusterKinds, &intentv1alpha1.ClusterNimbusPolicy{}, &intentv1alpha1.ClusterNimbusPolicyList{})
+	policySources, err := policies.sources(context.Background(), mgr, b.objects, initial...)
 	if err != nil {
 		return nil, err
 	}
-	clusterPolicies := &clusterPolicyReconciler{base: b}
-	clusterPolicyCtrl, err := clusterPolicies.setup(mgr, opts)
+	clusterPolicySources, err := clusterPolicies.sources(context.Background(), mgr, b.objects, initial...)
+	if err != nil {
+		return nil, err
+	}
+	policyCtrl, err := policies.setup(mgr, opts, policySources)
+	if err != nil {
+		return nil, err
+	}
+	clusterPolicyCtrl, err := clusterPolicies.setup(mgr, opts, clusterPolicySources)
 	if err != nil {
 		return nil, err
 	}
@@ -171,13 +190,9 @@ func setup(mgr ctrl.Manager, o Options, engineInterval time.Duration) (*base, er
 		}
 		return clusterPolicies.watchEngine(ctx, mgr, clusterPolicyCtrl, b.objects, b.client, e, wake)
 	}
-	// NetworkPolicy is always there; the others are looked for now, so the first reconciles know.
-	if b.engines.enabled(intent.NetworkPolicy) {
-		if err := policies.watchEngine(context.Background(), mgr, policyCtrl, b.objects, b.client, intent.NetworkPolicy, false); err != nil {
-			return nil, err
-		}
+	for _, en := range installed {
+		b.engines.log.Info("policy engine installed: generating its policies", "engine", en)
 	}
-	b.engines.watchInstalled(context.Background(), installed)
 	return b, mgr.Add(b.engines)
 }
 
