@@ -38,6 +38,10 @@ type Spec struct {
 	CPU      int32
 	MemoryMB int32
 	Template string
+	// Linked: members are linked clones of the template's snapshot (Snapshot; "": its current
+	// one), not full copies. A member's clone mode is not checked: a change applies to new clones.
+	Linked   bool
+	Snapshot string
 	// Boot is the fingerprint of the first-boot data (cloud-init user data and metadata); "" for none.
 	Boot string
 	// GuestIP: a VM is ready only once its guest reports an IP address, not as soon as it is on.

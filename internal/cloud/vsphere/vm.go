@@ -6,11 +6,14 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/vmware/govmomi/fault"
 	"github.com/vmware/govmomi/find"
 	"github.com/vmware/govmomi/object"
+	"github.com/vmware/govmomi/vim25/mo"
 	"github.com/vmware/govmomi/vim25/types"
 )
 
@@ -20,7 +23,7 @@ type API interface {
 	Folder(ctx context.Context, path string, create bool) (Folder, error)
 	List(ctx context.Context, f Folder) (Listing, error)
 	DestroyFolder(ctx context.Context, f Folder) error
-	Source(ctx context.Context, p Placement, template string) (*Source, error)
+	Source(ctx context.Context, p Placement, t Template) (*Source, error)
 	Clone(ctx context.Context, src *Source, f Folder, spec CloneSpec) (string, error)
 	PowerOn(ctx context.Context, id string) error
 	PowerOff(ctx context.Context, id string) error
@@ -31,17 +34,33 @@ type API interface {
 
 var _ API = (*Client)(nil)
 
+// Template is what a group's members are cloned from: a template (or VM) by inventory path or
+// name and, for linked clones, which of its snapshots the clones' disks are children of ("": its
+// current snapshot).
+type Template struct {
+	Path     string
+	Linked   bool
+	Snapshot string
+}
+
 // Source is a resolved template with the placement of its clones; resolve once per batch.
 type Source struct {
 	Template  string
 	template  types.ManagedObjectReference
+	snapshot  *types.ManagedObjectReference // linked clones: the snapshot their disks are children of
 	pool      types.ManagedObjectReference
 	datastore *types.ManagedObjectReference
 	nic       types.BaseVirtualDeviceConfigSpec // re-points the first network adapter; nil keeps the template's
 }
 
-// Source resolves the template and the placement. A missing item is a NotFoundError naming it.
-func (c *Client) Source(ctx context.Context, p Placement, template string) (*Source, error) {
+// Linked reports whether the source makes linked clones.
+func (s *Source) Linked() bool { return s.snapshot != nil }
+
+// Source resolves the template (and, for linked clones, its snapshot) and the placement. A missing
+// item is a NotFoundError naming it; a template without the snapshot a linked clone needs, an
+// InvalidError saying so.
+func (c *Client) Source(ctx context.Context, p Placement, t Template) (*Source, error) {
+	template := t.Path
 	finder := find.NewFinder(c.vim)
 	dcName, err := c.datacenterName(ctx, p.Datacenter)
 	if err != nil {
@@ -58,6 +77,17 @@ func (c *Client) Source(ctx context.Context, p Placement, template string) (*Sou
 		return nil, c.redact(lookupError(err, "template", template))
 	}
 	src := &Source{Template: template, template: tmpl.Reference()}
+	if t.Linked {
+		var vm mo.VirtualMachine
+		if err := tmpl.Properties(ctx, tmpl.Reference(), []string{"snapshot"}, &vm); err != nil {
+			return nil, c.redact(err)
+		}
+		ref, problem := pickSnapshot(vm.Snapshot, t.Snapshot)
+		if problem != "" {
+			return nil, &InvalidError{Kind: "template", Name: template, Problem: problem}
+		}
+		src.snapshot = ref
+	}
 
 	var pool *object.ResourcePool
 	if p.ResourcePool != "" {
@@ -124,6 +154,11 @@ func (c *Client) Clone(ctx context.Context, src *Source, f Folder, spec CloneSpe
 	}
 	if src.nic != nil {
 		cs.Location.DeviceChange = []types.BaseVirtualDeviceConfigSpec{src.nic}
+	}
+	if src.snapshot != nil {
+		// A linked clone: its disks are new children of the snapshot's, not copies.
+		cs.Snapshot = src.snapshot
+		cs.Location.DiskMoveType = string(types.VirtualMachineRelocateDiskMoveOptionsCreateNewChildDiskBacking)
 	}
 	folder := object.NewFolder(c.vim, f.ref())
 	task, err := object.NewVirtualMachine(c.vim, src.template).Clone(ctx, folder, spec.Name, cs)
@@ -211,4 +246,39 @@ func (c *Client) Destroy(ctx context.Context, id string) error {
 		return nil
 	}
 	return err
+}
+
+// pickSnapshot finds the snapshot linked clones are made from: the one named name, or the current
+// one when name is ""; else why there is none, for a person.
+func pickSnapshot(info *types.VirtualMachineSnapshotInfo, name string) (*types.ManagedObjectReference, string) {
+	const linked = "a linked clone (cloneMode: Linked) is made from a snapshot of its template"
+	if info == nil || len(info.RootSnapshotList) == 0 {
+		return nil, "has no snapshot: " + linked + "; take one, or clone in full (cloneMode: Full)"
+	}
+	if name == "" {
+		if info.CurrentSnapshot == nil {
+			return nil, "has no current snapshot: " + linked + "; name one in spec.snapshot"
+		}
+		return info.CurrentSnapshot, ""
+	}
+	var names []string
+	var found []types.ManagedObjectReference
+	var walk func([]types.VirtualMachineSnapshotTree)
+	walk = func(trees []types.VirtualMachineSnapshotTree) {
+		for _, tr := range trees {
+			names = append(names, strconv.Quote(tr.Name))
+			if tr.Name == name {
+				found = append(found, tr.Snapshot)
+			}
+			walk(tr.ChildSnapshotList)
+		}
+	}
+	walk(info.RootSnapshotList)
+	switch len(found) {
+	case 1:
+		return &found[0], ""
+	case 0:
+		return nil, fmt.Sprintf("has no snapshot named %q (it has %s)", name, strings.Join(names, ", "))
+	}
+	return nil, fmt.Sprintf("has %d snapshots named %q: rename them so that the one to clone from is unique", len(found), name)
 }

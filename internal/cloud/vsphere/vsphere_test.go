@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/pem"
 	"errors"
+	"fmt"
 	"net/url"
 	"strings"
 	"testing"
@@ -71,7 +72,7 @@ func TestFolderCloneListPowerReconfigureDestroy(t *testing.T) {
 		t.Fatalf("second Folder = %+v, want the same, not created", again)
 	}
 
-	src, err := c.Source(ctx, vsphere.Placement{}, "tmpl")
+	src, err := c.Source(ctx, vsphere.Placement{}, vsphere.Template{Path: "tmpl"})
 	must(t, err)
 	marks := map[string]string{domain.KeyGroup: "team/web", domain.KeyTemplate: "tmpl"}
 	for _, name := range []string{"web-0", "web-1"} {
@@ -148,7 +149,7 @@ func TestPlacementAndTemplateNotFound(t *testing.T) {
 	c := login(t, sim, nil)
 	ctx := context.Background()
 
-	_, err := c.Source(ctx, vsphere.Placement{}, "missing")
+	_, err := c.Source(ctx, vsphere.Placement{}, vsphere.Template{Path: "missing"})
 	if !vsphere.IsTemplateNotFound(err) || !strings.Contains(err.Error(), `template "missing" not found`) {
 		t.Errorf("missing template: %v", err)
 	}
@@ -162,7 +163,7 @@ func TestPlacementAndTemplateNotFound(t *testing.T) {
 		{vsphere.Placement{Network: "nope"}, "network"},
 	} {
 		var nf *vsphere.NotFoundError
-		if _, err := c.Source(ctx, tc.p, "tmpl"); !errors.As(err, &nf) || nf.Kind != tc.kind {
+		if _, err := c.Source(ctx, tc.p, vsphere.Template{Path: "tmpl"}); !errors.As(err, &nf) || nf.Kind != tc.kind {
 			t.Errorf("Source(%+v) = %v, want a missing %s", tc.p, err, tc.kind)
 		}
 	}
@@ -180,13 +181,13 @@ func TestPlacementAndTemplateNotFound(t *testing.T) {
 	must(t, err)
 	sim.AddVM(t, "/DC0/vm", "dup")
 	sim.AddVM(t, "/DC0/vm/sub", "dup")
-	if _, err := c.Source(ctx, vsphere.Placement{}, "dup"); !errors.As(err, &inv) || inv.Kind != "template" ||
+	if _, err := c.Source(ctx, vsphere.Placement{}, vsphere.Template{Path: "dup"}); !errors.As(err, &inv) || inv.Kind != "template" ||
 		!strings.Contains(err.Error(), "matches several") {
 		t.Errorf("a template name matching two VMs: %v", err)
 	}
 
 	// Explicit placement: pool, datastore and network are applied to the clone.
-	src, err := c.Source(ctx, vsphere.Placement{Datacenter: "DC0", ResourcePool: "DC0_C0/Resources", Datastore: "LocalDS_0", Network: "DC0_DVPG0"}, "/DC0/vm/tmpl")
+	src, err := c.Source(ctx, vsphere.Placement{Datacenter: "DC0", ResourcePool: "DC0_C0/Resources", Datastore: "LocalDS_0", Network: "DC0_DVPG0"}, vsphere.Template{Path: "/DC0/vm/tmpl"})
 	must(t, err)
 	f, err := c.Folder(ctx, "/DC0/vm/placed", true)
 	must(t, err)
@@ -297,5 +298,52 @@ func TestLoginWithCABundle(t *testing.T) {
 	creds.CAPEM = []byte("not a certificate")
 	if _, err := vsphere.Login(ctx, creds, nil); err == nil || !strings.Contains(err.Error(), "no PEM certificate") {
 		t.Errorf("a bundle without certificates: %v", err)
+	}
+}
+
+// TestLinkedClones: a linked clone's disks are children of a snapshot of the template (the current
+// one, or one by name), which vCenter (the Sim's part of it) checks; a template without the
+// snapshot is an InvalidError that says what a person does.
+func TestLinkedClones(t *testing.T) {
+	sim := vsimtest.Start(t)
+	sim.AddTemplate(t, "tmpl")
+	sim.AddTemplate(t, "bare")
+	sim.AddSnapshot(t, "tmpl", "base")
+	sim.AddSnapshot(t, "tmpl", "patched")
+	c := login(t, sim, nil)
+	ctx := context.Background()
+	f, err := c.Folder(ctx, "/DC0/vm/linked", true)
+	must(t, err)
+	fullBefore, linkedBefore := sim.Clones()
+
+	for i, tmpl := range []vsphere.Template{
+		{Path: "tmpl", Linked: true},
+		{Path: "tmpl", Linked: true, Snapshot: "base"},
+		{Path: "tmpl"},
+	} {
+		src, err := c.Source(ctx, vsphere.Placement{}, tmpl)
+		must(t, err)
+		if src.Linked() != tmpl.Linked {
+			t.Errorf("%+v: source linked %v", tmpl, src.Linked())
+		}
+		_, err = c.Clone(ctx, src, f, vsphere.CloneSpec{Name: fmt.Sprintf("vm-%d", i), CPU: 1, MemoryMB: 1024})
+		must(t, err)
+	}
+	if full, linked := sim.Clones(); full-fullBefore != 1 || linked-linkedBefore != 2 {
+		t.Errorf("clones: %d full, %d linked; want 1 and 2", full-fullBefore, linked-linkedBefore)
+	}
+
+	for _, tc := range []struct {
+		tmpl vsphere.Template
+		want string
+	}{
+		{vsphere.Template{Path: "bare", Linked: true}, `template "bare": has no snapshot: a linked clone (cloneMode: Linked) is made from a snapshot of its template; take one, or clone in full (cloneMode: Full)`},
+		{vsphere.Template{Path: "tmpl", Linked: true, Snapshot: "gone"}, `template "tmpl": has no snapshot named "gone" (it has "base", "patched")`},
+	} {
+		_, err := c.Source(ctx, vsphere.Placement{}, tc.tmpl)
+		var inv *vsphere.InvalidError
+		if !errors.As(err, &inv) || err.Error() != tc.want {
+			t.Errorf("Source(%+v) = %v, want an InvalidError %q", tc.tmpl, err, tc.want)
+		}
 	}
 }

@@ -88,11 +88,12 @@ func (r *Reconciler) startPlan(ctx context.Context, g *group, plan vsphere.Plan)
 
 // source resolves the template and placement of the group's clones, once while the group changes.
 func (r *Reconciler) source(ctx context.Context, g *group) (*vcenter.Source, error) {
-	id := fmt.Sprintf("%s|%+v", g.spec.Template, g.placement)
+	t := vcenter.Template{Path: g.spec.Template, Linked: g.spec.Linked, Snapshot: g.spec.Snapshot}
+	id := fmt.Sprintf("%+v|%+v", t, g.placement)
 	if src := r.work.cachedSource(g.key, id); src != nil {
 		return src, nil
 	}
-	src, err := g.api.Source(ctx, g.placement, g.spec.Template)
+	src, err := g.api.Source(ctx, g.placement, t)
 	if err != nil {
 		return nil, err
 	}

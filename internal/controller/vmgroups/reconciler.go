@@ -215,6 +215,8 @@ func spec(vg *computev1alpha1.VmGroup) vsphere.Spec {
 		CPU:         vg.Spec.CPU,
 		MemoryMB:    vg.Spec.Memory * 1024,
 		Template:    vg.Spec.Template,
+		Linked:      vg.Spec.CloneMode == computev1alpha1.CloneModeLinked,
+		Snapshot:    vg.Spec.Snapshot,
 		GuestIP:     vg.Spec.Readiness != computev1alpha1.ReadinessPowerState,
 		DeleteFirst: deleteFirst(vg),
 	}

@@ -71,6 +71,10 @@ func testValidation(t *testing.T, f *fixture) {
 		{name: "name with a dot", obj: object("web.a", validSpec()), reject: "metadata.name must be a DNS label of at most 50 characters"},
 		{name: "name too long", obj: object(strings.Repeat("w", 51), validSpec()), reject: "metadata.name must be a DNS label of at most 50 characters"},
 		{name: "name of 50 characters", obj: object(strings.Repeat("w", 50), validSpec())},
+		{name: "clone mode unknown", obj: object("web", with("cloneMode", "Instant")), reject: `spec.cloneMode: Unsupported value: "Instant"`},
+		{name: "linked with a snapshot", obj: object("web", func() map[string]any { s := with("cloneMode", "Linked"); s["snapshot"] = "base"; return s }())},
+		{name: "a snapshot without linked clones", obj: object("web", with("snapshot", "base")), reject: "snapshot names what linked clones are made from: set cloneMode: Linked, or remove snapshot"},
+		{name: "a snapshot with full clones", obj: object("web", func() map[string]any { s := with("cloneMode", "Full"); s["snapshot"] = "base"; return s }()), reject: "set cloneMode: Linked"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

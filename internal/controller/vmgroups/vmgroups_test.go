@@ -17,6 +17,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -74,6 +75,7 @@ func TestVmGroups(t *testing.T) {
 		{"drift", testDrift, true},
 		{"deletion", testDeletion, true},
 		{"template missing, then appearing", testTemplateAppears, true},
+		{"linked clones", testLinkedClones, true},
 		{"a VM where the folder goes", testPlacementInvalid, true},
 		{"a newer spec is read between clone batches", testNewerSpecWins, true},
 		{"manager restart mid scale-up and mid scale-down", testRestartMidScale, true},
@@ -525,4 +527,32 @@ func cutOrdinal(name string) (string, int, bool) {
 	}
 	n, err := strconv.Atoi(name[i+1:])
 	return name[:i], n, err == nil
+}
+
+// testLinkedClones: a group of linked clones on a template without a snapshot stalls, saying what
+// to do; once the template has one, its VMs are linked clones of it (the Sim's vCenter checks the
+// snapshot is the template's); a named snapshot that is not there stalls the next clone.
+func testLinkedClones(t *testing.T, f *fixture) {
+	ctx := context.Background()
+	f.namespace(t, "t-linked")
+	f.sim.AddTemplate(t, "tmpl-linked")
+	vg := &computev1alpha1.VmGroup{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "t-linked", Name: "fast"},
+		Spec: computev1alpha1.VmGroupSpec{CPU: 1, Memory: 1, Template: "tmpl-linked", Replicas: ptr.To[int32](2),
+			CloneMode: computev1alpha1.CloneModeLinked, Readiness: computev1alpha1.ReadinessPowerState},
+	}
+	must(t, f.c.Create(ctx, vg))
+	f.waitStalled(t, "t-linked", "fast", "TemplateInvalid", `template "tmpl-linked": has no snapshot: a linked clone (cloneMode: Linked) is made from a snapshot of its template`)
+
+	_, linkedBefore := f.sim.Clones()
+	f.sim.AddSnapshot(t, "tmpl-linked", "base")
+	f.waitRunning(t, "t-linked", "fast", 2)
+	if _, linked := f.sim.Clones(); linked-linkedBefore != 2 {
+		t.Errorf("%d linked clones, want 2", linked-linkedBefore)
+	}
+
+	f.update(t, "t-linked", "fast", func(s *computev1alpha1.VmGroupSpec) { s.Snapshot = "gone"; s.Replicas = ptr.To[int32](3) })
+	f.waitStalled(t, "t-linked", "fast", "TemplateInvalid", `has no snapshot named "gone" (it has "base")`)
+	f.update(t, "t-linked", "fast", func(s *computev1alpha1.VmGroupSpec) { s.Snapshot = "base" })
+	f.waitRunning(t, "t-linked", "fast", 3)
 }

@@ -26,6 +26,7 @@ import (
 	"github.com/vmware/govmomi/session"
 	"github.com/vmware/govmomi/simulator"
 	"github.com/vmware/govmomi/vim25"
+	"github.com/vmware/govmomi/vim25/methods"
 	"github.com/vmware/govmomi/vim25/mo"
 	"github.com/vmware/govmomi/vim25/soap"
 	"github.com/vmware/govmomi/vim25/types"
@@ -59,6 +60,8 @@ type Sim struct {
 	// detector reports).
 	folderMu  sync.RWMutex
 	doneTasks map[types.ManagedObjectReference]bool
+	clones    clones
+	unwrapped *vim25.Client
 }
 
 // Start runs a VPX simulator until the test ends. Standalone hosts are off (Host = 0) so the
@@ -118,6 +121,8 @@ func NewOn(ctx context.Context, host string) (*Sim, error) {
 		s.Stop()
 		return nil, err
 	}
+	// The Admin session without the wrapper, for the wrapper's own reads while it holds the lock.
+	s.unwrapped = &vim25.Client{Client: sc, ServiceContent: vc.ServiceContent, RoundTripper: sc}
 	return s, nil
 }
 
@@ -153,6 +158,11 @@ func (r serialRT) RoundTrip(ctx context.Context, req, res soap.HasFault) error {
 	}
 	r.s.taskMu.Lock()
 	defer r.s.taskMu.Unlock()
+	if clone, ok := req.(*methods.CloneVM_TaskBody); ok {
+		if err := r.s.checkClone(ctx, clone); err != nil {
+			return err
+		}
+	}
 	err := r.next.RoundTrip(ctx, req, res)
 	r.s.waitTasks() // including tasks the task started, such as a destroy's file deletion
 	return err
