@@ -115,7 +115,7 @@ func warmedCondition(st pinsState) (*metav1.Condition, *resource.Quantity) {
 			max(failedCount, len(failed)), strings.Join(images, "; "))
 	case stale > 0:
 		c.Status, c.Reason = metav1.ConditionFalse, registryv1alpha1.ReasonWarming
-		c.Message = fmt.Sprintf("%d of %d ready cache pods have not read the current pins yet (the kubelet updates their pins file within about a minute)", stale, reported)
+		c.Message = fmt.Sprintf("%d of %d ready cache pods have not read the current pins yet (their kubelets are asked to hand them the new file)", stale, reported)
 	case warming > 0:
 		c.Status, c.Reason = metav1.ConditionFalse, registryv1alpha1.ReasonWarming
 		c.Message = fmt.Sprintf("fetching %d pinned image(s) before any node asks", warming)
