@@ -30,13 +30,13 @@ type VmGroupSpec struct {
 	// +required
 	Template string `json:"template"`
 
-	// CloneMode is how a VM is cloned from the template: Full (the default) copies its disks;
+	// CloneMode is how a VM is cloned from the template: Full (also when empty) copies its disks;
 	// Linked makes the VM's disks children of a snapshot of the template's (spec.snapshot, or the
 	// template's current snapshot): no copy, so seconds and a fraction of the storage, and vCenter
 	// counts it as a quarter of a full clone's work. The snapshot must stay while linked VMs use
-	// it. A change applies to the VMs cloned from then on.
+	// it. A change applies to the VMs cloned from then on. (No default is written: the VmGroups
+	// stored before the field existed read back as they were stored.)
 	// +kubebuilder:validation:Enum=Full;Linked
-	// +kubebuilder:default=Full
 	// +optional
 	CloneMode CloneMode `json:"cloneMode,omitempty"`
 
