@@ -141,7 +141,7 @@ var (
 	})
 	pinnedBytes = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "quartermaster_mirror_pinned_bytes",
-		Help: "Bytes of the content the pins hold that this cache pod stores (counted every 30 s, and at every eviction).",
+		Help: "Bytes of the content the pins hold that this cache pod stores (counted every 30 s, at every eviction and after a warm).",
 	})
 	pinnedOverHighWater = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "quartermaster_mirror_pinned_over_high_water",

@@ -19,7 +19,8 @@ import (
 
 // Warming: what a pin names and the cache does not hold is fetched before a node asks, through the
 // cache's own data path (as a client pulling it would: the pinned tag's or digest's manifest, for
-// an index the manifest of this pod's platform, the config and the layers). Of a mirror's cache
+// an index the manifest of each platform the pins file lists (the nodes'; none listed: this pod's
+// own), the config and the layers). Of a mirror's cache
 // pods, the one that owns the pin among the peers warms it; its fills ask each blob's owner first,
 // so the upstream serves each blob once per mirror. A pod on a fresh volume warms what is pinned
 // again. A failed warm is logged, counted and reported (report.go), and tried again after

@@ -166,14 +166,20 @@ func (r *Reconciler) apply(ctx context.Context, rm *registryv1alpha1.RegistryMir
 		return status.Outcome{}, err
 	}
 	rm.Status.PinnedImages = int32(len(pins.Images)) //nolint:gosec // a ConfigMap holds far fewer
-	if pinsEnd > 0 {
-		// A pin ends at its ttl: look again then (a watched change may come first).
-		defer func() {
-			if o.RequeueAfter == 0 || pinsEnd < o.RequeueAfter {
-				o.RequeueAfter = pinsEnd
-			}
-		}()
+	// Look again when a pin ends at its ttl, or a cache pod is to be asked for the pins again,
+	// if that is sooner than the outcome says (a watched change may come first).
+	var lookAgain time.Duration
+	sooner := func(d time.Duration) {
+		if d > 0 && (lookAgain == 0 || d < lookAgain) {
+			lookAgain = d
+		}
 	}
+	defer func() {
+		if lookAgain > 0 && (o.RequeueAfter == 0 || lookAgain < o.RequeueAfter) {
+			o.RequeueAfter = lookAgain
+		}
+	}()
+	sooner(pinsEnd)
 	if len(a.changed) > 0 {
 		r.recorder.Eventf(rm, nil, corev1.EventTypeNormal, "Applied", "Apply", "%s", strings.Join(a.changed, ", "))
 	}
@@ -191,13 +197,7 @@ func (r *Reconciler) apply(ctx context.Context, rm *registryv1alpha1.RegistryMir
 	if err != nil {
 		return status.Outcome{}, err
 	}
-	if askAgain > 0 {
-		defer func() {
-			if o.RequeueAfter == 0 || askAgain < o.RequeueAfter {
-				o.RequeueAfter = askAgain
-			}
-		}()
-	}
+	sooner(askAgain)
 	switch {
 	case credsProblem != "":
 		return status.WaitsForPerson(ReasonCredentials, credsProblem, r.slowRetry), nil
