@@ -31,13 +31,24 @@ func GroupKey(namespace, name string) string { return namespace + "/" + name }
 // FolderName is the name of a group's own folder, <namespace>-<name>. A name longer than vCenter
 // allows is cut and suffixed with a hash of the whole, so it stays unique and deterministic.
 func FolderName(namespace, name string) string {
-	full := namespace + "-" + name
+	return fitName(namespace+"-"+name, namespace, name)
+}
+
+// fitName is full when vCenter allows it, else full cut and suffixed with a hash of the group's key.
+func fitName(full, namespace, name string) string {
 	if len(full) <= MaxNameLength {
 		return full
 	}
-	sum := sha256.Sum256([]byte(namespace + "/" + name))
+	sum := sha256.Sum256([]byte(GroupKey(namespace, name)))
 	suffix := "-" + hex.EncodeToString(sum[:])[:10]
 	return full[:MaxNameLength-len(suffix)] + suffix
+}
+
+// RuleName is the name of a group's DRS anti-affinity rule, quartermaster/<namespace>/<name>: the
+// group's key, so no two groups share a rule. A name longer than vCenter allows is cut and suffixed
+// with a hash of the whole, as FolderName does.
+func RuleName(namespace, name string) string {
+	return fitName("quartermaster/"+GroupKey(namespace, name), namespace, name)
 }
 
 // VMName is the name of the VM with the given ordinal: <group>-<ordinal>.

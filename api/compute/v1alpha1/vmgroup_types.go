@@ -7,7 +7,7 @@ import (
 
 // VmGroupSpec is the group a user asks for: how many VMs, their size and the template they are
 // cloned from.
-// +kubebuilder:validation:XValidation:rule="has(self.placement) == has(oldSelf.placement) && (!has(self.placement) || self.placement == oldSelf.placement)",message="placement is immutable: existing VMs are not moved; create a new VmGroup to place VMs elsewhere"
+// +kubebuilder:validation:XValidation:rule="has(self.placement) == has(oldSelf.placement) || has(self.placement) && (!has(self.placement.datacenter) && !has(self.placement.folder) && !has(self.placement.resourcePool) && !has(self.placement.datastore) && !has(self.placement.network)) || has(oldSelf.placement) && (!has(oldSelf.placement.datacenter) && !has(oldSelf.placement.folder) && !has(oldSelf.placement.resourcePool) && !has(oldSelf.placement.datastore) && !has(oldSelf.placement.network))",message="placement is immutable but for antiAffinity: existing VMs are not moved; create a new VmGroup to place VMs elsewhere"
 // +kubebuilder:validation:XValidation:rule="!has(self.snapshot) || (has(self.cloneMode) && self.cloneMode == 'Linked')",message="snapshot names what linked clones are made from: set cloneMode: Linked, or remove snapshot"
 type VmGroupSpec struct {
 	// CPU is the number of virtual CPUs of each VM.
@@ -86,7 +86,7 @@ type VmGroupSpec struct {
 	Metadata *runtime.RawExtension `json:"metadata,omitempty"`
 
 	// Placement says where in vCenter the VMs go; each field left empty takes the operator's
-	// default (its --vsphere-* flags). Immutable.
+	// default (its --vsphere-* flags). Immutable, but for antiAffinity.
 	// +optional
 	Placement *Placement `json:"placement,omitempty"`
 }
@@ -132,6 +132,7 @@ type UserDataSource struct {
 }
 
 // Placement locates the group's VMs in vCenter.
+// +kubebuilder:validation:XValidation:rule="has(self.datacenter) == has(oldSelf.datacenter) && (!has(self.datacenter) || self.datacenter == oldSelf.datacenter) && has(self.folder) == has(oldSelf.folder) && (!has(self.folder) || self.folder == oldSelf.folder) && has(self.resourcePool) == has(oldSelf.resourcePool) && (!has(self.resourcePool) || self.resourcePool == oldSelf.resourcePool) && has(self.datastore) == has(oldSelf.datastore) && (!has(self.datastore) || self.datastore == oldSelf.datastore) && has(self.network) == has(oldSelf.network) && (!has(self.network) || self.network == oldSelf.network)",message="placement is immutable but for antiAffinity: existing VMs are not moved; create a new VmGroup to place VMs elsewhere"
 type Placement struct {
 	// Datacenter is the datacenter's name.
 	// +kubebuilder:validation:MaxLength=255
@@ -159,7 +160,27 @@ type Placement struct {
 	// +kubebuilder:validation:MaxLength=1024
 	// +optional
 	Network string `json:"network,omitempty"`
+
+	// AntiAffinity keeps the group's VMs on separate ESXi hosts, so one host's failure takes down
+	// one member at most: a DRS VM-VM anti-affinity rule of the resource pool's cluster holds the
+	// group's VMs, each joining it before it first powers on. Required: vCenter keeps a VM powered
+	// off rather than put it beside another member (with fewer usable hosts than replicas, the
+	// members left over are reported, not run); Preferred: DRS keeps them apart while it can.
+	// Empty: no rule. It may be changed at any time (the rule follows; vCenter's DRS moves running
+	// VMs to comply). Needs a cluster with DRS on.
+	// +kubebuilder:validation:Enum=Required;Preferred
+	// +optional
+	AntiAffinity AntiAffinity `json:"antiAffinity,omitempty"`
 }
+
+// AntiAffinity is how strictly a group's VMs are kept on separate hosts.
+type AntiAffinity string
+
+// Anti-affinity values.
+const (
+	AntiAffinityRequired  AntiAffinity = "Required"
+	AntiAffinityPreferred AntiAffinity = "Preferred"
+)
 
 // Phase summarizes a VmGroup's state in one word.
 // +kubebuilder:validation:Enum=Pending;Running;Error;Deleting
@@ -237,6 +258,10 @@ type VmGroupStatus struct {
 	// found (and cleaned up) even if the operator's defaults change later.
 	// +optional
 	Folder string `json:"folder,omitempty"`
+	// AntiAffinityRule names the DRS rule (in the cluster of the group's resource pool) that keeps
+	// the group's VMs on separate hosts, while there is one.
+	// +optional
+	AntiAffinityRule string `json:"antiAffinityRule,omitempty"`
 	// Selector is the label selector of the scale subresource (for kubectl scale and HPA).
 	// +optional
 	Selector string `json:"selector,omitempty"`

@@ -30,6 +30,10 @@ type API interface {
 	ShutdownGuest(ctx context.Context, id string, timeout time.Duration) (bool, error)
 	Reconfigure(ctx context.Context, id string, cpu, memoryMB int32) error
 	Destroy(ctx context.Context, id string) error
+	Cluster(ctx context.Context, p Placement) (Cluster, error)
+	Affinity(ctx context.Context, cl Cluster, rule string) (Affinity, error)
+	PutRule(ctx context.Context, cl Cluster, r Rule) error
+	RemoveRule(ctx context.Context, cl Cluster, key int32) error
 }
 
 var _ API = (*Client)(nil)
@@ -138,10 +142,12 @@ type CloneSpec struct {
 	CPU         int32
 	MemoryMB    int32
 	ExtraConfig map[string]string // marks (domain.KeyGroup, …) and guestinfo written on the VM
+	// PoweredOff leaves the clone off, for the caller to place it under a rule before it runs.
+	PoweredOff bool
 }
 
-// Clone clones the source into the folder, with the spec's CPU and memory, powered on, and waits
-// for it. It returns the new VM's id.
+// Clone clones the source into the folder, with the spec's CPU and memory, powered on (unless
+// spec.PoweredOff), and waits for it. It returns the new VM's id.
 func (c *Client) Clone(ctx context.Context, src *Source, f Folder, spec CloneSpec) (string, error) {
 	var extra []types.BaseOptionValue
 	for _, k := range slices.Sorted(maps.Keys(spec.ExtraConfig)) {
@@ -149,7 +155,7 @@ func (c *Client) Clone(ctx context.Context, src *Source, f Folder, spec CloneSpe
 	}
 	cs := types.VirtualMachineCloneSpec{
 		Location: types.VirtualMachineRelocateSpec{Pool: &src.pool, Datastore: src.datastore},
-		PowerOn:  true,
+		PowerOn:  !spec.PoweredOff,
 		Config:   &types.VirtualMachineConfigSpec{NumCPUs: spec.CPU, MemoryMB: int64(spec.MemoryMB), ExtraConfig: extra},
 	}
 	if src.nic != nil {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -345,5 +346,89 @@ func TestLinkedClones(t *testing.T) {
 		if !errors.As(err, &inv) || err.Error() != tc.want {
 			t.Errorf("Source(%+v) = %v, want an InvalidError %q", tc.tmpl, err, tc.want)
 		}
+	}
+}
+
+// TestAntiAffinityRule: the placement's cluster, its rule made, read, replaced and removed (twice:
+// a rule gone is no error); the Sim's DRS places a rule's VMs on separate hosts at power-on and
+// refuses, for a mandatory rule, the one no host is left for (RuleViolation); a rule of the name
+// that is not a VM-VM anti-affinity rule is refused.
+func TestAntiAffinityRule(t *testing.T) {
+	sim := vsimtest.Start(t)
+	sim.AddTemplate(t, "tmpl")
+	c := login(t, sim, nil)
+	ctx := context.Background()
+	cl, err := c.Cluster(ctx, vsphere.Placement{})
+	must(t, err)
+	if cl.Name != vsimtest.Cluster || cl.Standalone {
+		t.Fatalf("cluster = %+v, want %s", cl, vsimtest.Cluster)
+	}
+	state, err := c.Affinity(ctx, cl, "apart")
+	must(t, err)
+	if !state.DRS || state.Rule != nil {
+		t.Fatalf("affinity = %+v, want DRS on and no rule", state)
+	}
+
+	f, err := c.Folder(ctx, "/DC0/vm/apart", true)
+	must(t, err)
+	src, err := c.Source(ctx, vsphere.Placement{}, vsphere.Template{Path: "tmpl"})
+	must(t, err)
+	hosts := sim.ClusterHosts(t)
+	var ids []string
+	for i := range hosts + 1 {
+		id, err := c.Clone(ctx, src, f, vsphere.CloneSpec{Name: fmt.Sprintf("vm-%d", i), CPU: 1, MemoryMB: 1024, PoweredOff: true})
+		must(t, err)
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	must(t, c.PutRule(ctx, cl, vsphere.Rule{Name: "apart", Mandatory: true, VMs: ids}))
+	state, err = c.Affinity(ctx, cl, "apart")
+	must(t, err)
+	if r := state.Rule; r == nil || r.Key == 0 || !r.Mandatory || !r.Enabled || !slices.Equal(r.VMs, ids) {
+		t.Fatalf("rule = %+v, want mandatory, enabled, holding %v", r, ids)
+	}
+	refused := 0
+	for _, id := range ids {
+		if err := c.PowerOn(ctx, id); err != nil {
+			if !vsphere.Unplaceable(err) {
+				t.Fatalf("power-on of %s: %v, want RuleViolation", id, err)
+			}
+			refused++
+		}
+	}
+	placed, vms := sim.Hosts(t, "/DC0/vm/apart"), sim.VMs(t, "/DC0/vm/apart")
+	used := map[string]bool{}
+	for name, h := range placed {
+		if vms[name].PowerState == types.VirtualMachinePowerStatePoweredOn {
+			used[h] = true
+		}
+	}
+	if refused != 1 || len(used) != hosts {
+		t.Errorf("%d power-ons refused, hosts %v; want 1 refused and %d hosts used", refused, placed, hosts)
+	}
+
+	// Replaced as optional, the last VM runs beside another.
+	must(t, c.PutRule(ctx, cl, vsphere.Rule{Key: state.Rule.Key, Name: "apart", VMs: ids}))
+	for _, id := range ids {
+		must(t, c.PowerOn(ctx, id))
+	}
+	must(t, c.RemoveRule(ctx, cl, state.Rule.Key))
+	must(t, c.RemoveRule(ctx, cl, state.Rule.Key))
+	if state, err = c.Affinity(ctx, cl, "apart"); err != nil || state.Rule != nil {
+		t.Errorf("after removal: %+v, %v", state.Rule, err)
+	}
+
+	spec := &types.ClusterConfigSpecEx{RulesSpec: []types.ClusterRuleSpec{{
+		ArrayUpdateSpec: types.ArrayUpdateSpec{Operation: types.ArrayUpdateOperationAdd},
+		Info:            &types.ClusterAffinityRuleSpec{ClusterRuleInfo: types.ClusterRuleInfo{Name: "together", Enabled: types.NewBool(true)}, Vm: []types.ManagedObjectReference{{Type: "VirtualMachine", Value: ids[0]}, {Type: "VirtualMachine", Value: ids[1]}}},
+	}}}
+	ccr, err := find.NewFinder(sim.Admin.Client).ClusterComputeResource(ctx, "/DC0/host/"+vsimtest.Cluster)
+	must(t, err)
+	task, err := ccr.Reconfigure(ctx, spec, true)
+	must(t, err)
+	must(t, task.Wait(ctx))
+	var inv *vsphere.InvalidError
+	if _, err := c.Affinity(ctx, cl, "together"); !errors.As(err, &inv) || !strings.Contains(err.Error(), "not a VM-VM anti-affinity rule") {
+		t.Errorf("a rule of another kind: %v, want an InvalidError", err)
 	}
 }

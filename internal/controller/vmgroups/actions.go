@@ -27,6 +27,16 @@ type group struct {
 	folder    vcenter.Folder
 	api       vcenter.API
 	shutdown  time.Duration
+	aff       *affinity // keeps the group's anti-affinity rule; nil when it has none to keep
+	// about is what the background operations' Events are about: a copy of the VmGroup's
+	// identity, which the reconcile does not write while they run.
+	about *computev1alpha1.VmGroup
+}
+
+func about(vg *computev1alpha1.VmGroup) *computev1alpha1.VmGroup {
+	out := &computev1alpha1.VmGroup{}
+	out.Namespace, out.Name, out.UID, out.ResourceVersion = vg.Namespace, vg.Name, vg.UID, vg.ResourceVersion
+	return out
 }
 
 // startPlan starts the plan's operations in the background. It fails only when the clones'
@@ -39,7 +49,7 @@ func (r *Reconciler) startPlan(ctx context.Context, g *group, plan vsphere.Plan)
 	}
 	for _, m := range plan.PowerOn {
 		r.work.start(g.vg, m.Name, opPowerOn, "", func(ctx context.Context) (string, error) {
-			return "", g.api.PowerOn(ctx, m.ID)
+			return "", r.powerOn(ctx, g, m.ID)
 		})
 	}
 	if len(plan.Create) == 0 && plan.Replace == nil && plan.Reconfigure == nil {
@@ -80,7 +90,7 @@ func (r *Reconciler) startPlan(ctx context.Context, g *group, plan vsphere.Plan)
 				err = g.api.Reconfigure(ctx, m.ID, g.spec.CPU, g.spec.MemoryMB)
 			}
 			// Power on even after a failed reconfigure: the VM should not stay down because of us.
-			return warning, errors.Join(err, g.api.PowerOn(ctx, m.ID))
+			return warning, errors.Join(err, r.powerOn(ctx, g, m.ID))
 		})
 	}
 	return nil
@@ -108,7 +118,28 @@ func (r *Reconciler) powerDown(ctx context.Context, g *group, m vsphere.Member) 
 	if err != nil {
 		return warning, err
 	}
-	return warning, g.api.Destroy(ctx, m.ID)
+	if err := g.api.Destroy(ctx, m.ID); err != nil {
+		return warning, err
+	}
+	if g.aff != nil {
+		change, err := g.aff.leave(ctx, g.api, m.ID)
+		r.announceRule(g.about, g.aff, change)
+		return warning, err
+	}
+	return warning, nil
+}
+
+// powerOn powers a member on; in a group kept apart, it joins the rule first, so vCenter places it
+// on a host of its own.
+func (r *Reconciler) powerOn(ctx context.Context, g *group, id string) error {
+	if g.aff != nil {
+		change, err := g.aff.join(ctx, g.api, id)
+		r.announceRule(g.about, g.aff, change)
+		if err != nil {
+			return err
+		}
+	}
+	return g.api.PowerOn(ctx, id)
 }
 
 // stop powers a VM off: it asks the guest to shut down when VMware Tools run in it and waits up to
@@ -142,8 +173,12 @@ func (r *Reconciler) clone(ctx context.Context, g *group, src *vcenter.Source, n
 		extra[vsphere.KeyBoot] = g.spec.Boot
 		g.boot.guestinfo(name, extra)
 	}
-	_, err := g.api.Clone(ctx, src, g.folder, vcenter.CloneSpec{Name: name, CPU: g.spec.CPU, MemoryMB: g.spec.MemoryMB, ExtraConfig: extra})
-	return err
+	// A group kept apart clones powered off: the VM joins the rule before it first runs.
+	id, err := g.api.Clone(ctx, src, g.folder, vcenter.CloneSpec{Name: name, CPU: g.spec.CPU, MemoryMB: g.spec.MemoryMB, ExtraConfig: extra, PoweredOff: g.aff != nil})
+	if err != nil || g.aff == nil {
+		return err
+	}
+	return r.powerOn(ctx, g, id)
 }
 
 func (r *Reconciler) cloneSlots() chan struct{} {

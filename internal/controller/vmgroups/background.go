@@ -56,6 +56,10 @@ type groupWork struct {
 	// group settles or a clone fails, so a step does not resolve it again.
 	source    *vcenter.Source
 	sourceFor string
+	// aff keeps the group's anti-affinity rule for the placement and strictness affFor names; kept
+	// for the group's life (its cluster does not move).
+	aff    *affinity
+	affFor string
 	// After a failed operation no new one starts before retryAt; failures counts them since the
 	// last success (the backoff grows with it), lastFailure is reported meanwhile.
 	failures    int
@@ -201,6 +205,23 @@ func (b *background) keepSource(key types.NamespacedName, id string, src *vcente
 	defer b.mu.Unlock()
 	g := b.group(key)
 	g.source, g.sourceFor = src, id
+}
+
+// affinity returns the group's rule keeper for this placement and strictness, or nil.
+func (b *background) affinity(key types.NamespacedName, id string) *affinity {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if g := b.group(key); g.affFor == id {
+		return g.aff
+	}
+	return nil
+}
+
+func (b *background) keepAffinity(key types.NamespacedName, id string, a *affinity) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	g := b.group(key)
+	g.aff, g.affFor = a, id
 }
 
 // settle clears what a group needs only while it changes: its resolved source, its failures.

@@ -44,6 +44,15 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, vg *computev1alpha1.Vm
 		res, err := r.fail(vg, f)
 		return res, false, err
 	}
+	// The group's DRS rule goes once its VMs are gone.
+	dropRuleAndRelease := func() (reconcile.Result, bool, error) {
+		if f := r.dropRule(ctx, &group{vg: vg, api: api, placement: r.placement(vg)}); f != nil {
+			f.Message += keep
+			res, err := r.fail(vg, f)
+			return res, false, err
+		}
+		return r.release(ctx, vg)
+	}
 	folder, f := r.folder(ctx, api, vg, r.placement(vg), false)
 	if f != nil {
 		if f.Reason != "PlacementNotFound" { // no folder: nothing was created, or it is gone already
@@ -51,11 +60,11 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, vg *computev1alpha1.Vm
 			res, err := r.fail(vg, f)
 			return res, false, err
 		}
-		return r.release(ctx, vg)
+		return dropRuleAndRelease()
 	}
 	listing, err := api.List(ctx, folder)
 	if errors.Is(err, vcenter.ErrNotFound) {
-		return r.release(ctx, vg)
+		return dropRuleAndRelease()
 	}
 	if err != nil {
 		res, err := r.fail(vg, vcenterFailure(err))
@@ -97,7 +106,7 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, vg *computev1alpha1.Vm
 				folder.Path, len(after.VMs), after.Others, strings.Join(left, ", "))
 		}
 	}
-	res, released, err := r.release(ctx, vg)
+	res, released, err := dropRuleAndRelease()
 	if released {
 		r.work.forget(key)
 	}

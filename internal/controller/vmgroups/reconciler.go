@@ -272,7 +272,7 @@ func (r *Reconciler) placement(vg *computev1alpha1.VmGroup) vcenter.Placement {
 func (r *Reconciler) reconcileNormal(ctx context.Context, vg *computev1alpha1.VmGroup, before *computev1alpha1.VmGroupStatus) (reconcile.Result, error) {
 	key := client.ObjectKeyFromObject(vg)
 	ends, running := r.work.take(key)
-	g := &group{vg: vg, key: key, spec: spec(vg), placement: r.placement(vg), shutdown: shutdownTimeout(vg)}
+	g := &group{vg: vg, key: key, spec: spec(vg), placement: r.placement(vg), shutdown: shutdownTimeout(vg), about: about(vg)}
 	s := &g.spec
 	vg.Status.DesiredReplicas = int32(s.Replicas)
 	vg.Status.Selector = SelectorLabel + "=" + vg.Name
@@ -317,6 +317,9 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, vg *computev1alpha1.Vm
 	// wake-up of an operation that ended well).
 	if opErr != nil {
 		fl := classify(opErr)
+		if names := unplaced(ends); len(names) > 0 {
+			fl = unplaceable(vg, names)
+		}
 		return r.waitOut(vg, fl, r.work.failed(key, fl, r.SlowRetry))
 	}
 	if fl, wait := r.work.backingOff(key); fl != nil {
@@ -324,6 +327,11 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, vg *computev1alpha1.Vm
 	}
 	if len(ends) > 0 {
 		r.work.succeeded(key)
+	}
+
+	note, f := r.keepApart(ctx, g, obs, running.Empty())
+	if f != nil {
+		return r.waitOut(vg, f, r.work.failed(key, f, r.SlowRetry))
 	}
 
 	plan := vsphere.NewPlan(*s, obs, running, r.CloneConcurrency-len(running.Cloning))
@@ -337,7 +345,7 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, vg *computev1alpha1.Vm
 
 	if plan.Settled {
 		r.work.settle(key)
-		o := status.Healthy("Running", fmt.Sprintf("%d/%d VMs ready", len(obs.Members), s.Replicas)+unmanagedNote(obs), r.Resync)
+		o := status.Healthy("Running", fmt.Sprintf("%d/%d VMs ready", len(obs.Members), s.Replicas)+unmanagedNote(obs)+note, r.Resync)
 		r.report(vg, computev1alpha1.PhaseRunning, o)
 		return o.Result()
 	}
@@ -350,7 +358,7 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, vg *computev1alpha1.Vm
 	if now.Empty() && plan.Empty() && len(plan.Waiting) > 0 {
 		after = r.GuestPoll
 	}
-	o := status.Progressing(reason, msg+unmanagedNote(obs), after).Silenced()
+	o := status.Progressing(reason, msg+unmanagedNote(obs)+note, after).Silenced()
 	r.report(vg, computev1alpha1.PhasePending, o)
 	return o.Result()
 }

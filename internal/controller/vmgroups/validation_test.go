@@ -130,9 +130,29 @@ func testValidation(t *testing.T, f *fixture) {
 				t.Errorf("%s: got %v; want the immutability message", change.name, err)
 			}
 		}
-		// Other fields stay mutable.
+		// Other fields stay mutable, placement.antiAffinity among them.
 		upd := obj.DeepCopy()
 		must(t, unstructured.SetNestedField(upd.Object, int64(3), "spec", "cpu"))
 		must(t, f.c.Update(ctx, upd, client.DryRunAll))
+		must(t, unstructured.SetNestedField(upd.Object, "Required", "spec", "placement", "antiAffinity"))
+		must(t, f.c.Update(ctx, upd, client.DryRunAll))
+		must(t, unstructured.SetNestedField(upd.Object, "Sometimes", "spec", "placement", "antiAffinity"))
+		if err := f.c.Update(ctx, upd, client.DryRunAll); !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), `Unsupported value: "Sometimes"`) {
+			t.Errorf("antiAffinity Sometimes: got %v; want the enum refused", err)
+		}
+	})
+
+	// A group without placement may get antiAffinity (and placement: {} is no placement).
+	t.Run("antiAffinity added to a group without placement", func(t *testing.T) {
+		obj := object("unplaced", validSpec())
+		must(t, f.c.Create(ctx, obj))
+		defer func() { must(t, f.c.Delete(ctx, obj)) }()
+		upd := obj.DeepCopy()
+		must(t, unstructured.SetNestedField(upd.Object, "Preferred", "spec", "placement", "antiAffinity"))
+		must(t, f.c.Update(ctx, upd, client.DryRunAll))
+		must(t, unstructured.SetNestedField(upd.Object, map[string]any{"antiAffinity": "Preferred", "datastore": "ds1"}, "spec", "placement"))
+		if err := f.c.Update(ctx, upd, client.DryRunAll); !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "placement is immutable") {
+			t.Errorf("datastore added: got %v; want the immutability message", err)
+		}
 	})
 }

@@ -76,6 +76,7 @@ func TestVmGroups(t *testing.T) {
 		{"deletion", testDeletion, true},
 		{"template missing, then appearing", testTemplateAppears, true},
 		{"linked clones", testLinkedClones, true},
+		{"anti-affinity", testAntiAffinity, true},
 		{"a VM where the folder goes", testPlacementInvalid, true},
 		{"a newer spec is read between clone batches", testNewerSpecWins, true},
 		{"manager restart mid scale-up and mid scale-down", testRestartMidScale, true},

@@ -158,10 +158,15 @@ func (r serialRT) RoundTrip(ctx context.Context, req, res soap.HasFault) error {
 	}
 	r.s.taskMu.Lock()
 	defer r.s.taskMu.Unlock()
-	if clone, ok := req.(*methods.CloneVM_TaskBody); ok {
-		if err := r.s.checkClone(ctx, clone); err != nil {
-			return err
-		}
+	var check error
+	switch body := req.(type) {
+	case *methods.CloneVM_TaskBody:
+		check = r.s.checkClone(ctx, body)
+	case *methods.PowerOnVM_TaskBody:
+		check = r.s.place(ctx, body.Req.This)
+	}
+	if check != nil {
+		return check
 	}
 	err := r.next.RoundTrip(ctx, req, res)
 	r.s.waitTasks() // including tasks the task started, such as a destroy's file deletion
