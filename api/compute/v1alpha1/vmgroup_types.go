@@ -9,6 +9,7 @@ import (
 // cloned from.
 // +kubebuilder:validation:XValidation:rule="has(self.placement) == has(oldSelf.placement) || has(self.placement) && (!has(self.placement.datacenter) && !has(self.placement.folder) && !has(self.placement.resourcePool) && !has(self.placement.datastore) && !has(self.placement.network)) || has(oldSelf.placement) && (!has(oldSelf.placement.datacenter) && !has(oldSelf.placement.folder) && !has(oldSelf.placement.resourcePool) && !has(oldSelf.placement.datastore) && !has(oldSelf.placement.network))",message="placement is immutable but for antiAffinity: existing VMs are not moved; create a new VmGroup to place VMs elsewhere"
 // +kubebuilder:validation:XValidation:rule="!has(self.snapshot) || (has(self.cloneMode) && self.cloneMode == 'Linked')",message="snapshot names what linked clones are made from: set cloneMode: Linked, or remove snapshot"
+// +kubebuilder:validation:XValidation:rule="!has(self.addressPool) || !has(self.addressPool.addresses) || !has(self.replicas) || self.addressPool.addresses.exists(a, a.contains('-')) || size(self.addressPool.addresses) >= self.replicas",message="spec.replicas is more than addressPool.addresses lists: each VM needs an address of its own"
 type VmGroupSpec struct {
 	// CPU is the number of virtual CPUs of each VM.
 	// +kubebuilder:validation:Minimum=1
@@ -89,6 +90,59 @@ type VmGroupSpec struct {
 	// default (its --vsphere-* flags). Immutable, but for antiAffinity.
 	// +optional
 	Placement *Placement `json:"placement,omitempty"`
+
+	// AddressPool gives each VM a static IPv4 address of its own, for networks without DHCP: the
+	// address, prefix, gateway and name servers reach the guest's first network adapter (matched by
+	// its MAC address) through cloud-init's network configuration in guestinfo.metadata. Each
+	// address is given to one VM at a time, across every group of the operator; it is recorded in
+	// status.addresses before the VM is cloned and released when the VM is removed. Changing the
+	// network, gateway or name servers replaces the VMs one at a time; removing an address from the
+	// pool does not take it from the VM that has it.
+	// +optional
+	AddressPool *AddressPool `json:"addressPool,omitempty"`
+}
+
+// AddressPool is where a group's static addresses come from.
+// +kubebuilder:validation:XValidation:rule="!has(self.addresses) || !has(self.gateway) || !(self.gateway in self.addresses)",message="the gateway cannot be in the pool's addresses"
+type AddressPool struct {
+	// Network is the subnet the VMs' addresses are in, as a CIDR ("10.20.0.0/24"); each VM gets its
+	// prefix length.
+	// +kubebuilder:validation:MaxLength=18
+	// +kubebuilder:validation:Pattern=`^([0-9]{1,3}\.){3}[0-9]{1,3}/[0-9]{1,2}$`
+	// +required
+	Network string `json:"network"`
+
+	// Addresses are the ones to hand out, each an address ("10.20.0.11") or an inclusive range
+	// ("10.20.0.20-10.20.0.40"), all within network. Empty: every address of the network but its
+	// first (the network's own), its last (broadcast) and the gateway.
+	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:items:MaxLength=31
+	// +kubebuilder:validation:items:Pattern=`^([0-9]{1,3}\.){3}[0-9]{1,3}(-([0-9]{1,3}\.){3}[0-9]{1,3})?$`
+	// +listType=atomic
+	// +optional
+	Addresses []string `json:"addresses,omitempty"`
+
+	// Gateway is the default route's next hop, within network; empty: no default route.
+	// +kubebuilder:validation:MaxLength=15
+	// +kubebuilder:validation:Pattern=`^([0-9]{1,3}\.){3}[0-9]{1,3}$`
+	// +optional
+	Gateway string `json:"gateway,omitempty"`
+
+	// Nameservers are the DNS servers the guests use.
+	// +kubebuilder:validation:MaxItems=3
+	// +kubebuilder:validation:items:MaxLength=15
+	// +kubebuilder:validation:items:Pattern=`^([0-9]{1,3}\.){3}[0-9]{1,3}$`
+	// +listType=atomic
+	// +optional
+	Nameservers []string `json:"nameservers,omitempty"`
+}
+
+// AddressAllocation is a static address recorded for a VM of the group.
+type AddressAllocation struct {
+	// VM is the VM's name.
+	VM string `json:"vm"`
+	// Address is its address, with the network's prefix length ("10.20.0.11/24").
+	Address string `json:"address"`
 }
 
 // CloneMode is how a VM is cloned from the template.
@@ -258,6 +312,13 @@ type VmGroupStatus struct {
 	// found (and cleaned up) even if the operator's defaults change later.
 	// +optional
 	Folder string `json:"folder,omitempty"`
+	// Addresses are the static addresses of spec.addressPool given to the group's VMs, recorded
+	// before each VM is cloned: a VM re-created under its name gets its address again; an address is
+	// released when its VM is removed.
+	// +optional
+	// +listType=map
+	// +listMapKey=vm
+	Addresses []AddressAllocation `json:"addresses,omitempty"`
 	// AntiAffinityRule names the DRS rule (in the cluster of the group's resource pool) that keeps
 	// the group's VMs on separate hosts, while there is one.
 	// +optional

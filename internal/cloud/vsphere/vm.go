@@ -34,6 +34,9 @@ type API interface {
 	Affinity(ctx context.Context, cl Cluster, rule string) (Affinity, error)
 	PutRule(ctx context.Context, cl Cluster, r Rule) error
 	RemoveRule(ctx context.Context, cl Cluster, key int32) error
+	MAC(ctx context.Context, id string) (string, error)
+	SetExtraConfig(ctx context.Context, id string, extra map[string]string) error
+	VMsWithIP(ctx context.Context, ip string) ([]string, error)
 }
 
 var _ API = (*Client)(nil)
@@ -252,6 +255,46 @@ func (c *Client) Destroy(ctx context.Context, id string) error {
 		return nil
 	}
 	return err
+}
+
+// MAC returns the MAC address of the VM's first network adapter ("" when it has none).
+func (c *Client) MAC(ctx context.Context, id string) (string, error) {
+	devices, err := c.vm(id).Device(ctx)
+	if err != nil {
+		return "", c.redact(err)
+	}
+	for _, d := range devices.SelectByType((*types.VirtualEthernetCard)(nil)) {
+		return d.(types.BaseVirtualEthernetCard).GetVirtualEthernetCard().MacAddress, nil
+	}
+	return "", nil
+}
+
+// SetExtraConfig writes extraConfig entries on the VM (guestinfo the guest reads at its first boot,
+// while it is powered off).
+func (c *Client) SetExtraConfig(ctx context.Context, id string, extra map[string]string) error {
+	spec := types.VirtualMachineConfigSpec{}
+	for _, k := range slices.Sorted(maps.Keys(extra)) {
+		spec.ExtraConfig = append(spec.ExtraConfig, &types.OptionValue{Key: k, Value: extra[k]})
+	}
+	return c.wait(ctx, func(ctx context.Context) (*object.Task, error) { return c.vm(id).Reconfigure(ctx, spec) })
+}
+
+// VMsWithIP returns the names of the VMs whose guests report the address (VMware Tools), in any
+// datacenter: one search-index call (and one name read per VM found).
+func (c *Client) VMsWithIP(ctx context.Context, ip string) ([]string, error) {
+	refs, err := object.NewSearchIndex(c.vim).FindAllByIp(ctx, nil, ip, true)
+	if err != nil {
+		return nil, c.redact(err)
+	}
+	var names []string
+	for _, r := range refs {
+		name, err := object.NewCommon(c.vim, r.Reference()).ObjectName(ctx)
+		if err != nil {
+			name = r.Reference().Value
+		}
+		names = append(names, name)
+	}
+	return names, nil
 }
 
 // pickSnapshot finds the snapshot linked clones are made from: the one named name, or the current

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"slices"
 	"strings"
 	"time"
@@ -27,7 +28,9 @@ type group struct {
 	folder    vcenter.Folder
 	api       vcenter.API
 	shutdown  time.Duration
-	aff       *affinity // keeps the group's anti-affinity rule; nil when it has none to keep
+	aff       *affinity             // keeps the group's anti-affinity rule; nil when it has none to keep
+	pool      *vsphere.Pool         // the group's static addresses; nil: DHCP
+	addresses map[string]netip.Addr // VM name → its address of pool, recorded in the status
 	// about is what the background operations' Events are about: a copy of the VmGroup's
 	// identity, which the reconcile does not write while they run.
 	about *computev1alpha1.VmGroup
@@ -171,14 +174,43 @@ func (r *Reconciler) clone(ctx context.Context, g *group, src *vcenter.Source, n
 	extra := map[string]string{vsphere.KeyGroup: g.spec.Key, vsphere.KeyTemplate: g.spec.Template}
 	if g.boot != nil {
 		extra[vsphere.KeyBoot] = g.spec.Boot
-		g.boot.guestinfo(name, extra)
+		if g.pool == nil {
+			g.boot.guestinfo(name, nil, extra)
+		}
 	}
-	// A group kept apart clones powered off: the VM joins the rule before it first runs.
-	id, err := g.api.Clone(ctx, src, g.folder, vcenter.CloneSpec{Name: name, CPU: g.spec.CPU, MemoryMB: g.spec.MemoryMB, ExtraConfig: extra, PoweredOff: g.aff != nil})
-	if err != nil || g.aff == nil {
+	// A group kept apart, or of static addresses, clones powered off: the VM joins the rule, and
+	// gets its network configuration (which names its adapter's MAC address), before it first runs.
+	held := g.aff != nil || g.pool != nil
+	id, err := g.api.Clone(ctx, src, g.folder, vcenter.CloneSpec{Name: name, CPU: g.spec.CPU, MemoryMB: g.spec.MemoryMB, ExtraConfig: extra, PoweredOff: held})
+	if err != nil || !held {
 		return err
 	}
+	if g.pool != nil {
+		if err := r.configureNetwork(ctx, g, name, id); err != nil {
+			// Never left to boot without its address (on DHCP): the next step clones it again.
+			return errors.Join(err, g.api.Destroy(ctx, id))
+		}
+	}
 	return r.powerOn(ctx, g, id)
+}
+
+// configureNetwork writes the VM's first-boot data with its static address for its first network
+// adapter, matched by MAC address.
+func (r *Reconciler) configureNetwork(ctx context.Context, g *group, name, id string) error {
+	addr, ok := g.addresses[name]
+	if !ok {
+		return fmt.Errorf("%s has no address recorded", name) // allocate gives every clone one
+	}
+	mac, err := g.api.MAC(ctx, id)
+	if err != nil {
+		return err
+	}
+	if mac == "" {
+		return fmt.Errorf("%s has no network adapter to give its address %s to: the template needs one", name, addr)
+	}
+	extra := map[string]string{}
+	g.boot.guestinfo(name, g.pool.NetworkConfig(mac, addr), extra)
+	return g.api.SetExtraConfig(ctx, id, extra)
 }
 
 func (r *Reconciler) cloneSlots() chan struct{} {

@@ -15,6 +15,7 @@ import (
 
 	computev1alpha1 "github.com/quartermaster-dev/quartermaster/api/compute/v1alpha1"
 	"github.com/quartermaster-dev/quartermaster/internal/controller/status"
+	"github.com/quartermaster-dev/quartermaster/internal/vsphere"
 )
 
 // bootData is what a group's VMs get at first boot through guestinfo, the way cloud-init's VMware
@@ -22,16 +23,20 @@ import (
 type bootData struct {
 	userData []byte
 	metadata map[string]any
+	pool     string // the address pool's fingerprint (vsphere.Pool.Fingerprint); "" without one
 }
 
 // guestinfo adds the VM's guestinfo entries to extra. Each VM's metadata names it: instance-id and
-// local-hostname are the VM's name.
-func (b *bootData) guestinfo(vm string, extra map[string]string) {
+// local-hostname are the VM's name; network, when given, is its cloud-init network configuration.
+func (b *bootData) guestinfo(vm string, network map[string]any, extra map[string]string) {
 	md := maps.Clone(b.metadata)
 	if md == nil {
 		md = map[string]any{}
 	}
 	md["instance-id"], md["local-hostname"] = vm, vm
+	if network != nil {
+		md["network"] = network
+	}
 	js, _ := json.Marshal(md) // JSON is YAML, which cloud-init reads
 	extra["guestinfo.metadata"] = base64.StdEncoding.EncodeToString(js)
 	extra["guestinfo.metadata.encoding"] = "base64"
@@ -48,21 +53,31 @@ func (b *bootData) fingerprint() string {
 	h.Write(b.userData)
 	h.Write([]byte{0})
 	h.Write(js)
+	if b.pool != "" { // only then: the fingerprints of groups without a pool stay as they were
+		h.Write([]byte{0})
+		h.Write([]byte(b.pool))
+	}
 	return hex.EncodeToString(h.Sum(nil))[:16]
 }
 
 // readBoot reads the group's first-boot data: the user data from its Secret (read directly, never
 // cached: the manager may read only the Secrets it is granted), the metadata from the spec. A
 // missing or unreadable Secret or key waits for a person.
-func (r *Reconciler) readBoot(ctx context.Context, vg *computev1alpha1.VmGroup) (*bootData, *failure) {
+func (r *Reconciler) readBoot(ctx context.Context, vg *computev1alpha1.VmGroup, pool *vsphere.Pool) (*bootData, *failure) {
 	sp := vg.Spec
-	if sp.UserData == nil && sp.Metadata == nil {
+	if sp.UserData == nil && sp.Metadata == nil && pool == nil {
 		return nil, nil
 	}
 	b := &bootData{}
+	if pool != nil {
+		b.pool = pool.Fingerprint()
+	}
 	if sp.Metadata != nil {
 		if err := json.Unmarshal(sp.Metadata.Raw, &b.metadata); err != nil {
 			return nil, stalled("InvalidMetadata", fmt.Sprintf("spec.metadata is not an object: %v", err))
+		}
+		if _, ok := b.metadata["network"]; ok && pool != nil {
+			return nil, stalled("InvalidMetadata", "spec.metadata sets network, which spec.addressPool writes for each VM: remove one of them")
 		}
 	}
 	if ud := sp.UserData; ud != nil {

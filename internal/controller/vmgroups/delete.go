@@ -109,6 +109,7 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, vg *computev1alpha1.Vm
 	res, released, err := dropRuleAndRelease()
 	if released {
 		r.work.forget(key)
+		r.addressBook().forget(key)
 	}
 	return res, released, err
 }

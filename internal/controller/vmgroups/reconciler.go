@@ -83,6 +83,8 @@ type Reconciler struct {
 	secrets   cache.Cache // Secrets' cache, watched; nil when Secrets is another reader
 	clones    chan struct{}
 	slotsOnce sync.Once
+	addrs     *addressBook
+	addrOnce  sync.Once
 	work      *background
 }
 
@@ -199,7 +201,14 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (res 
 		}
 		vg.Status = *before.DeepCopy()
 	}
-	return r.reconcileNormal(ctx, vg, before)
+	persist := func() error {
+		if err := r.step().Write(ctx, vg, read); err != nil {
+			return err
+		}
+		read = vg.DeepCopy() // the write at the end compares with what is stored now
+		return nil
+	}
+	return r.reconcileNormal(ctx, vg, before, persist)
 }
 
 // spec is the VmGroup's spec in vCenter's units.
@@ -269,7 +278,9 @@ func (r *Reconciler) placement(vg *computev1alpha1.VmGroup) vcenter.Placement {
 	return p
 }
 
-func (r *Reconciler) reconcileNormal(ctx context.Context, vg *computev1alpha1.VmGroup, before *computev1alpha1.VmGroupStatus) (reconcile.Result, error) {
+// reconcileNormal brings a group a step closer to its spec; persist writes the status at once (for
+// what must be recorded before vCenter is changed).
+func (r *Reconciler) reconcileNormal(ctx context.Context, vg *computev1alpha1.VmGroup, before *computev1alpha1.VmGroupStatus, persist func() error) (reconcile.Result, error) {
 	key := client.ObjectKeyFromObject(vg)
 	ends, running := r.work.take(key)
 	g := &group{vg: vg, key: key, spec: spec(vg), placement: r.placement(vg), shutdown: shutdownTimeout(vg), about: about(vg)}
@@ -283,7 +294,12 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, vg *computev1alpha1.Vm
 			"spec.replicas %d is above this operator's limit of %d (its --vsphere-max-replicas flag); nothing is cloned or removed until it is at most %d",
 			s.Replicas, r.MaxReplicas, r.MaxReplicas)))
 	}
-	boot, f := r.readBoot(ctx, vg)
+	pool, f := addressPool(vg)
+	if f != nil {
+		return r.fail(vg, f)
+	}
+	g.pool = pool
+	boot, f := r.readBoot(ctx, vg, pool)
 	if f != nil {
 		return r.fail(vg, f)
 	}
@@ -312,6 +328,9 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, vg *computev1alpha1.Vm
 	}
 	obs := vsphere.Observe(*s, listing.VMs, running.Cloning)
 	r.observe(vg, before, *s, obs)
+	if g.pool == nil && len(vg.Status.Addresses) > 0 {
+		keepAddresses(vg, obs, running) // a pool dropped: its VMs keep theirs while they last
+	}
 
 	// A failed step backs the group off by its own count (the workqueue's would restart at every
 	// wake-up of an operation that ended well).
@@ -339,7 +358,17 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, vg *computev1alpha1.Vm
 		r.Recorder.Eventf(vg, nil, corev1.EventTypeWarning, "DeleteFirstIgnored", "ScaleDown",
 			"%s names %s, which are not members of the group: ignored", computev1alpha1.AnnotationDeleteFirst, strings.Join(unknown, ", "))
 	}
+	var short []string
+	if g.pool != nil {
+		if short, f = r.allocate(ctx, g, &plan, obs, running, persist); f != nil {
+			return r.waitOut(vg, f, r.work.failed(key, f, r.SlowRetry))
+		}
+	}
 	if f := r.startPlan(ctx, g, plan); f != nil {
+		return r.waitOut(vg, f, r.work.failed(key, f, r.SlowRetry))
+	}
+	if len(short) > 0 {
+		f := exhausted(g, short)
 		return r.waitOut(vg, f, r.work.failed(key, f, r.SlowRetry))
 	}
 

@@ -74,6 +74,13 @@ func testValidation(t *testing.T, f *fixture) {
 		{name: "clone mode unknown", obj: object("web", with("cloneMode", "Instant")), reject: `spec.cloneMode: Unsupported value: "Instant"`},
 		{name: "linked with a snapshot", obj: object("web", func() map[string]any { s := with("cloneMode", "Linked"); s["snapshot"] = "base"; return s }())},
 		{name: "a snapshot without linked clones", obj: object("web", with("snapshot", "base")), reject: "snapshot names what linked clones are made from: set cloneMode: Linked, or remove snapshot"},
+		{name: "an address pool", obj: object("web", with("addressPool", map[string]any{"network": "10.0.0.0/24", "addresses": []any{"10.0.0.5", "10.0.0.9"}, "gateway": "10.0.0.1", "nameservers": []any{"10.0.0.2"}}))},
+		{name: "an address pool without network", obj: object("web", with("addressPool", map[string]any{"addresses": []any{"10.0.0.5"}})), reject: "spec.addressPool.network: Required value"},
+		{name: "an address pool network not a CIDR", obj: object("web", with("addressPool", map[string]any{"network": "10.0.0.0"})), reject: "spec.addressPool.network in body should match"},
+		{name: "an address pool entry not an address", obj: object("web", with("addressPool", map[string]any{"network": "10.0.0.0/24", "addresses": []any{"10.0.0.5", "web-1"}})), reject: "spec.addressPool.addresses[1] in body should match"},
+		{name: "an address pool smaller than replicas", obj: object("web", with("addressPool", map[string]any{"network": "10.0.0.0/24", "addresses": []any{"10.0.0.5"}})), reject: "spec.replicas is more than addressPool.addresses lists: each VM needs an address of its own"},
+		{name: "an address pool range, counted by the controller", obj: object("web", with("addressPool", map[string]any{"network": "10.0.0.0/24", "addresses": []any{"10.0.0.5-10.0.0.5"}}))},
+		{name: "an address pool with its gateway", obj: object("web", with("addressPool", map[string]any{"network": "10.0.0.0/24", "addresses": []any{"10.0.0.1", "10.0.0.5"}, "gateway": "10.0.0.1"})), reject: "the gateway cannot be in the pool's addresses"},
 		{name: "a snapshot with full clones", obj: object("web", func() map[string]any { s := with("cloneMode", "Full"); s["snapshot"] = "base"; return s }()), reject: "set cloneMode: Linked"},
 	}
 	for _, c := range cases {

@@ -77,6 +77,7 @@ func TestVmGroups(t *testing.T) {
 		{"template missing, then appearing", testTemplateAppears, true},
 		{"linked clones", testLinkedClones, true},
 		{"anti-affinity", testAntiAffinity, true},
+		{"static addresses from a pool", testAddressPool, true},
 		{"a VM where the folder goes", testPlacementInvalid, true},
 		{"a newer spec is read between clone batches", testNewerSpecWins, true},
 		{"manager restart mid scale-up and mid scale-down", testRestartMidScale, true},

@@ -2,7 +2,11 @@ package vsimtest
 
 import (
 	"context"
+	"encoding/base64"
+	"encoding/json"
 	"fmt"
+	"net/netip"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -177,13 +181,63 @@ func (g *Guests) observe(ctx context.Context, u types.ObjectUpdate) {
 	}
 }
 
-// boot starts a guest's tools: they report an address.
+// boot starts a guest's tools: they report an address, the static one its cloud-init network
+// configuration gives its first adapter when it has one, else one from DHCP.
 func (g *Guests) boot(ctx context.Context, ref types.ManagedObjectReference) {
-	g.mu.Lock()
-	g.next++
-	ip := fmt.Sprintf("10.%d.%d.%d", 64+g.next/65536%64, g.next/256%256, g.next%256)
-	g.mu.Unlock()
+	ip := g.staticAddress(ctx, ref)
+	if ip == "" {
+		g.mu.Lock()
+		g.next++
+		ip = fmt.Sprintf("10.%d.%d.%d", 64+g.next/65536%64, g.next/256%256, g.next%256)
+		g.mu.Unlock()
+	}
 	g.set(ctx, ref, ip, types.VirtualMachineToolsRunningStatusGuestToolsRunning)
+}
+
+// staticAddress plays cloud-init's VMware datasource: the address that the network configuration
+// (netplan version 2) in guestinfo.metadata gives the adapter matching the VM's first adapter's MAC
+// address; "" when there is none.
+func (g *Guests) staticAddress(ctx context.Context, ref types.ManagedObjectReference) string {
+	var vm mo.VirtualMachine
+	if err := g.sim.Admin.RetrieveOne(ctx, ref, []string{"config.extraConfig", "config.hardware.device"}, &vm); err != nil || vm.Config == nil {
+		return ""
+	}
+	var raw string
+	for _, o := range vm.Config.ExtraConfig {
+		if ov := o.GetOptionValue(); ov.Key == "guestinfo.metadata" {
+			raw, _ = ov.Value.(string)
+		}
+	}
+	js, err := base64.StdEncoding.DecodeString(raw)
+	if err != nil {
+		return ""
+	}
+	var md struct {
+		Network struct {
+			Ethernets map[string]struct {
+				Match struct {
+					MACAddress string `json:"macaddress"`
+				} `json:"match"`
+				Addresses []string `json:"addresses"`
+			} `json:"ethernets"`
+		} `json:"network"`
+	}
+	if json.Unmarshal(js, &md) != nil {
+		return ""
+	}
+	mac := ""
+	for _, d := range object.VirtualDeviceList(vm.Config.Hardware.Device).SelectByType((*types.VirtualEthernetCard)(nil)) {
+		mac = d.(types.BaseVirtualEthernetCard).GetVirtualEthernetCard().MacAddress
+		break
+	}
+	for _, eth := range md.Network.Ethernets {
+		if mac != "" && strings.EqualFold(eth.Match.MACAddress, mac) && len(eth.Addresses) > 0 {
+			if p, err := netip.ParsePrefix(eth.Addresses[0]); err == nil {
+				return p.Addr().String()
+			}
+		}
+	}
+	return ""
 }
 
 func (g *Guests) set(ctx context.Context, ref types.ManagedObjectReference, ip string, tools types.VirtualMachineToolsRunningStatus) {
@@ -200,6 +254,15 @@ func (g *Guests) set(ctx context.Context, ref types.ManagedObjectReference, ip s
 	if err == nil {
 		_ = task.Wait(ctx) // a VM destroyed meanwhile needs no tools
 	}
+}
+
+// Report makes the tools of a running VM's guest report the address ip (a guest configured by
+// hand, say).
+func (g *Guests) Report(t testing.TB, vmPath, ip string) {
+	t.Helper()
+	vm, err := g.sim.finder().VirtualMachine(context.Background(), vmPath)
+	must(t, err)
+	g.set(context.Background(), vm.Reference(), ip, types.VirtualMachineToolsRunningStatusGuestToolsRunning)
 }
 
 // StopTools stops the VMware Tools of a running VM's guest (as if uninstalled): it reports no

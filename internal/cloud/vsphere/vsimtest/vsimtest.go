@@ -297,6 +297,17 @@ func (s *Sim) PowerOff(t testing.TB, vmPath string) {
 	must(t, task.Wait(ctx))
 }
 
+// PowerOn powers the VM at an inventory path on (out of band).
+func (s *Sim) PowerOn(t testing.TB, vmPath string) {
+	t.Helper()
+	ctx := context.Background()
+	vm, err := s.finder().VirtualMachine(ctx, vmPath)
+	must(t, err)
+	task, err := vm.PowerOn(ctx)
+	must(t, err)
+	must(t, task.Wait(ctx))
+}
+
 // AddVM puts a VM that the operator did not create into a folder (a clone of the model's first VM,
 // without the operator's marks).
 func (s *Sim) AddVM(t testing.TB, folderPath, name string) {
