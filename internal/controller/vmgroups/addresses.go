@@ -84,8 +84,9 @@ func (r *Reconciler) allocate(ctx context.Context, g *group, plan *vsphere.Plan,
 	own := allocations(g.vg)
 	for name := range own {
 		n, ok := vsphere.Ordinal(g.spec.Name, name)
-		if !members[name] && !running.Cloning[name] && !running.Busy[name] && !(ok && n < g.spec.Replicas) {
-			delete(own, name) // its VM is gone and not wanted: released
+		wanted := members[name] || running.Cloning[name] || running.Busy[name] || ok && n < g.spec.Replicas
+		if !wanted {
+			delete(own, name) // its VM is gone and its name no longer wanted: released
 		}
 	}
 	var need []string
