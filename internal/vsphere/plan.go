@@ -28,6 +28,7 @@ type VM struct {
 	Group        string // the KeyGroup extraConfig value; "" on VMs the operator did not clone
 	Template     string // the KeyTemplate extraConfig value
 	Boot         string // the KeyBoot extraConfig value: fingerprint of the first-boot data
+	Disks        []Disk // the KeyDisks extraConfig value: the data disks it was cloned with, as grown since
 }
 
 // Spec is what a group asks for, in vCenter's units.
@@ -44,6 +45,9 @@ type Spec struct {
 	Snapshot string
 	// Boot is the fingerprint of the first-boot data (cloud-init user data and metadata); "" for none.
 	Boot string
+	// Disks are the data disks each VM has beside the template's: a change of their names or
+	// datastores replaces the VMs, a larger size grows them in place.
+	Disks []Disk
 	// GuestIP: a VM is ready only once its guest reports an IP address, not as soon as it is on.
 	GuestIP bool
 	// DeleteFirst names members to remove first when the group scales in (the VmGroup's
@@ -63,12 +67,18 @@ func (m Member) Available() bool { return m.PowerState == PoweredOn }
 // Ready reports whether the VM serves: powered on and, when the spec asks, with a guest IP.
 func (m Member) Ready(s Spec) bool { return m.Available() && (!s.GuestIP || m.IP != "") }
 
-// NeedsReplace reports whether the VM was cloned from another template, or with other first-boot
-// data, than the spec's: both are read by the guest once, so only a new VM takes a change.
-func (m Member) NeedsReplace(s Spec) bool { return m.Template != s.Template || m.Boot != s.Boot }
+// NeedsReplace reports whether the VM was cloned from another template, with other first-boot
+// data or other data disks (names, datastores) than the spec's: the guest reads the first two once,
+// and a disk the spec no longer has is not taken from a running VM, so only a new VM takes a change.
+func (m Member) NeedsReplace(s Spec) bool {
+	return m.Template != s.Template || m.Boot != s.Boot || layout(m.Disks) != layout(s.Disks)
+}
 
-// NeedsReconfigure reports whether the VM's CPU or memory differ from the spec's.
-func (m Member) NeedsReconfigure(s Spec) bool { return m.CPU != s.CPU || m.MemoryMB != s.MemoryMB }
+// NeedsReconfigure reports whether the VM's CPU or memory differ from the spec's, or a data disk
+// of it is smaller.
+func (m Member) NeedsReconfigure(s Spec) bool {
+	return m.CPU != s.CPU || m.MemoryMB != s.MemoryMB || m.Grown(s) != nil
+}
 
 // UpToDate reports whether the VM matches the spec.
 func (m Member) UpToDate(s Spec) bool { return !m.NeedsReplace(s) && !m.NeedsReconfigure(s) }

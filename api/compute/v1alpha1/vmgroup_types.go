@@ -91,6 +91,16 @@ type VmGroupSpec struct {
 	// +optional
 	Placement *Placement `json:"placement,omitempty"`
 
+	// Disks are data disks each VM gets beside its template's, thin-provisioned, on the SCSI
+	// controller of the template's first disk. A larger size grows a disk in place (the VMs are
+	// reconfigured one at a time); a smaller one is refused. Adding, removing or renaming a disk,
+	// or changing its datastore, replaces the VMs one at a time (a VM's data disks go with it).
+	// +kubebuilder:validation:MaxItems=8
+	// +listType=map
+	// +listMapKey=name
+	// +optional
+	Disks []DataDisk `json:"disks,omitempty"`
+
 	// AddressPool gives each VM a static IPv4 address of its own, for networks without DHCP: the
 	// address, prefix, gateway and name servers reach the guest's first network adapter (matched by
 	// its MAC address) through cloud-init's network configuration in guestinfo.metadata. Each
@@ -100,6 +110,28 @@ type VmGroupSpec struct {
 	// pool does not take it from the VM that has it.
 	// +optional
 	AddressPool *AddressPool `json:"addressPool,omitempty"`
+}
+
+// DataDisk is a data disk of each VM of the group.
+// +kubebuilder:validation:XValidation:rule="self.sizeGiB >= oldSelf.sizeGiB",message="a data disk cannot shrink: its file system would lose data; grow it, or replace the VMs by renaming the disk"
+// +kubebuilder:validation:XValidation:rule="has(self.datastore) == has(oldSelf.datastore) && (!has(self.datastore) || self.datastore == oldSelf.datastore)",message="a data disk's datastore is fixed: rename the disk to move the VMs' disks (the VMs are replaced)"
+type DataDisk struct {
+	// Name identifies the disk in the spec (a DNS label); the guest sees the disks in order.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
+	// +required
+	Name string `json:"name"`
+	// SizeGiB is the disk's size in GiB.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=16384
+	// +required
+	SizeGiB int32 `json:"sizeGiB"`
+	// Datastore is the datastore (name or inventory path) of the disk's file; empty: the VM's.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=1024
+	// +optional
+	Datastore string `json:"datastore,omitempty"`
 }
 
 // AddressPool is where a group's static addresses come from.

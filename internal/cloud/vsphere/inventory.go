@@ -210,6 +210,8 @@ func toVM(o types.ObjectContent) domain.VM {
 						vm.Template = v
 					case domain.KeyBoot:
 						vm.Boot = v
+					case domain.KeyDisks:
+						vm.Disks = domain.ParseDisks(v)
 					}
 				}
 			}

@@ -15,6 +15,8 @@ import (
 	"github.com/vmware/govmomi/object"
 	"github.com/vmware/govmomi/vim25/mo"
 	"github.com/vmware/govmomi/vim25/types"
+
+	domain "github.com/quartermaster-dev/quartermaster/internal/vsphere"
 )
 
 // API is what the vmgroups controller needs from vCenter; *Client implements it.
@@ -28,7 +30,7 @@ type API interface {
 	PowerOn(ctx context.Context, id string) error
 	PowerOff(ctx context.Context, id string) error
 	ShutdownGuest(ctx context.Context, id string, timeout time.Duration) (bool, error)
-	Reconfigure(ctx context.Context, id string, cpu, memoryMB int32) error
+	Reconfigure(ctx context.Context, id string, cpu, memoryMB int32, disks []domain.Disk) error
 	Destroy(ctx context.Context, id string) error
 	Cluster(ctx context.Context, p Placement) (Cluster, error)
 	Affinity(ctx context.Context, cl Cluster, rule string) (Affinity, error)
@@ -48,6 +50,8 @@ type Template struct {
 	Path     string
 	Linked   bool
 	Snapshot string
+	// Disks are data disks each clone gets beside the template's (Controller and Unit unset).
+	Disks []domain.Disk
 }
 
 // Source is a resolved template with the placement of its clones; resolve once per batch.
@@ -58,6 +62,23 @@ type Source struct {
 	pool      types.ManagedObjectReference
 	datastore *types.ManagedObjectReference
 	nic       types.BaseVirtualDeviceConfigSpec // re-points the first network adapter; nil keeps the template's
+	disks     []sourceDisk                      // data disks each clone gets
+}
+
+// sourceDisk is a data disk placed on the template's disk controller, with its datastore resolved.
+type sourceDisk struct {
+	disk      domain.Disk
+	datastore *types.ManagedObjectReference // nil: the VM's
+	dsName    string
+}
+
+// Disks are the data disks each clone gets, placed (controller and unit) as they will be on it.
+func (s *Source) Disks() []domain.Disk {
+	var out []domain.Disk
+	for _, d := range s.disks {
+		out = append(out, d.disk)
+	}
+	return out
 }
 
 // Linked reports whether the source makes linked clones.
@@ -106,6 +127,30 @@ func (c *Client) Source(ctx context.Context, p Placement, t Template) (*Source, 
 		return nil, c.redact(lookupError(err, "resource pool", p.ResourcePool))
 	}
 	src.pool = pool.Reference()
+
+	if len(t.Disks) > 0 {
+		devices, err := tmpl.Device(ctx)
+		if err != nil {
+			return nil, c.redact(err)
+		}
+		ctrl, units, problem := placeDisks(devices, len(t.Disks))
+		if problem != "" {
+			return nil, &InvalidError{Kind: "template", Name: template, Problem: problem}
+		}
+		for i, d := range t.Disks {
+			d.Controller, d.Unit = ctrl, units[i]
+			sd := sourceDisk{disk: d}
+			if d.Datastore != "" {
+				ds, err := finder.Datastore(ctx, d.Datastore)
+				if err != nil {
+					return nil, c.redact(lookupError(err, "datastore", d.Datastore))
+				}
+				ref := ds.Reference()
+				sd.datastore, sd.dsName = &ref, ds.Name()
+			}
+			src.disks = append(src.disks, sd)
+		}
+	}
 
 	if p.Datastore != "" {
 		ds, err := finder.Datastore(ctx, p.Datastore)
@@ -163,6 +208,27 @@ func (c *Client) Clone(ctx context.Context, src *Source, f Folder, spec CloneSpe
 	}
 	if src.nic != nil {
 		cs.Location.DeviceChange = []types.BaseVirtualDeviceConfigSpec{src.nic}
+	}
+	for i, d := range src.disks {
+		unit := d.disk.Unit
+		file := ""
+		if d.dsName != "" {
+			file = "[" + d.dsName + "]"
+		}
+		disk := &types.VirtualDisk{
+			VirtualDevice: types.VirtualDevice{
+				Key: int32(-100 - i), ControllerKey: d.disk.Controller, UnitNumber: &unit,
+				Backing: &types.VirtualDiskFlatVer2BackingInfo{
+					VirtualDeviceFileBackingInfo: types.VirtualDeviceFileBackingInfo{FileName: file, Datastore: d.datastore},
+					DiskMode:                     string(types.VirtualDiskModePersistent),
+					ThinProvisioned:              types.NewBool(true),
+				},
+			},
+			CapacityInKB: int64(d.disk.SizeGiB) << 20,
+		}
+		cs.Config.DeviceChange = append(cs.Config.DeviceChange, &types.VirtualDeviceConfigSpec{
+			Operation: types.VirtualDeviceConfigSpecOperationAdd, FileOperation: types.VirtualDeviceConfigSpecFileOperationCreate, Device: disk,
+		})
 	}
 	if src.snapshot != nil {
 		// A linked clone: its disks are new children of the snapshot's, not copies.
@@ -242,10 +308,79 @@ func (c *Client) ShutdownGuest(ctx context.Context, id string, timeout time.Dura
 	return false, c.redact(err)
 }
 
-// Reconfigure sets the VM's CPU and memory (the VM is powered off by the caller).
-func (c *Client) Reconfigure(ctx context.Context, id string, cpu, memoryMB int32) error {
+// Reconfigure sets the VM's CPU and memory (the VM is powered off by the caller) and, when disks
+// is not nil, its data disks' sizes (each found where the disks mark places it; only growing is
+// asked for) with the mark recording them.
+func (c *Client) Reconfigure(ctx context.Context, id string, cpu, memoryMB int32, disks []domain.Disk) error {
 	spec := types.VirtualMachineConfigSpec{NumCPUs: cpu, MemoryMB: int64(memoryMB)}
+	if disks != nil {
+		devices, err := c.vm(id).Device(ctx)
+		if err != nil {
+			return c.redact(err)
+		}
+		for _, d := range disks {
+			disk := findDisk(devices, d)
+			if disk == nil {
+				return fmt.Errorf("data disk %q is not on the VM (controller %d, unit %d)", d.Name, d.Controller, d.Unit)
+			}
+			if want := int64(d.SizeGiB) << 20; disk.CapacityInKB < want {
+				disk.CapacityInKB, disk.CapacityInBytes = want, want<<10
+				spec.DeviceChange = append(spec.DeviceChange, &types.VirtualDeviceConfigSpec{Operation: types.VirtualDeviceConfigSpecOperationEdit, Device: disk})
+			}
+		}
+		spec.ExtraConfig = []types.BaseOptionValue{&types.OptionValue{Key: domain.KeyDisks, Value: domain.DisksMark(disks)}}
+	}
 	return c.wait(ctx, func(ctx context.Context) (*object.Task, error) { return c.vm(id).Reconfigure(ctx, spec) })
+}
+
+// findDisk is the VM's disk at the controller and unit the mark records.
+func findDisk(devices object.VirtualDeviceList, d domain.Disk) *types.VirtualDisk {
+	for _, dev := range devices.SelectByType((*types.VirtualDisk)(nil)) {
+		vd := dev.(*types.VirtualDisk)
+		if vd.ControllerKey == d.Controller && vd.UnitNumber != nil && *vd.UnitNumber == d.Unit {
+			return vd
+		}
+	}
+	return nil
+}
+
+// placeDisks finds where n data disks go on a clone of a template with these devices: the SCSI
+// controller of its first disk (else its first SCSI controller), at the lowest free unit numbers
+// (7 is the controller's own); else why not, for a person.
+func placeDisks(devices object.VirtualDeviceList, n int) (int32, []int32, string) {
+	var ctrl types.BaseVirtualDevice
+	for _, dev := range devices.SelectByType((*types.VirtualDisk)(nil)) {
+		if c := devices.FindByKey(dev.GetVirtualDevice().ControllerKey); c != nil {
+			if _, scsi := c.(types.BaseVirtualSCSIController); scsi {
+				ctrl = c
+				break
+			}
+		}
+	}
+	if ctrl == nil {
+		scsi := devices.SelectByType((*types.VirtualSCSIController)(nil))
+		if len(scsi) == 0 {
+			return 0, nil, "has no SCSI controller for data disks (spec.disks)"
+		}
+		ctrl = scsi[0]
+	}
+	key := ctrl.GetVirtualDevice().Key
+	used := map[int32]bool{7: true}
+	for _, dev := range devices {
+		if d := dev.GetVirtualDevice(); d.ControllerKey == key && d.UnitNumber != nil {
+			used[*d.UnitNumber] = true
+		}
+	}
+	var units []int32
+	for u := int32(0); u < 16 && len(units) < n; u++ {
+		if !used[u] {
+			units = append(units, u)
+		}
+	}
+	if len(units) < n {
+		return 0, nil, fmt.Sprintf("has room for %d data disks on its SCSI controller, not the %d spec.disks asks for", len(units), n)
+	}
+	return key, units, ""
 }
 
 // Destroy deletes the VM (powered off by the caller); one already gone is not an error.

@@ -99,7 +99,7 @@ func TestFolderCloneListPowerReconfigureDestroy(t *testing.T) {
 
 	must(t, c.PowerOff(ctx, id))
 	must(t, c.PowerOff(ctx, id)) // already off
-	must(t, c.Reconfigure(ctx, id, 4, 8192))
+	must(t, c.Reconfigure(ctx, id, 4, 8192, nil))
 	must(t, c.PowerOn(ctx, id))
 	must(t, c.PowerOn(ctx, id)) // already on
 	got := sim.VMs(t, p)[l.VMs[0].Name]
@@ -430,5 +430,51 @@ func TestAntiAffinityRule(t *testing.T) {
 	var inv *vsphere.InvalidError
 	if _, err := c.Affinity(ctx, cl, "together"); !errors.As(err, &inv) || !strings.Contains(err.Error(), "not a VM-VM anti-affinity rule") {
 		t.Errorf("a rule of another kind: %v, want an InvalidError", err)
+	}
+}
+
+// TestDataDisks: a clone gets the data disks beside the template's, on the template's SCSI
+// controller at free units, recorded in the listing's disks mark; Reconfigure grows one in place.
+func TestDataDisks(t *testing.T) {
+	sim := vsimtest.Start(t)
+	sim.AddTemplate(t, "tmpl")
+	c := login(t, sim, nil)
+	ctx := context.Background()
+	f, err := c.Folder(ctx, "/DC0/vm/disks", true)
+	must(t, err)
+	base := len(sim.Disks(t, "tmpl"))
+	src, err := c.Source(ctx, vsphere.Placement{}, vsphere.Template{Path: "tmpl", Disks: []domain.Disk{{Name: "data", SizeGiB: 10}, {Name: "logs", SizeGiB: 2, Datastore: "LocalDS_0"}}})
+	must(t, err)
+	placed := src.Disks()
+	if len(placed) != 2 || placed[0].Controller == 0 || placed[0].Unit == placed[1].Unit || placed[0].Unit == 7 {
+		t.Fatalf("placed disks %+v", placed)
+	}
+	id, err := c.Clone(ctx, src, f, vsphere.CloneSpec{Name: "vm", CPU: 1, MemoryMB: 1024, ExtraConfig: map[string]string{domain.KeyDisks: domain.DisksMark(placed)}})
+	must(t, err)
+	got := sim.Disks(t, "/DC0/vm/disks/vm")
+	if len(got) != base+2 || got[base] != 10 || got[base+1] != 2 {
+		t.Fatalf("disks %v, want the template's %d and 10, 2 GiB", got, base)
+	}
+	l, err := c.List(ctx, f)
+	must(t, err)
+	if len(l.VMs) != 1 || fmt.Sprint(l.VMs[0].Disks) != fmt.Sprint(placed) {
+		t.Fatalf("listed disks %+v, want %+v", l.VMs[0].Disks, placed)
+	}
+
+	grown := slices.Clone(placed)
+	grown[0].SizeGiB = 25
+	must(t, c.PowerOff(ctx, id))
+	must(t, c.Reconfigure(ctx, id, 1, 1024, grown))
+	if got := sim.Disks(t, "/DC0/vm/disks/vm"); got[base] != 25 || got[base+1] != 2 {
+		t.Errorf("disks after growing data: %v", got)
+	}
+	l, err = c.List(ctx, f)
+	must(t, err)
+	if l.VMs[0].Disks[0].SizeGiB != 25 {
+		t.Errorf("the mark after growing: %+v", l.VMs[0].Disks)
+	}
+	gone := []domain.Disk{{Name: "data", SizeGiB: 30, Controller: placed[0].Controller, Unit: 15}}
+	if err := c.Reconfigure(ctx, id, 1, 1024, gone); err == nil || !strings.Contains(err.Error(), `data disk "data" is not on the VM`) {
+		t.Errorf("growing a disk not there: %v", err)
 	}
 }

@@ -87,10 +87,16 @@ func (r *Reconciler) startPlan(ctx context.Context, g *group, plan vsphere.Plan)
 
 	if m := plan.Reconfigure; m != nil {
 		done := fmt.Sprintf("reconfigured %s: %d CPU, %d MB → %d CPU, %d MB", m.Name, m.CPU, m.MemoryMB, g.spec.CPU, g.spec.MemoryMB)
+		grown := m.Grown(g.spec)
+		for i, d := range grown {
+			if d.SizeGiB != m.Disks[i].SizeGiB {
+				done += fmt.Sprintf("; disk %s %d → %d GiB", d.Name, m.Disks[i].SizeGiB, d.SizeGiB)
+			}
+		}
 		r.work.start(g.vg, m.Name, opReconfigure, done, func(ctx context.Context) (string, error) {
 			warning, err := r.stop(ctx, g, *m)
 			if err == nil {
-				err = g.api.Reconfigure(ctx, m.ID, g.spec.CPU, g.spec.MemoryMB)
+				err = g.api.Reconfigure(ctx, m.ID, g.spec.CPU, g.spec.MemoryMB, grown)
 			}
 			// Power on even after a failed reconfigure: the VM should not stay down because of us.
 			return warning, errors.Join(err, r.powerOn(ctx, g, m.ID))
@@ -101,7 +107,7 @@ func (r *Reconciler) startPlan(ctx context.Context, g *group, plan vsphere.Plan)
 
 // source resolves the template and placement of the group's clones, once while the group changes.
 func (r *Reconciler) source(ctx context.Context, g *group) (*vcenter.Source, error) {
-	t := vcenter.Template{Path: g.spec.Template, Linked: g.spec.Linked, Snapshot: g.spec.Snapshot}
+	t := vcenter.Template{Path: g.spec.Template, Linked: g.spec.Linked, Snapshot: g.spec.Snapshot, Disks: g.spec.Disks}
 	id := fmt.Sprintf("%+v|%+v", t, g.placement)
 	if src := r.work.cachedSource(g.key, id); src != nil {
 		return src, nil
@@ -172,6 +178,9 @@ func (r *Reconciler) clone(ctx context.Context, g *group, src *vcenter.Source, n
 		return ctx.Err()
 	}
 	extra := map[string]string{vsphere.KeyGroup: g.spec.Key, vsphere.KeyTemplate: g.spec.Template}
+	if mark := vsphere.DisksMark(src.Disks()); mark != "" {
+		extra[vsphere.KeyDisks] = mark
+	}
 	if g.boot != nil {
 		extra[vsphere.KeyBoot] = g.spec.Boot
 		if g.pool == nil {

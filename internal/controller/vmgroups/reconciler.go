@@ -228,7 +228,17 @@ func spec(vg *computev1alpha1.VmGroup) vsphere.Spec {
 		Snapshot:    vg.Spec.Snapshot,
 		GuestIP:     vg.Spec.Readiness != computev1alpha1.ReadinessPowerState,
 		DeleteFirst: deleteFirst(vg),
+		Disks:       disks(vg),
 	}
+}
+
+// disks are the spec's data disks in the domain's terms.
+func disks(vg *computev1alpha1.VmGroup) []vsphere.Disk {
+	var out []vsphere.Disk
+	for _, d := range vg.Spec.Disks {
+		out = append(out, vsphere.Disk{Name: d.Name, SizeGiB: d.SizeGiB, Datastore: d.Datastore})
+	}
+	return out
 }
 
 // deleteFirst is the set of VM names the group's AnnotationDeleteFirst lists (nil: none).

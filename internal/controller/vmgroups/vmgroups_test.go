@@ -78,6 +78,7 @@ func TestVmGroups(t *testing.T) {
 		{"linked clones", testLinkedClones, true},
 		{"anti-affinity", testAntiAffinity, true},
 		{"static addresses from a pool", testAddressPool, true},
+		{"data disks", testDataDisks, true},
 		{"a VM where the folder goes", testPlacementInvalid, true},
 		{"a newer spec is read between clone batches", testNewerSpecWins, true},
 		{"manager restart mid scale-up and mid scale-down", testRestartMidScale, true},

@@ -4,6 +4,7 @@
 package vsimtest
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"crypto/tls"
@@ -331,6 +332,34 @@ type VM struct {
 	MemoryMB    int32
 	Template    bool
 	ExtraConfig map[string]string
+}
+
+// Disks returns the sizes in GiB of the VM's disks at an inventory path, by controller and unit.
+func (s *Sim) Disks(t testing.TB, vmPath string) []int64 {
+	t.Helper()
+	ctx := context.Background()
+	vm, err := s.finder().VirtualMachine(ctx, vmPath)
+	must(t, err)
+	devices, err := vm.Device(ctx)
+	must(t, err)
+	var disks []*types.VirtualDisk
+	for _, d := range devices.SelectByType((*types.VirtualDisk)(nil)) {
+		disks = append(disks, d.(*types.VirtualDisk))
+	}
+	unit := func(d *types.VirtualDisk) int32 {
+		if d.UnitNumber == nil {
+			return -1
+		}
+		return *d.UnitNumber
+	}
+	slices.SortFunc(disks, func(a, b *types.VirtualDisk) int {
+		return cmp.Or(cmp.Compare(a.ControllerKey, b.ControllerKey), cmp.Compare(unit(a), unit(b)))
+	})
+	var out []int64
+	for _, d := range disks {
+		out = append(out, d.CapacityInKB>>20)
+	}
+	return out
 }
 
 // Exists reports whether an inventory path names something.
