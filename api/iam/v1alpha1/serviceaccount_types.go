@@ -26,6 +26,7 @@ const (
 // +kubebuilder:validation:XValidation:rule="self.serviceAccountName == oldSelf.serviceAccountName",message="serviceAccountName is immutable: the role's trust policy names it; create a new IAMServiceAccount for another ServiceAccount"
 // +kubebuilder:validation:XValidation:rule="self.createServiceAccount == oldSelf.createServiceAccount",message="createServiceAccount is immutable"
 // +kubebuilder:validation:XValidation:rule="(has(self.policies) ? size(self.policies) : 0) + (has(self.managedPolicyArns) ? size(self.managedPolicyArns) : 0) <= 20",message="a role can have at most 20 managed policies (policies and managedPolicyArns together)"
+// +kubebuilder:validation:XValidation:rule="!has(self.inlinePolicies) || !has(self.policies) || !self.inlinePolicies.exists(p, p.name in self.policies)",message="an inline policy has the name of an IAMPolicy in spec.policies: name them apart, so that what grants a permission is never ambiguous"
 type IAMServiceAccountSpec struct {
 	// ServiceAccountName is the ServiceAccount in this namespace whose pods assume the role.
 	// Immutable.
@@ -77,6 +78,29 @@ type IAMServiceAccountSpec struct {
 	// +kubebuilder:default=IRSA
 	// +optional
 	Mechanism Mechanism `json:"mechanism,omitempty"`
+
+	// InlinePolicies are the role's own policies, embedded in it: permissions no other role can be
+	// given by attaching them. Each is put on the role, rewritten when its document differs in
+	// meaning, and deleted from the role when dropped from this list. IAM limits a role's inline
+	// policies to 10,240 characters together (whitespace not counted).
+	// +kubebuilder:validation:MaxItems=10
+	// +listType=map
+	// +listMapKey=name
+	// +optional
+	InlinePolicies []InlinePolicy `json:"inlinePolicies,omitempty"`
+}
+
+// InlinePolicy is a policy embedded in the role.
+type InlinePolicy struct {
+	// Name is the inline policy's name in IAM.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=128
+	// +kubebuilder:validation:Pattern=`^[\w+=,.@-]+$`
+	// +required
+	Name string `json:"name"`
+	// Document is the policy document, validated as an IAMPolicy's is.
+	// +required
+	Document PolicyDocument `json:"document"`
 }
 
 // PodIdentityAssociationStatus is the EKS Pod Identity association of an IAMServiceAccount.
@@ -106,6 +130,11 @@ type IAMServiceAccountStatus struct {
 	// the ServiceAccount (mechanism PodIdentity or Both), until it is deleted.
 	// +optional
 	PodIdentityAssociation *PodIdentityAssociationStatus `json:"podIdentityAssociation,omitempty"`
+	// InlinePolicies are the names of the inline policies the operator put on the role (and
+	// deletes from it when they leave the spec).
+	// +optional
+	// +listType=set
+	InlinePolicies []string `json:"inlinePolicies,omitempty"`
 	// AttachedPolicyArns are the policies attached to the role, as last observed.
 	// +optional
 	// +listType=set

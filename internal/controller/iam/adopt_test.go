@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -15,6 +16,7 @@ import (
 	iamv1alpha1 "github.com/quartermaster-dev/quartermaster/api/iam/v1alpha1"
 	"github.com/quartermaster-dev/quartermaster/internal/cloud/aws/awsiam"
 	"github.com/quartermaster-dev/quartermaster/internal/irsa"
+	"github.com/quartermaster-dev/quartermaster/internal/testing/testenv"
 )
 
 // testAdoption: what the old scripts made (a policy named <ns>-<name> at the path /, a role
@@ -75,6 +77,21 @@ func testAdoption(t *testing.T, f *fixture) {
 		if doc := f.defaultDocument(oldPolicy.ARN); !strings.Contains(doc, "s3:ListBucket") {
 			t.Errorf("the adopted policy's default document is still the old one: %s", doc)
 		}
+	})
+
+	t.Run("the role holding an inline policy it was not given: not adopted, naming it", func(t *testing.T) {
+		must(t, f.aws.PutInlinePolicy(ctx, roleName, "scripts-extra", `{"Version":"2012-10-17","Statement":[{"Effect":"Allow","Action":"s3:*","Resource":"*"}]}`))
+		annotate(sa, "true")
+		testenv.Eventually(t, "the refusal naming the inline policy", func() (bool, string) {
+			must(t, f.c.Get(ctx, client.ObjectKeyFromObject(sa), sa))
+			c := meta.FindStatusCondition(sa.Status.Conditions, iamv1alpha1.ConditionReady)
+			return c != nil && strings.Contains(c.Message, "scripts-extra"), fmt.Sprint(c)
+		})
+		assertStalled(t, sa.Status.Conditions, "has inline policies Quartermaster did not put there (scripts-extra)")
+		if f.emu.Calls("TagRole") != 0 {
+			t.Error("the role was tagged while it held an inline policy")
+		}
+		must(t, f.aws.DeleteInlinePolicy(ctx, roleName, "scripts-extra"))
 	})
 
 	t.Run("the role annotated: tagged, trusting the ServiceAccount, the policy attached", func(t *testing.T) {

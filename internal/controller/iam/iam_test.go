@@ -42,6 +42,7 @@ func TestIAM(t *testing.T) {
 	t.Run("faults", func(t *testing.T) { testFaults(t, f) })
 	t.Run("pod identity faults", func(t *testing.T) { testPodIdentityFaults(t, f) })
 	t.Run("stale cache", func(t *testing.T) { testStaleCache(t, f) })
+	t.Run("inline policies", func(t *testing.T) { testInlinePolicies(t, f) })
 }
 
 func tagsOf(tags []iamemulator.Tag) map[string]string {

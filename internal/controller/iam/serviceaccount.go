@@ -191,6 +191,9 @@ func (r *ServiceAccountReconciler) apply(ctx context.Context, sa *iamv1alpha1.IA
 	if o := r.ensureAttachments(ctx, sa, role.Name, desired, ch); o != nil {
 		return *o
 	}
+	if o := r.ensureInline(ctx, sa, role.Name, ch); o != nil {
+		return *o
+	}
 	// What the mechanism needs is made (or confirmed) first…
 	want := irsa.Needs(sa.Spec.Mechanism)
 	if want.Association {
@@ -321,6 +324,11 @@ func (r *ServiceAccountReconciler) ensureRole(ctx context.Context, sa *iamv1alph
 		return nil, awsFailure(err, r.SlowRetry)
 	}
 	if !irsa.OwnedBy(role.Tags, r.cfg.cluster, sa.Namespace, sa.Name) {
+		if !irsa.TaggedByQuartermaster(role.Tags) && sa.Annotations[iamv1alpha1.AnnotationAdopt] != "" {
+			if o := r.foreignInline(ctx, want.Name); o != nil {
+				return nil, *o
+			}
+		}
 		adopted, o := r.adopt(sa, "IAM role "+want.Name, role.Tags, func(tags awsiam.Tags) error { return r.aws.TagRole(ctx, want.Name, tags) })
 		if !adopted {
 			return nil, o
@@ -537,7 +545,11 @@ func (r *ServiceAccountReconciler) delete(ctx context.Context, sa *iamv1alpha1.I
 	case !irsa.OwnedBy(role.Tags, r.cfg.cluster, sa.Namespace, sa.Name):
 		r.recorder.Eventf(sa, nil, corev1.EventTypeWarning, ReasonConflict, "Delete", "IAM role %s is not tagged as this object's; left in AWS", name)
 	default:
-		if err := r.deleteRole(ctx, name); awsiam.IsConflict(err) {
+		ours := slices.Clone(sa.Status.InlinePolicies)
+		for _, p := range sa.Spec.InlinePolicies {
+			ours = append(ours, p.Name) // put by a step whose status was not written, maybe
+		}
+		if err := r.deleteRole(ctx, name, ours); awsiam.IsConflict(err) {
 			return status.WaitsForPerson("DeleteConflict", awsiam.StatusMessage(err)+
 				" (someone added an inline policy or an instance profile to the role: remove it, or set the retain annotation)", r.SlowRetry), false
 		} else if err != nil {
@@ -551,12 +563,27 @@ func (r *ServiceAccountReconciler) delete(ctx context.Context, sa *iamv1alpha1.I
 	return r.release(ctx, sa)
 }
 
-// deleteRole detaches every policy (IAM refuses to delete a role with attachments), then deletes
-// the role; what is already gone is fine, so an interrupted deletion resumes.
-func (r *ServiceAccountReconciler) deleteRole(ctx context.Context, name string) error {
+// deleteRole detaches every policy and deletes the inline policies named in ours (IAM refuses to
+// delete a role with either), then deletes the role; what is already gone is fine, so an
+// interrupted deletion resumes. Inline policies someone else put stay, and IAM's DeleteConflict
+// says so.
+func (r *ServiceAccountReconciler) deleteRole(ctx context.Context, name string, ours []string) error {
 	attached, err := r.aws.ListAttachedPolicies(ctx, name)
 	if err != nil {
 		return err
+	}
+	if len(ours) > 0 {
+		inline, err := r.aws.ListInlinePolicies(ctx, name)
+		if err != nil && !awsiam.IsNotFound(err) {
+			return err
+		}
+		for _, p := range inline {
+			if slices.Contains(ours, p) {
+				if err := r.aws.DeleteInlinePolicy(ctx, name, p); err != nil && !awsiam.IsNotFound(err) {
+					return err
+				}
+			}
+		}
 	}
 	for _, arn := range attached {
 		if err := r.aws.DetachPolicy(ctx, name, arn); err != nil && !awsiam.IsNotFound(err) {

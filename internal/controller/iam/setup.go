@@ -59,6 +59,10 @@ type AWS interface {
 	ListAttachedPolicies(ctx context.Context, role string) ([]string, error)
 	AttachPolicy(ctx context.Context, role, arn string) error
 	DetachPolicy(ctx context.Context, role, arn string) error
+	ListInlinePolicies(ctx context.Context, role string) ([]string, error)
+	GetInlinePolicy(ctx context.Context, role, name string) (string, error)
+	PutInlinePolicy(ctx context.Context, role, name, document string) error
+	DeleteInlinePolicy(ctx context.Context, role, name string) error
 	DeleteRole(ctx context.Context, role string) error
 	TagRole(ctx context.Context, role string, tags awsiam.Tags) error
 	TagPolicy(ctx context.Context, arn string, tags awsiam.Tags) error

@@ -106,6 +106,27 @@ func TestAWSCLIAgainstTheEmulator(t *testing.T) {
 			t.Errorf("get-role (the CLI decodes the percent-encoded document): %+v", got)
 		}
 		cli.fails(t, "NoSuchEntity", "iam", "get-role", "--role-name", "nope")
+
+		// Inline policies.
+		cli.ok(t, nil, "iam", "put-role-policy", "--role-name", "app", "--policy-name", "read",
+			"--policy-document", `{"Version":"2012-10-17","Statement":[{"Effect":"Allow","Action":"s3:GetObject","Resource":"arn:aws:s3:::b/a b"}]}`)
+		var inline struct {
+			RoleName, PolicyName string
+			PolicyDocument       struct{ Statement []struct{ Resource string } }
+		}
+		cli.ok(t, &inline, "iam", "get-role-policy", "--role-name", "app", "--policy-name", "read")
+		if inline.PolicyName != "read" || len(inline.PolicyDocument.Statement) != 1 || inline.PolicyDocument.Statement[0].Resource != "arn:aws:s3:::b/a b" {
+			t.Errorf("get-role-policy (the CLI decodes the percent-encoded document): %+v", inline)
+		}
+		var list struct{ PolicyNames []string }
+		cli.ok(t, &list, "iam", "list-role-policies", "--role-name", "app")
+		if len(list.PolicyNames) != 1 || list.PolicyNames[0] != "read" {
+			t.Errorf("list-role-policies: %+v", list)
+		}
+		cli.fails(t, "MalformedPolicyDocument", "iam", "put-role-policy", "--role-name", "app", "--policy-name", "bad", "--policy-document", `{"Statement":[]}`)
+		cli.fails(t, "DeleteConflict", "iam", "delete-role", "--role-name", "app")
+		cli.ok(t, nil, "iam", "delete-role-policy", "--role-name", "app", "--policy-name", "read")
+		cli.fails(t, "NoSuchEntity", "iam", "get-role-policy", "--role-name", "app", "--policy-name", "read")
 	})
 
 	type assoc struct {

@@ -23,7 +23,8 @@ type role struct {
 	boundary    string // policy ARN, "" when none
 	created     time.Time
 	tags        []Tag
-	attached    []string // policy ARNs in attachment order
+	attached    []string          // policy ARNs in attachment order
+	inline      map[string]string // inline policies: name → document as put
 }
 
 func (s *Server) lookupRoleLocked(p params) (*role, *apiError) {
@@ -194,6 +195,9 @@ func (s *Server) deleteRole(p params) (any, *apiError) {
 	}
 	if len(r.attached) > 0 {
 		return nil, deleteConflict("Cannot delete entity, must detach all policies first.")
+	}
+	if len(r.inline) > 0 {
+		return nil, deleteConflict("Cannot delete entity, must delete policies first.")
 	}
 	delete(s.roles, strings.ToLower(r.name))
 	return nil, nil

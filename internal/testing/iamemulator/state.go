@@ -54,8 +54,10 @@ type RoleState struct {
 	MaxSessionDuration       int      `json:"maxSessionDuration"`
 	PermissionsBoundary      string   `json:"permissionsBoundary,omitempty"`
 	AttachedPolicies         []string `json:"attachedPolicies"`
-	Tags                     []Tag    `json:"tags,omitempty"`
-	CreatedAt                string   `json:"createDate"`
+	// InlinePolicies are the role's inline policies: name → document as put.
+	InlinePolicies map[string]string `json:"inlinePolicies,omitempty"`
+	Tags           []Tag             `json:"tags,omitempty"`
+	CreatedAt      string            `json:"createDate"`
 }
 
 // State returns a snapshot of the emulator, sorted by ARN.
@@ -95,7 +97,7 @@ func (s *Server) State() State {
 		st.Roles = append(st.Roles, RoleState{
 			Arn: r.arn, Name: r.name, ID: r.id, Path: r.path, Description: r.description,
 			AssumeRolePolicyDocument: r.trust, MaxSessionDuration: r.maxSession, PermissionsBoundary: r.boundary,
-			AttachedPolicies: append([]string{}, r.attached...), Tags: slices.Clone(r.tags),
+			AttachedPolicies: append([]string{}, r.attached...), InlinePolicies: maps.Clone(r.inline), Tags: slices.Clone(r.tags),
 			CreatedAt: formatTime(r.created),
 		})
 	}

@@ -105,8 +105,9 @@ func TestInputValidation(t *testing.T) {
 	must(e.iam.TagRole(c, &iam.TagRoleInput{RoleName: aws.String(maxName), Tags: tag("K0", "new")})).ok(t)
 }
 
-// TestDeleteRoleConflicts: only attached managed policies block DeleteRole (the emulator has
-// no inline policies or instance profiles); a permissions boundary does not, as in IAM.
+// TestDeleteRoleConflicts: attached managed policies block DeleteRole (as inline policies do:
+// TestInlineRolePolicies; the emulator has no instance profiles); a permissions boundary does not,
+// as in IAM.
 func TestDeleteRoleConflicts(t *testing.T) {
 	e := newEnv(t, iamemulator.Options{}, 1)
 	c := ctx(t)

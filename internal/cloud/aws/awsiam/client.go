@@ -319,6 +319,45 @@ func (c *Client) DetachPolicy(ctx context.Context, role, arn string) error {
 	return iamErr("DetachRolePolicy", err, role, arn)
 }
 
+// ListInlinePolicies returns the names of a role's inline policies (all pages).
+func (c *Client) ListInlinePolicies(ctx context.Context, role string) ([]string, error) {
+	var out []string
+	pager := iam.NewListRolePoliciesPaginator(c.iam, &iam.ListRolePoliciesInput{RoleName: aws.String(role)})
+	for pager.HasMorePages() {
+		page, err := pager.NextPage(ctx)
+		if err != nil {
+			return nil, iamErr("ListRolePolicies", err, role)
+		}
+		out = append(out, page.PolicyNames...)
+	}
+	return out, nil
+}
+
+// GetInlinePolicy returns the document of a role's inline policy as plain JSON.
+func (c *Client) GetInlinePolicy(ctx context.Context, role, name string) (string, error) {
+	out, err := c.iam.GetRolePolicy(ctx, &iam.GetRolePolicyInput{RoleName: aws.String(role), PolicyName: aws.String(name)})
+	if err != nil {
+		return "", iamErr("GetRolePolicy", err, role, name)
+	}
+	doc, err := decodeDocument(aws.ToString(out.PolicyDocument))
+	if err != nil {
+		return "", iamErr("GetRolePolicy", err, role, name)
+	}
+	return doc, nil
+}
+
+// PutInlinePolicy creates or replaces a role's inline policy.
+func (c *Client) PutInlinePolicy(ctx context.Context, role, name, document string) error {
+	_, err := c.iam.PutRolePolicy(ctx, &iam.PutRolePolicyInput{RoleName: aws.String(role), PolicyName: aws.String(name), PolicyDocument: aws.String(document)})
+	return iamErr("PutRolePolicy", err, role, name)
+}
+
+// DeleteInlinePolicy deletes a role's inline policy; NoSuchEntity when it has none of the name.
+func (c *Client) DeleteInlinePolicy(ctx context.Context, role, name string) error {
+	_, err := c.iam.DeleteRolePolicy(ctx, &iam.DeleteRolePolicyInput{RoleName: aws.String(role), PolicyName: aws.String(name)})
+	return iamErr("DeleteRolePolicy", err, role, name)
+}
+
 // DeleteRole deletes a role. IAM refuses (DeleteConflict) while managed or inline policies
 // are attached or the role is in an instance profile; a permissions boundary does not block.
 func (c *Client) DeleteRole(ctx context.Context, role string) error {
