@@ -26,6 +26,9 @@ const (
 // +kubebuilder:validation:XValidation:rule="self.serviceAccountName == oldSelf.serviceAccountName",message="serviceAccountName is immutable: the role's trust policy names it; create a new IAMServiceAccount for another ServiceAccount"
 // +kubebuilder:validation:XValidation:rule="self.createServiceAccount == oldSelf.createServiceAccount",message="createServiceAccount is immutable"
 // +kubebuilder:validation:XValidation:rule="(has(self.policies) ? size(self.policies) : 0) + (has(self.managedPolicyArns) ? size(self.managedPolicyArns) : 0) <= 20",message="a role can have at most 20 managed policies (policies and managedPolicyArns together)"
+// +kubebuilder:validation:XValidation:rule="!has(self.targetRoleArn) || self.mechanism == 'PodIdentity'",message="targetRoleArn needs mechanism: PodIdentity (IRSA cannot chain to a target role, and with Both the SDKs would pick IRSA's role)"
+// +kubebuilder:validation:XValidation:rule="!has(self.disableSessionTags) || !self.disableSessionTags || self.mechanism != 'IRSA'",message="disableSessionTags is a Pod Identity setting: set mechanism PodIdentity or Both"
+// +kubebuilder:validation:XValidation:rule="!has(self.inlinePolicies) || !self.inlinePolicies.exists(p, p.name == 'quartermaster-target-role')",message="the inline policy name quartermaster-target-role is the operator's (it lets the role assume spec.targetRoleArn)"
 // +kubebuilder:validation:XValidation:rule="!has(self.inlinePolicies) || !has(self.policies) || !self.inlinePolicies.exists(p, p.name in self.policies)",message="an inline policy has the name of an IAMPolicy in spec.policies: name them apart, so that what grants a permission is never ambiguous"
 type IAMServiceAccountSpec struct {
 	// ServiceAccountName is the ServiceAccount in this namespace whose pods assume the role.
@@ -79,6 +82,23 @@ type IAMServiceAccountSpec struct {
 	// +optional
 	Mechanism Mechanism `json:"mechanism,omitempty"`
 
+	// TargetRoleArn is a role, usually in another AWS account, whose credentials the pods get
+	// instead of this object's role (EKS Pod Identity's cross-account access; mechanism
+	// PodIdentity only): EKS assumes this object's role, then the target with the association's
+	// external ID (status.podIdentityAssociation.externalId), which the target's trust policy must
+	// require. The operator lets this object's role assume the target (an inline policy
+	// quartermaster-target-role); the target's trust is the target account's to write (docs/iam.md).
+	// +kubebuilder:validation:MaxLength=2048
+	// +kubebuilder:validation:Pattern=`^arn:aws[a-z-]*:iam::[0-9]{12}:role/[\w+=,.@/-]+$`
+	// +optional
+	TargetRoleArn string `json:"targetRoleArn,omitempty"`
+
+	// DisableSessionTags stops EKS Pod Identity from adding its six session tags (cluster,
+	// namespace, ServiceAccount, …) when it assumes the role, e.g. for a target role whose trust
+	// does not allow sts:TagSession.
+	// +optional
+	DisableSessionTags bool `json:"disableSessionTags,omitempty"`
+
 	// InlinePolicies are the role's own policies, embedded in it: permissions no other role can be
 	// given by attaching them. Each is put on the role, rewritten when its document differs in
 	// meaning, and deleted from the role when dropped from this list. IAM limits a role's inline
@@ -115,6 +135,13 @@ type PodIdentityAssociationStatus struct {
 	// AssociationARN is the association's ARN.
 	// +optional
 	AssociationARN string `json:"associationArn,omitempty"`
+	// TargetRoleARN is the target role the association leads to (spec.targetRoleArn), as EKS holds it.
+	// +optional
+	TargetRoleARN string `json:"targetRoleArn,omitempty"`
+	// ExternalID is the ID EKS gave the association for its target role: the target role's trust
+	// policy must require it (Condition StringEquals sts:ExternalId).
+	// +optional
+	ExternalID string `json:"externalId,omitempty"`
 }
 
 // IAMServiceAccountStatus is what the operator last observed and did.

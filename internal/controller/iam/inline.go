@@ -35,6 +35,10 @@ func (r *ServiceAccountReconciler) inlineDocuments(sa *iamv1alpha1.IAMServiceAcc
 			}
 		}
 	}
+	if sa.Spec.TargetRoleArn != "" {
+		want[targetPolicyName] = targetPermission(sa) // counted with the others: IAM counts it too
+		total += len(want[targetPolicyName])
+	}
 	if total > maxInlineSize {
 		o := status.WaitsForPerson("LimitExceeded", fmt.Sprintf(
 			"spec.inlinePolicies are %d characters together (whitespace not counted); IAM allows a role %d: move some into IAMPolicies (spec.policies)", total, maxInlineSize), r.SlowRetry)

@@ -53,7 +53,7 @@ func (r *ServiceAccountReconciler) ensureAssociation(ctx context.Context, sa *ia
 	if a == nil {
 		created, err := r.eks.Create(ctx, awseks.NewAssociation{
 			Cluster: cluster, Namespace: sa.Namespace, ServiceAccount: sa.Spec.ServiceAccountName, RoleARN: roleARN,
-			Tags: irsa.Tags(r.cfg.cluster, sa.Namespace, sa.Name),
+			Target: target(sa), Tags: irsa.Tags(r.cfg.cluster, sa.Namespace, sa.Name),
 		})
 		if awseks.IsInUse(err) {
 			// Made by someone else since the list (or not listed yet): the next reconcile finds it.
@@ -62,6 +62,7 @@ func (r *ServiceAccountReconciler) ensureAssociation(ctx context.Context, sa *ia
 			return ptr.To(associationFailure(err, r.SlowRetry))
 		}
 		rec.AssociationID, rec.AssociationARN = created.ID, created.ARN
+		rec.TargetRoleARN, rec.ExternalID = created.Target.RoleARN, created.ExternalID
 		ch.add("created EKS Pod Identity association %s in cluster %s", created.ID, cluster)
 		return nil
 	}
@@ -74,16 +75,37 @@ func (r *ServiceAccountReconciler) ensureAssociation(ctx context.Context, sa *ia
 		ch.add("adopted EKS Pod Identity association %s", a.ID)
 	}
 	rec.AssociationID, rec.AssociationARN = a.ID, a.ARN
-	if a.RoleARN != roleARN {
-		if _, err := r.eks.SetRole(ctx, cluster, a.ID, roleARN); awseks.IsNotFound(err) {
+	rec.TargetRoleARN, rec.ExternalID = a.Target.RoleARN, a.ExternalID
+	if want := target(sa); a.RoleARN != roleARN || a.Target != want {
+		updated, err := r.eks.Update(ctx, a, roleARN, want)
+		if awseks.IsNotFound(err) {
 			// Deleted since it was read: the next attempt makes it anew.
 			return ptr.To(status.Transient(ReasonConflict, awsiam.StatusMessage(err), err))
 		} else if err != nil {
 			return ptr.To(associationFailure(err, r.SlowRetry))
 		}
-		ch.add("EKS Pod Identity association %s: set role %s (was %s)", a.ID, roleARN, a.RoleARN)
+		rec.TargetRoleARN, rec.ExternalID = updated.Target.RoleARN, updated.ExternalID
+		if a.RoleARN != roleARN {
+			ch.add("EKS Pod Identity association %s: set role %s (was %s)", a.ID, roleARN, a.RoleARN)
+		}
+		if a.Target != want {
+			ch.add("EKS Pod Identity association %s: set target role %q and session tags %s (were %q, %s)", a.ID,
+				want.RoleARN, onOff(!want.DisableSessionTags), a.Target.RoleARN, onOff(!a.Target.DisableSessionTags))
+		}
 	}
 	return nil
+}
+
+// target is where the spec wants the association to lead beyond the role.
+func target(sa *iamv1alpha1.IAMServiceAccount) awseks.Target {
+	return awseks.Target{RoleARN: sa.Spec.TargetRoleArn, DisableSessionTags: sa.Spec.DisableSessionTags}
+}
+
+func onOff(b bool) string {
+	if b {
+		return "on"
+	}
+	return "off"
 }
 
 // associationFailure is the outcome of a failed create or update of an association. EKS checks the

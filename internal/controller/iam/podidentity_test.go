@@ -198,7 +198,7 @@ func testPodIdentity(t *testing.T, f *fixture) {
 			return len(a) == 1 && a[0].ID != old && a[0].RoleArn == sa.Status.RoleARN, fmt.Sprint(a)
 		})
 		current := associationsOf(f.emu.State(), ns, "app")[0].ID
-		_, err := f.eks.SetRole(ctx, testCluster, current, "arn:aws:iam::000000000000:role/someone-elses")
+		_, err := f.eks.Update(ctx, &awseks.Association{Cluster: testCluster, ID: current}, "arn:aws:iam::000000000000:role/someone-elses", awseks.Target{})
 		must(t, err)
 		testenv.Eventually(t, "the role restored", func() (bool, string) {
 			a := associationsOf(f.emu.State(), ns, "app")

@@ -221,12 +221,19 @@ func (r *ServiceAccountReconciler) apply(ctx context.Context, sa *iamv1alpha1.IA
 	} else if narrowed {
 		ch.add("IAM role %s: trust policy narrowed to the %s", role.ARN, plan.FinalTrust.Trusted())
 	}
+	note := ""
+	if want.Association {
+		var o *status.Outcome
+		if note, o = r.checkTarget(ctx, sa, role.ARN); o != nil {
+			return *o
+		}
+	}
 	if len(pending) > 0 {
 		// The policies' ARNs trigger a reconcile when they appear; the resync still repairs drift.
 		return status.Progressing(ReasonPolicyNotReady, fmt.Sprintf(
 			"role %s is ready; waiting for IAMPolicy %s to exist in AWS", role.ARN, strings.Join(pending, ", ")), wait.Jitter(r.cfg.resync, 0.1))
 	}
-	return synced(fmt.Sprintf("role %s with %d policies, %s", role.ARN, len(desired), describeParts(sa, want)), r.cfg.resync)
+	return synced(fmt.Sprintf("role %s with %d policies, %s", role.ARN, len(desired), describeParts(sa, want))+note, r.cfg.resync)
 }
 
 // withoutIssuer stalls an object whose role would have to trust the mechanisms in trust when one

@@ -73,7 +73,7 @@ type AWS interface {
 type EKS interface {
 	Create(ctx context.Context, a awseks.NewAssociation) (*awseks.Association, error)
 	Describe(ctx context.Context, cluster, id string) (*awseks.Association, error)
-	SetRole(ctx context.Context, cluster, id, roleARN string) (*awseks.Association, error)
+	Update(ctx context.Context, a *awseks.Association, roleARN string, t awseks.Target) (*awseks.Association, error)
 	Delete(ctx context.Context, cluster, id string) error
 	Find(ctx context.Context, cluster, namespace, serviceAccount string) ([]awseks.Association, error)
 	Tag(ctx context.Context, arn string, tags map[string]string) error

@@ -144,6 +144,34 @@ func TestAWSCLIAgainstTheEmulator(t *testing.T) {
 		return append([]string{"eks", op, "--cluster-name", "prod"}, args...)
 	}
 
+	t.Run("eks target role", func(t *testing.T) {
+		var created struct {
+			Association struct {
+				AssociationID      string `json:"associationId"`
+				TargetRoleArn      string `json:"targetRoleArn"`
+				ExternalID         string `json:"externalId"`
+				DisableSessionTags bool   `json:"disableSessionTags"`
+			} `json:"association"`
+		}
+		cli.ok(t, &created, eks("create-pod-identity-association", "--namespace", "team-x", "--service-account", "cross",
+			"--role-arn", roleARN, "--target-role-arn", "arn:aws:iam::111122223333:role/reader", "--disable-session-tags")...)
+		a := created.Association
+		if a.TargetRoleArn != "arn:aws:iam::111122223333:role/reader" || len(a.ExternalID) != 36 || !a.DisableSessionTags {
+			t.Fatalf("create with a target: %+v", a)
+		}
+		var updated = created
+		cli.ok(t, &updated, eks("update-pod-identity-association", "--association-id", a.AssociationID, "--no-disable-session-tags")...)
+		if u := updated.Association; u.ExternalID != a.ExternalID || u.DisableSessionTags {
+			t.Errorf("update of the session tags alone keeps the external ID: %+v", u)
+		}
+		cli.ok(t, &updated, eks("update-pod-identity-association", "--association-id", a.AssociationID, "--target-role-arn", "arn:aws:iam::111122223333:role/writer")...)
+		if u := updated.Association; u.ExternalID == a.ExternalID || u.TargetRoleArn != "arn:aws:iam::111122223333:role/writer" {
+			t.Errorf("a new target gets a new external ID: %+v", u)
+		}
+		cli.fails(t, "InvalidParameterException", eks("update-pod-identity-association", "--association-id", a.AssociationID, "--target-role-arn", "arn:aws:iam::111122223333:user/bob")...)
+		cli.ok(t, nil, eks("delete-pod-identity-association", "--association-id", a.AssociationID)...)
+	})
+
 	t.Run("eks", func(t *testing.T) {
 		var created assoc
 		cli.ok(t, &created, eks("create-pod-identity-association", "--namespace", "team-a", "--service-account", "app",

@@ -37,24 +37,28 @@ const (
 // association is an EKS Pod Identity association.
 type association struct {
 	id, arn, cluster, namespace, serviceAccount, roleARN string
-	tags                                                 map[string]string
-	created, modified                                    time.Time
-	seq                                                  int // creation order, for listing
+	// targetRoleARN: EKS assumes roleARN, then this role with externalID (cross-account access).
+	targetRoleARN, externalID string
+	disableSessionTags        bool
+	tags                      map[string]string
+	created, modified         time.Time
+	seq                       int // creation order, for listing
 }
 
 // eksAssociationJSON is an association as EKS answers it.
 type eksAssociationJSON struct {
-	ClusterName    string            `json:"clusterName"`
-	Namespace      string            `json:"namespace"`
-	ServiceAccount string            `json:"serviceAccount"`
-	RoleArn        string            `json:"roleArn"`
-	AssociationArn string            `json:"associationArn"`
-	AssociationID  string            `json:"associationId"`
-	Tags           map[string]string `json:"tags"`
-	CreatedAt      float64           `json:"createdAt"`
-	ModifiedAt     float64           `json:"modifiedAt"`
-	// DisableSessionTags is what EKS answers when the request did not set it.
-	DisableSessionTags bool `json:"disableSessionTags"`
+	ClusterName        string            `json:"clusterName"`
+	Namespace          string            `json:"namespace"`
+	ServiceAccount     string            `json:"serviceAccount"`
+	RoleArn            string            `json:"roleArn"`
+	AssociationArn     string            `json:"associationArn"`
+	AssociationID      string            `json:"associationId"`
+	Tags               map[string]string `json:"tags"`
+	CreatedAt          float64           `json:"createdAt"`
+	ModifiedAt         float64           `json:"modifiedAt"`
+	DisableSessionTags bool              `json:"disableSessionTags"`
+	TargetRoleArn      string            `json:"targetRoleArn,omitempty"`
+	ExternalID         string            `json:"externalId,omitempty"`
 }
 
 type eksSummaryJSON struct {
@@ -74,6 +78,7 @@ func (a *association) json() eksAssociationJSON {
 		ClusterName: a.cluster, Namespace: a.namespace, ServiceAccount: a.serviceAccount, RoleArn: a.roleARN,
 		AssociationArn: a.arn, AssociationID: a.id, Tags: tags,
 		CreatedAt: epoch(a.created), ModifiedAt: epoch(a.modified),
+		DisableSessionTags: a.disableSessionTags, TargetRoleArn: a.targetRoleARN, ExternalID: a.externalID,
 	}
 }
 
@@ -242,7 +247,9 @@ func (s *Server) dispatchEKSLocked(rt eksRoute, q url.Values, body []byte) (any,
 	switch rt.op {
 	case "UpdatePodIdentityAssociation":
 		var in struct {
-			RoleArn *string `json:"roleArn"`
+			RoleArn            *string `json:"roleArn"`
+			TargetRoleArn      *string `json:"targetRoleArn"`
+			DisableSessionTags *bool   `json:"disableSessionTags"`
 		}
 		if err := json.Unmarshal(body, &in); err != nil {
 			return nil, invalidParam("the request body is not JSON: %v", err)
@@ -251,7 +258,22 @@ func (s *Server) dispatchEKSLocked(rt eksRoute, q url.Values, body []byte) (any,
 			if aerr := s.checkRoleARN(*in.RoleArn); aerr != nil {
 				return nil, aerr
 			}
+		}
+		if in.TargetRoleArn != nil && *in.TargetRoleArn != "" {
+			if aerr := s.checkRoleARN(*in.TargetRoleArn); aerr != nil {
+				return nil, aerr
+			}
+		}
+		if in.RoleArn != nil {
 			a.roleARN = *in.RoleArn
+		}
+		if in.TargetRoleArn != nil {
+			s.setTargetLocked(a, *in.TargetRoleArn)
+		}
+		if in.DisableSessionTags != nil {
+			a.disableSessionTags = *in.DisableSessionTags
+		}
+		if in.RoleArn != nil || in.TargetRoleArn != nil || in.DisableSessionTags != nil {
 			a.modified = s.now().UTC()
 		}
 	case "DeletePodIdentityAssociation":
@@ -274,6 +296,34 @@ func (s *Server) checkRoleARN(arn string) *apiError {
 	return nil
 }
 
+// setTargetLocked sets an association's target role ("" removes it). A new target gets a new
+// external ID, the one its trust policy must require; the same target keeps its ID. (EKS documents
+// the ID as the association's for a target role; whether it survives a change of target it does not
+// say, so the emulator makes the stricter choice: a trust policy written for one target never
+// admits the next.)
+func (s *Server) setTargetLocked(a *association, target string) {
+	if target == a.targetRoleARN {
+		return
+	}
+	a.targetRoleARN, a.externalID = target, ""
+	if target != "" {
+		a.externalID = s.newExternalIDLocked()
+	}
+}
+
+// newExternalIDLocked returns an external ID shaped like EKS's: a UUID.
+func (s *Server) newExternalIDLocked() string {
+	const hex = "0123456789abcdef"
+	b := make([]byte, 0, 36)
+	for i := range 32 {
+		if i == 8 || i == 12 || i == 16 || i == 20 {
+			b = append(b, '-')
+		}
+		b = append(b, hex[s.rng.IntN(16)])
+	}
+	return string(b)
+}
+
 func checkEKSTags(tags map[string]string) *apiError {
 	if len(tags) > 50 {
 		return invalidParam("a resource can have at most 50 tags")
@@ -291,6 +341,8 @@ func (s *Server) createAssociationLocked(cluster string, body []byte) (any, *api
 		Namespace          string            `json:"namespace"`
 		ServiceAccount     string            `json:"serviceAccount"`
 		RoleArn            string            `json:"roleArn"`
+		TargetRoleArn      string            `json:"targetRoleArn"`
+		DisableSessionTags bool              `json:"disableSessionTags"`
 		ClientRequestToken string            `json:"clientRequestToken"`
 		Tags               map[string]string `json:"tags"`
 	}
@@ -304,6 +356,11 @@ func (s *Server) createAssociationLocked(cluster string, body []byte) (any, *api
 	}
 	if aerr := s.checkRoleARN(in.RoleArn); aerr != nil {
 		return nil, aerr
+	}
+	if in.TargetRoleArn != "" {
+		if aerr := s.checkRoleARN(in.TargetRoleArn); aerr != nil {
+			return nil, aerr
+		}
 	}
 	if aerr := checkEKSTags(in.Tags); aerr != nil {
 		return nil, aerr
@@ -325,7 +382,9 @@ func (s *Server) createAssociationLocked(cluster string, body []byte) (any, *api
 	a := &association{
 		id: s.newAssociationIDLocked(), cluster: cluster, namespace: in.Namespace, serviceAccount: in.ServiceAccount,
 		roleARN: in.RoleArn, tags: maps.Clone(in.Tags), created: now, modified: now, seq: s.eksSeq,
+		disableSessionTags: in.DisableSessionTags,
 	}
+	s.setTargetLocked(a, in.TargetRoleArn)
 	a.arn = fmt.Sprintf("arn:aws:eks:%s:%s:podidentityassociation/%s/%s", DefaultRegion, s.accountID, cluster, a.id)
 	s.associations[a.id] = a
 	if in.ClientRequestToken != "" {
@@ -431,13 +490,18 @@ type AssociationState struct {
 	ServiceAccount string            `json:"serviceAccount"`
 	RoleArn        string            `json:"roleArn"`
 	Tags           map[string]string `json:"tags,omitempty"`
+	// TargetRoleArn, ExternalID, DisableSessionTags: cross-account access (EKS, June 2025).
+	TargetRoleArn      string `json:"targetRoleArn,omitempty"`
+	ExternalID         string `json:"externalId,omitempty"`
+	DisableSessionTags bool   `json:"disableSessionTags,omitempty"`
 }
 
 func (s *Server) associationStatesLocked() []AssociationState {
 	out := []AssociationState{}
 	for _, a := range s.associations {
 		out = append(out, AssociationState{ID: a.id, Arn: a.arn, Cluster: a.cluster, Namespace: a.namespace,
-			ServiceAccount: a.serviceAccount, RoleArn: a.roleARN, Tags: maps.Clone(a.tags)})
+			ServiceAccount: a.serviceAccount, RoleArn: a.roleARN, Tags: maps.Clone(a.tags),
+			TargetRoleArn: a.targetRoleARN, ExternalID: a.externalID, DisableSessionTags: a.disableSessionTags})
 	}
 	slices.SortFunc(out, func(a, b AssociationState) int { return strings.Compare(a.Arn, b.Arn) })
 	return out

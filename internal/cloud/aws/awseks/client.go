@@ -37,13 +37,25 @@ type Association struct {
 	ID, ARN                            string
 	Cluster, Namespace, ServiceAccount string
 	RoleARN                            string
+	Target                             Target
+	// ExternalID is what the target role's trust policy must require (sts:ExternalId); "" without
+	// a target.
+	ExternalID string
 	// Tags are the association's tags; nil from Find, which EKS answers without them.
 	Tags map[string]string
+}
+
+// Target is where an association's credentials lead beyond its role: a target role EKS assumes
+// with the role's credentials (cross-account access), and whether EKS adds its session tags.
+type Target struct {
+	RoleARN            string // "" for none: pods get the association's role
+	DisableSessionTags bool
 }
 
 // NewAssociation is an association to create.
 type NewAssociation struct {
 	Cluster, Namespace, ServiceAccount, RoleARN string
+	Target                                      Target
 	Tags                                        map[string]string
 }
 
@@ -57,6 +69,9 @@ func (c *Client) Create(ctx context.Context, a NewAssociation) (*Association, er
 		ServiceAccount: aws.String(a.ServiceAccount),
 		RoleArn:        aws.String(a.RoleARN),
 		Tags:           maps.Clone(a.Tags),
+		// Sent only when set, so the common request stays as EKS has always received it.
+		TargetRoleArn:      optional(a.Target.RoleARN),
+		DisableSessionTags: optionalTrue(a.Target.DisableSessionTags),
 	})
 	if err != nil {
 		return nil, eksErr("CreatePodIdentityAssociation", err, a.Cluster, a.Namespace+"/"+a.ServiceAccount)
@@ -75,11 +90,18 @@ func (c *Client) Describe(ctx context.Context, cluster, id string) (*Association
 	return associationFrom(out.Association), nil
 }
 
-// SetRole points the association at another role.
-func (c *Client) SetRole(ctx context.Context, cluster, id, roleARN string) (*Association, error) {
-	out, err := c.eks.UpdatePodIdentityAssociation(ctx, &eks.UpdatePodIdentityAssociationInput{
-		ClusterName: aws.String(cluster), AssociationId: aws.String(id), RoleArn: aws.String(roleARN),
-	})
+// Update points association a at a role and a target. The target role is sent when there is one,
+// or as "" to remove a's; the session tags switch is sent as given.
+func (c *Client) Update(ctx context.Context, a *Association, roleARN string, t Target) (*Association, error) {
+	in := &eks.UpdatePodIdentityAssociationInput{
+		ClusterName: aws.String(a.Cluster), AssociationId: aws.String(a.ID), RoleArn: aws.String(roleARN),
+		DisableSessionTags: aws.Bool(t.DisableSessionTags),
+	}
+	if t.RoleARN != "" || a.Target.RoleARN != "" {
+		in.TargetRoleArn = aws.String(t.RoleARN)
+	}
+	cluster, id := a.Cluster, a.ID
+	out, err := c.eks.UpdatePodIdentityAssociation(ctx, in)
 	if err != nil {
 		return nil, eksErr("UpdatePodIdentityAssociation", err, cluster, id)
 	}
@@ -153,6 +175,22 @@ func associationFrom(a *types.PodIdentityAssociation) *Association {
 	return &Association{
 		ID: aws.ToString(a.AssociationId), ARN: aws.ToString(a.AssociationArn), Cluster: aws.ToString(a.ClusterName),
 		Namespace: aws.ToString(a.Namespace), ServiceAccount: aws.ToString(a.ServiceAccount), RoleARN: aws.ToString(a.RoleArn),
-		Tags: maps.Clone(a.Tags),
+		Target:     Target{RoleARN: aws.ToString(a.TargetRoleArn), DisableSessionTags: aws.ToBool(a.DisableSessionTags)},
+		ExternalID: aws.ToString(a.ExternalId),
+		Tags:       maps.Clone(a.Tags),
 	}
+}
+
+func optional(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return aws.String(s)
+}
+
+func optionalTrue(b bool) *bool {
+	if !b {
+		return nil
+	}
+	return aws.Bool(true)
 }

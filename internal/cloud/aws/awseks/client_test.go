@@ -90,7 +90,7 @@ func TestClient(t *testing.T) {
 	if none, err := c.Find(ctx, cluster, "team-a", "other"); err != nil || len(none) != 0 {
 		t.Errorf("Find of another ServiceAccount = %+v, %v", none, err)
 	}
-	if u, err := c.SetRole(ctx, cluster, a.ID, roleB); err != nil || u.RoleARN != roleB {
+	if u, err := c.Update(ctx, a, roleB, awseks.Target{}); err != nil || u.RoleARN != roleB {
 		t.Errorf("SetRole = %+v, %v", u, err)
 	}
 	if err := c.Tag(ctx, a.ARN, map[string]string{"quartermaster.dev/name": "app"}); err != nil {
