@@ -162,6 +162,10 @@ type IAMServiceAccountStatus struct {
 	// +optional
 	// +listType=set
 	InlinePolicies []string `json:"inlinePolicies,omitempty"`
+	// AccessReport is what IAM's last-accessed information says of the role's grants, when the
+	// operator reports unused permissions (--iam-unused-after).
+	// +optional
+	AccessReport *AccessReport `json:"accessReport,omitempty"`
 	// AttachedPolicyArns are the policies attached to the role, as last observed.
 	// +optional
 	// +listType=set
@@ -174,6 +178,53 @@ type IAMServiceAccountStatus struct {
 	// ObservedGeneration is the generation of the spec last reconciled.
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+}
+
+// Access report states.
+const (
+	AccessReportPending = "Pending" // IAM's job runs; Unused is the previous answer
+	AccessReportCurrent = "Current" // Unused is IAM's answer as of checkedAt
+	AccessReportUnknown = "Unknown" // IAM gave no answer; message says why
+)
+
+// AccessReport is the role's grants IAM saw unused.
+type AccessReport struct {
+	// State is Pending, Current or Unknown.
+	State string `json:"state"`
+	// Message says what was found, or why nothing is known.
+	// +optional
+	Message string `json:"message,omitempty"`
+	// Unused are the services the role's policies grant that it has not used within the
+	// operator's --iam-unused-after, and, within services IAM tracks by action and that are used,
+	// the granted actions it has not used; each with the policies that grant it.
+	// +optional
+	// +listType=atomic
+	Unused []UnusedGrant `json:"unused,omitempty"`
+	// CheckedAt is when IAM last answered (or failed to).
+	// +optional
+	CheckedAt *metav1.Time `json:"checkedAt,omitempty"`
+	// JobID is IAM's last-accessed job in progress.
+	// +optional
+	JobID string `json:"jobId,omitempty"`
+	// JobStarted is when that job was started.
+	// +optional
+	JobStarted *metav1.Time `json:"jobStarted,omitempty"`
+}
+
+// UnusedGrant is a granted service, or some of its actions, that the role has not used.
+type UnusedGrant struct {
+	// Service is the service's namespace (s3, sqs, …).
+	Service string `json:"service"`
+	// Actions are the unused actions of a service that is otherwise used; empty: the whole service
+	// is unused.
+	// +optional
+	// +listType=atomic
+	Actions []string `json:"actions,omitempty"`
+	// GrantedBy names the policies that grant it: IAMPolicy <name>, inline policy <name>, or a
+	// managed policy's ARN.
+	// +optional
+	// +listType=atomic
+	GrantedBy []string `json:"grantedBy,omitempty"`
 }
 
 // IAMServiceAccount is an IAM role for one ServiceAccount, owned by this object, that its pods get

@@ -35,6 +35,9 @@ type Options struct {
 	Resync              time.Duration
 	ConfigMapCompat     bool
 	Concurrency         int
+	// UnusedAfter is how long a granted service or action may go unused before an
+	// IAMServiceAccount's status lists it (0: no access report).
+	UnusedAfter time.Duration
 }
 
 // AddFlags registers the controller's flags on fs.
@@ -55,6 +58,8 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&o.ConfigMapCompat, "iam-configmap-compat", false,
 		"Also translate ConfigMaps named iam-config (keys policies.yaml, serviceaccount_attachments.yaml) into IAMPolicy and IAMServiceAccount objects.")
 	fs.IntVar(&o.Concurrency, "iam-concurrency", 8, "IAMPolicies and IAMServiceAccounts reconciled in parallel (each).")
+	fs.DurationVar(&o.UnusedAfter, "iam-unused-after", 0,
+		"Report in each IAMServiceAccount's status.accessReport the granted services and actions its role has not used for this long, from IAM's last-accessed information (read at most once per --iam-resync), e.g. 2160h for 90 days. 0: off.")
 }
 
 var (
@@ -76,6 +81,7 @@ type config struct {
 	allowed       irsa.Patterns
 	boundary      string
 	resync        time.Duration
+	unusedAfter   time.Duration
 	compat        bool
 	concurrency   int
 }
@@ -133,10 +139,12 @@ func (o *Options) validate() (config, error) {
 		return config{}, errors.New("--iam-resync must be positive")
 	case o.Concurrency < 1:
 		return config{}, errors.New("--iam-concurrency must be at least 1")
+	case o.UnusedAfter < 0:
+		return config{}, errors.New("--iam-unused-after must not be negative")
 	}
 	return config{
 		cluster: o.ClusterName, eksCluster: eksCluster, eksClusterErr: eksClusterErr, issuer: issuer, accountID: o.AccountID, partition: o.Partition,
-		allowed: allowed, boundary: o.PermissionsBoundary, resync: o.Resync, compat: o.ConfigMapCompat,
+		allowed: allowed, boundary: o.PermissionsBoundary, resync: o.Resync, unusedAfter: o.UnusedAfter, compat: o.ConfigMapCompat,
 		concurrency: o.Concurrency,
 	}, nil
 }

@@ -44,6 +44,7 @@ func TestIAM(t *testing.T) {
 	t.Run("stale cache", func(t *testing.T) { testStaleCache(t, f) })
 	t.Run("inline policies", func(t *testing.T) { testInlinePolicies(t, f) })
 	t.Run("cross-account target role", func(t *testing.T) { testTargetRole(t, f) })
+	t.Run("unused permissions", func(t *testing.T) { testAccessReport(t, f) })
 }
 
 func tagsOf(tags []iamemulator.Tag) map[string]string {

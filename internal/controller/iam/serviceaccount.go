@@ -128,6 +128,11 @@ func (r *ServiceAccountReconciler) sync(ctx context.Context, sa *iamv1alpha1.IAM
 	// Refused ARNs are left out, so a role keeps being repaired and an ARN the operator stops
 	// allowing is detached; the object then stalls until its spec or the flag changes.
 	o := r.apply(ctx, sa, notAllowed, &ch)
+	if o.Ready {
+		if poll := r.reportAccess(ctx, sa); poll > 0 && (o.RequeueAfter == 0 || poll < o.RequeueAfter) {
+			o.RequeueAfter = poll // IAM's last-accessed job runs: look at it again soon
+		}
+	}
 	if len(notAllowed) > 0 && o.Ready {
 		allowed := r.cfg.allowed.String()
 		if allowed == "" {

@@ -63,6 +63,9 @@ type AWS interface {
 	GetInlinePolicy(ctx context.Context, role, name string) (string, error)
 	PutInlinePolicy(ctx context.Context, role, name, document string) error
 	DeleteInlinePolicy(ctx context.Context, role, name string) error
+	StartAccessReport(ctx context.Context, arn string) (string, error)
+	AccessReport(ctx context.Context, jobID string) (*awsiam.AccessReport, error)
+	PoliciesGranting(ctx context.Context, arn string, namespaces []string) (map[string][]awsiam.GrantingPolicy, error)
 	DeleteRole(ctx context.Context, role string) error
 	TagRole(ctx context.Context, role string, tags awsiam.Tags) error
 	TagPolicy(ctx context.Context, arn string, tags awsiam.Tags) error
@@ -93,6 +96,8 @@ type base struct {
 	SlowRetry         time.Duration
 	WaitRetry         time.Duration
 	MaxFailureBackoff time.Duration
+	// accessPoll is how often a running last-accessed job of IAM is looked at.
+	accessPoll time.Duration
 
 	accountMu sync.Mutex
 	account   string
@@ -208,6 +213,7 @@ func newBase(mgr ctrl.Manager, cfg config, api AWS, eks EKS) (*base, error) {
 		SlowRetry:         slowRetry,
 		WaitRetry:         waitRetry,
 		MaxFailureBackoff: maxFailureBackoff,
+		accessPoll:        10 * time.Second,
 	}, nil
 }
 
@@ -226,6 +232,11 @@ func register(mgr ctrl.Manager, b *base) error {
 	}
 	status.CountObjects(mgr, "IAMPolicy", &iamv1alpha1.IAMPolicyList{}, status.ConditionState)
 	status.CountObjects(mgr, "IAMServiceAccount", &iamv1alpha1.IAMServiceAccountList{}, status.ConditionState)
+	if b.cfg.unusedAfter > 0 {
+		if err := registerUnusedMetric(mgr); err != nil {
+			return err
+		}
+	}
 	if err := indexPolicyReferences(mgr); err != nil {
 		return err
 	}

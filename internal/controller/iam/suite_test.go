@@ -118,6 +118,7 @@ func (f *fixture) run(t *testing.T, opts Options) {
 	// Failures back off to 2 s at most: under the fault tests' 30% failed calls an object can fail
 	// several reconciles in a row, and 1+2+4+…+32 s of backoff would outlast the test's wait.
 	b.SlowRetry, b.WaitRetry, b.MaxFailureBackoff = time.Second, 500*time.Millisecond, 2*time.Second
+	b.accessPoll = 100 * time.Millisecond
 	must(t, register(mgr, b))
 	f.running = testenv.Run(mgr)
 }

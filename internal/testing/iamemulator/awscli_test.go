@@ -125,6 +125,35 @@ func TestAWSCLIAgainstTheEmulator(t *testing.T) {
 		}
 		cli.fails(t, "MalformedPolicyDocument", "iam", "put-role-policy", "--role-name", "app", "--policy-name", "bad", "--policy-document", `{"Statement":[]}`)
 		cli.fails(t, "DeleteConflict", "iam", "delete-role", "--role-name", "app")
+
+		// Access advisor (last accessed information).
+		var job struct{ JobId string }
+		cli.ok(t, &job, "iam", "generate-service-last-accessed-details", "--arn", role.Role.Arn, "--granularity", "ACTION_LEVEL")
+		var report struct {
+			JobStatus, JobType   string
+			ServicesLastAccessed []struct {
+				ServiceNamespace           string
+				TrackedActionsLastAccessed []struct{ ActionName string }
+			}
+		}
+		for range 2 {
+			cli.ok(t, &report, "iam", "get-service-last-accessed-details", "--job-id", job.JobId)
+		}
+		if report.JobStatus != "COMPLETED" || report.JobType != "ACTION_LEVEL" || len(report.ServicesLastAccessed) != 1 ||
+			report.ServicesLastAccessed[0].ServiceNamespace != "s3" || len(report.ServicesLastAccessed[0].TrackedActionsLastAccessed) != 1 {
+			t.Errorf("get-service-last-accessed-details: %+v", report)
+		}
+		var granting struct {
+			PoliciesGrantingServiceAccess []struct {
+				ServiceNamespace string
+				Policies         []struct{ PolicyName, PolicyType, EntityName string }
+			}
+		}
+		cli.ok(t, &granting, "iam", "list-policies-granting-service-access", "--arn", role.Role.Arn, "--service-namespaces", "s3")
+		if g := granting.PoliciesGrantingServiceAccess; len(g) != 1 || len(g[0].Policies) != 1 || g[0].Policies[0].PolicyName != "read" || g[0].Policies[0].PolicyType != "INLINE" {
+			t.Errorf("list-policies-granting-service-access: %+v", granting)
+		}
+
 		cli.ok(t, nil, "iam", "delete-role-policy", "--role-name", "app", "--policy-name", "read")
 		cli.fails(t, "NoSuchEntity", "iam", "get-role-policy", "--role-name", "app", "--policy-name", "read")
 	})

@@ -116,6 +116,11 @@ type Server struct {
 	eksSeq       int
 	calls        map[string]int
 	faults       map[string]int
+	// Access advisor: uses by role ARN (action → last time), jobs by ID, and the jobs' behaviour.
+	accesses map[string]map[string]time.Time
+	jobs     map[string]*accessJob
+	jobPolls int
+	failJobs int
 }
 
 // New returns a Server with AWS-managed policies seeded and no customer resources.
@@ -174,6 +179,7 @@ func (s *Server) resetLocked() {
 	s.eksTokens = map[string]string{}
 	s.calls = map[string]int{}
 	s.faults = map[string]int{}
+	s.accesses, s.jobs = nil, nil
 	s.seedAWSManagedLocked()
 }
 
@@ -288,37 +294,40 @@ func (s *Server) dispatchLocked(action string, p params) (any, *apiError) {
 type handler func(*Server, params) (any, *apiError)
 
 var handlers = map[string]handler{
-	"CreatePolicy":                  (*Server).createPolicy,
-	"GetPolicy":                     (*Server).getPolicy,
-	"DeletePolicy":                  (*Server).deletePolicy,
-	"ListPolicies":                  (*Server).listPolicies,
-	"GetPolicyVersion":              (*Server).getPolicyVersion,
-	"ListPolicyVersions":            (*Server).listPolicyVersions,
-	"CreatePolicyVersion":           (*Server).createPolicyVersion,
-	"DeletePolicyVersion":           (*Server).deletePolicyVersion,
-	"SetDefaultPolicyVersion":       (*Server).setDefaultPolicyVersion,
-	"TagPolicy":                     (*Server).tagPolicy,
-	"UntagPolicy":                   (*Server).untagPolicy,
-	"ListPolicyTags":                (*Server).listPolicyTags,
-	"ListEntitiesForPolicy":         (*Server).listEntitiesForPolicy,
-	"CreateRole":                    (*Server).createRole,
-	"GetRole":                       (*Server).getRole,
-	"UpdateRole":                    (*Server).updateRole,
-	"UpdateAssumeRolePolicy":        (*Server).updateAssumeRolePolicy,
-	"PutRolePermissionsBoundary":    (*Server).putRolePermissionsBoundary,
-	"DeleteRolePermissionsBoundary": (*Server).deleteRolePermissionsBoundary,
-	"DeleteRole":                    (*Server).deleteRole,
-	"AttachRolePolicy":              (*Server).attachRolePolicy,
-	"DetachRolePolicy":              (*Server).detachRolePolicy,
-	"ListAttachedRolePolicies":      (*Server).listAttachedRolePolicies,
-	"PutRolePolicy":                 (*Server).putRolePolicy,
-	"GetRolePolicy":                 (*Server).getRolePolicy,
-	"DeleteRolePolicy":              (*Server).deleteRolePolicy,
-	"ListRolePolicies":              (*Server).listRolePolicies,
-	"ListRoles":                     (*Server).listRoles,
-	"TagRole":                       (*Server).tagRole,
-	"UntagRole":                     (*Server).untagRole,
-	"ListRoleTags":                  (*Server).listRoleTags,
+	"CreatePolicy":                       (*Server).createPolicy,
+	"GetPolicy":                          (*Server).getPolicy,
+	"DeletePolicy":                       (*Server).deletePolicy,
+	"ListPolicies":                       (*Server).listPolicies,
+	"GetPolicyVersion":                   (*Server).getPolicyVersion,
+	"ListPolicyVersions":                 (*Server).listPolicyVersions,
+	"CreatePolicyVersion":                (*Server).createPolicyVersion,
+	"DeletePolicyVersion":                (*Server).deletePolicyVersion,
+	"SetDefaultPolicyVersion":            (*Server).setDefaultPolicyVersion,
+	"TagPolicy":                          (*Server).tagPolicy,
+	"UntagPolicy":                        (*Server).untagPolicy,
+	"ListPolicyTags":                     (*Server).listPolicyTags,
+	"ListEntitiesForPolicy":              (*Server).listEntitiesForPolicy,
+	"CreateRole":                         (*Server).createRole,
+	"GetRole":                            (*Server).getRole,
+	"UpdateRole":                         (*Server).updateRole,
+	"UpdateAssumeRolePolicy":             (*Server).updateAssumeRolePolicy,
+	"PutRolePermissionsBoundary":         (*Server).putRolePermissionsBoundary,
+	"DeleteRolePermissionsBoundary":      (*Server).deleteRolePermissionsBoundary,
+	"DeleteRole":                         (*Server).deleteRole,
+	"AttachRolePolicy":                   (*Server).attachRolePolicy,
+	"DetachRolePolicy":                   (*Server).detachRolePolicy,
+	"ListAttachedRolePolicies":           (*Server).listAttachedRolePolicies,
+	"PutRolePolicy":                      (*Server).putRolePolicy,
+	"GetRolePolicy":                      (*Server).getRolePolicy,
+	"DeleteRolePolicy":                   (*Server).deleteRolePolicy,
+	"ListRolePolicies":                   (*Server).listRolePolicies,
+	"GenerateServiceLastAccessedDetails": (*Server).generateServiceLastAccessedDetails,
+	"GetServiceLastAccessedDetails":      (*Server).getServiceLastAccessedDetails,
+	"ListPoliciesGrantingServiceAccess":  (*Server).listPoliciesGrantingServiceAccess,
+	"ListRoles":                          (*Server).listRoles,
+	"TagRole":                            (*Server).tagRole,
+	"UntagRole":                          (*Server).untagRole,
+	"ListRoleTags":                       (*Server).listRoleTags,
 }
 
 // Actions lists the IAM and STS actions and EKS operations the emulator implements, sorted.

@@ -466,3 +466,97 @@ func optional(s string) *string {
 	}
 	return aws.String(s)
 }
+
+// ServiceAccess is when a role last used a service its policies grant (LastUsed nil: not within
+// IAM's tracking period), and, for services IAM tracks by action, each action.
+type ServiceAccess struct {
+	Namespace, Name string
+	LastUsed        *time.Time
+	Actions         []ActionAccess // nil for services not tracked by action
+}
+
+// ActionAccess is when a role last used one action.
+type ActionAccess struct {
+	Name     string // without the service prefix, as IAM reports it
+	LastUsed *time.Time
+}
+
+// AccessReport is a last-accessed job's state: Status IN_PROGRESS, COMPLETED (Services) or FAILED
+// (Error, IAM's message).
+type AccessReport struct {
+	Status   string
+	Error    string
+	Services []ServiceAccess
+}
+
+// StartAccessReport asks IAM for the role's (or policy's) last-accessed information by action:
+// an asynchronous job whose ID AccessReport polls.
+func (c *Client) StartAccessReport(ctx context.Context, arn string) (string, error) {
+	out, err := c.iam.GenerateServiceLastAccessedDetails(ctx, &iam.GenerateServiceLastAccessedDetailsInput{
+		Arn: aws.String(arn), Granularity: types.AccessAdvisorUsageGranularityTypeActionLevel,
+	})
+	if err != nil {
+		return "", iamErr("GenerateServiceLastAccessedDetails", err, arn)
+	}
+	return aws.ToString(out.JobId), nil
+}
+
+// AccessReport reads a last-accessed job: its state and, once completed, every page of its services.
+func (c *Client) AccessReport(ctx context.Context, jobID string) (*AccessReport, error) {
+	report := &AccessReport{}
+	var marker *string
+	for {
+		out, err := c.iam.GetServiceLastAccessedDetails(ctx, &iam.GetServiceLastAccessedDetailsInput{JobId: aws.String(jobID), Marker: marker})
+		if err != nil {
+			return nil, iamErr("GetServiceLastAccessedDetails", err, jobID)
+		}
+		report.Status = string(out.JobStatus)
+		if out.Error != nil {
+			report.Error = aws.ToString(out.Error.Message)
+		}
+		for _, s := range out.ServicesLastAccessed {
+			sa := ServiceAccess{Namespace: aws.ToString(s.ServiceNamespace), Name: aws.ToString(s.ServiceName), LastUsed: s.LastAuthenticated}
+			for _, a := range s.TrackedActionsLastAccessed {
+				sa.Actions = append(sa.Actions, ActionAccess{Name: aws.ToString(a.ActionName), LastUsed: a.LastAccessedTime})
+			}
+			report.Services = append(report.Services, sa)
+		}
+		if out.JobStatus != types.JobStatusTypeCompleted || !out.IsTruncated {
+			return report, nil
+		}
+		marker = out.Marker
+	}
+}
+
+// GrantingPolicy is one of a role's policies that grants a service: MANAGED (ARN set) or INLINE.
+type GrantingPolicy struct {
+	Name, Type, ARN string
+}
+
+// PoliciesGranting returns, for each service namespace, the role's policies that grant it
+// (ListPoliciesGrantingServiceAccess, up to 200 namespaces a call).
+func (c *Client) PoliciesGranting(ctx context.Context, arn string, namespaces []string) (map[string][]GrantingPolicy, error) {
+	out := map[string][]GrantingPolicy{}
+	for chunk := range slices.Chunk(namespaces, 200) {
+		var marker *string
+		for {
+			page, err := c.iam.ListPoliciesGrantingServiceAccess(ctx, &iam.ListPoliciesGrantingServiceAccessInput{
+				Arn: aws.String(arn), ServiceNamespaces: chunk, Marker: marker,
+			})
+			if err != nil {
+				return nil, iamErr("ListPoliciesGrantingServiceAccess", err, arn)
+			}
+			for _, e := range page.PoliciesGrantingServiceAccess {
+				ns := aws.ToString(e.ServiceNamespace)
+				for _, p := range e.Policies {
+					out[ns] = append(out[ns], GrantingPolicy{Name: aws.ToString(p.PolicyName), Type: string(p.PolicyType), ARN: aws.ToString(p.PolicyArn)})
+				}
+			}
+			if !page.IsTruncated {
+				break
+			}
+			marker = page.Marker
+		}
+	}
+	return out, nil
+}
