@@ -23,6 +23,9 @@ const (
 	KeyGroup    = "quartermaster.vmgroup"
 	KeyTemplate = "quartermaster.template"
 	KeyBoot     = "quartermaster.boot"
+	// KeySnapshot records, on a linked clone, the name of the template's snapshot it was made
+	// from (the one spec.snapshot named, or the template's current one).
+	KeySnapshot = "quartermaster.snapshot"
 )
 
 // GroupKey is the value of KeyGroup for a VmGroup.

@@ -29,6 +29,7 @@ type VM struct {
 	Template     string // the KeyTemplate extraConfig value
 	Boot         string // the KeyBoot extraConfig value: fingerprint of the first-boot data
 	Disks        []Disk // the KeyDisks extraConfig value: the data disks it was cloned with, as grown since
+	Snapshot     string // the KeySnapshot extraConfig value: the snapshot a linked clone was made from ("" for a full clone)
 }
 
 // Spec is what a group asks for, in vCenter's units.
@@ -40,7 +41,8 @@ type Spec struct {
 	MemoryMB int32
 	Template string
 	// Linked: members are linked clones of the template's snapshot (Snapshot; "": its current
-	// one), not full copies. A member's clone mode is not checked: a change applies to new clones.
+	// one), not full copies. A member's clone mode is not checked: a change applies to new clones;
+	// but a linked group naming a snapshot replaces the linked members made from another one.
 	Linked   bool
 	Snapshot string
 	// Boot is the fingerprint of the first-boot data (cloud-init user data and metadata); "" for none.
@@ -71,7 +73,8 @@ func (m Member) Ready(s Spec) bool { return m.Available() && (!s.GuestIP || m.IP
 // data or other data disks (names, datastores) than the spec's: the guest reads the first two once,
 // and a disk the spec no longer has is not taken from a running VM, so only a new VM takes a change.
 func (m Member) NeedsReplace(s Spec) bool {
-	return m.Template != s.Template || m.Boot != s.Boot || layout(m.Disks) != layout(s.Disks)
+	return m.Template != s.Template || m.Boot != s.Boot || layout(m.Disks) != layout(s.Disks) ||
+		s.Linked && s.Snapshot != "" && m.Snapshot != "" && m.Snapshot != s.Snapshot
 }
 
 // NeedsReconfigure reports whether the VM's CPU or memory differ from the spec's, or a data disk

@@ -276,3 +276,25 @@ func FuzzNewPlan(f *testing.F) {
 		}
 	})
 }
+
+// TestNeedsReplaceSnapshot: a linked group naming a snapshot replaces the linked members made from
+// another one; full clones and groups on the template's current snapshot keep their members.
+func TestNeedsReplaceSnapshot(t *testing.T) {
+	base := Spec{Template: "t", Linked: true, Snapshot: "v2"}
+	for _, c := range []struct {
+		spec     Spec
+		snapshot string
+		want     bool
+	}{
+		{base, "v1", true},
+		{base, "v2", false},
+		{base, "", false}, // a full clone: a change of clone mode applies to new clones
+		{Spec{Template: "t", Linked: true}, "v1", false},
+		{Spec{Template: "t", Snapshot: "v2"}, "v1", false},
+	} {
+		m := Member{VM: VM{Template: "t", Snapshot: c.snapshot}}
+		if got := m.NeedsReplace(c.spec); got != c.want {
+			t.Errorf("spec %+v, member of snapshot %q: NeedsReplace %v, want %v", c.spec, c.snapshot, got, c.want)
+		}
+	}
+}

@@ -212,6 +212,8 @@ func toVM(o types.ObjectContent) domain.VM {
 						vm.Boot = v
 					case domain.KeyDisks:
 						vm.Disks = domain.ParseDisks(v)
+					case domain.KeySnapshot:
+						vm.Snapshot = v
 					}
 				}
 			}

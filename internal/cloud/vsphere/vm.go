@@ -59,6 +59,8 @@ type Source struct {
 	Template  string
 	template  types.ManagedObjectReference
 	snapshot  *types.ManagedObjectReference // linked clones: the snapshot their disks are children of
+	// snapshotName is that snapshot's name, recorded on each linked clone.
+	snapshotName string
 	pool      types.ManagedObjectReference
 	datastore *types.ManagedObjectReference
 	nic       types.BaseVirtualDeviceConfigSpec // re-points the first network adapter; nil keeps the template's
@@ -83,6 +85,22 @@ func (s *Source) Disks() []domain.Disk {
 
 // Linked reports whether the source makes linked clones.
 func (s *Source) Linked() bool { return s.snapshot != nil }
+
+// Snapshot is the name of the snapshot linked clones are made from ("" for full clones).
+func (s *Source) Snapshot() string { return s.snapshotName }
+
+// snapshotName is the name of the snapshot ref in a snapshot tree.
+func snapshotName(trees []types.VirtualMachineSnapshotTree, ref types.ManagedObjectReference) string {
+	for _, t := range trees {
+		if t.Snapshot == ref {
+			return t.Name
+		}
+		if n := snapshotName(t.ChildSnapshotList, ref); n != "" {
+			return n
+		}
+	}
+	return ""
+}
 
 // Source resolves the template (and, for linked clones, its snapshot) and the placement. A missing
 // item is a NotFoundError naming it; a template without the snapshot a linked clone needs, an
@@ -114,7 +132,7 @@ func (c *Client) Source(ctx context.Context, p Placement, t Template) (*Source, 
 		if problem != "" {
 			return nil, &InvalidError{Kind: "template", Name: template, Problem: problem}
 		}
-		src.snapshot = ref
+		src.snapshot, src.snapshotName = ref, snapshotName(vm.Snapshot.RootSnapshotList, *ref)
 	}
 
 	var pool *object.ResourcePool

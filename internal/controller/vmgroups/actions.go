@@ -72,8 +72,14 @@ func (r *Reconciler) startPlan(ctx context.Context, g *group, plan vsphere.Plan)
 		}
 		if m := plan.Replace; m != nil {
 			done := fmt.Sprintf("replaced %s: template %q → %q", m.Name, m.Template, g.spec.Template)
-			if m.Template == g.spec.Template {
+			switch {
+			case m.Template != g.spec.Template:
+			case m.Boot != g.spec.Boot:
 				done = fmt.Sprintf("replaced %s: its first-boot data changed", m.Name)
+			case g.spec.Linked && m.Snapshot != g.spec.Snapshot:
+				done = fmt.Sprintf("replaced %s: linked clone of snapshot %q → %q", m.Name, m.Snapshot, g.spec.Snapshot)
+			default:
+				done = fmt.Sprintf("replaced %s: its data disks changed", m.Name)
 			}
 			r.work.start(g.vg, m.Name, opReplace, done, func(ctx context.Context) (string, error) {
 				warning, err := r.powerDown(ctx, g, *m)
@@ -180,6 +186,9 @@ func (r *Reconciler) clone(ctx context.Context, g *group, src *vcenter.Source, n
 	extra := map[string]string{vsphere.KeyGroup: g.spec.Key, vsphere.KeyTemplate: g.spec.Template}
 	if mark := vsphere.DisksMark(src.Disks()); mark != "" {
 		extra[vsphere.KeyDisks] = mark
+	}
+	if src.Linked() {
+		extra[vsphere.KeySnapshot] = src.Snapshot()
 	}
 	if g.boot != nil {
 		extra[vsphere.KeyBoot] = g.spec.Boot

@@ -558,4 +558,25 @@ func testLinkedClones(t *testing.T, f *fixture) {
 	f.waitStalled(t, "t-linked", "fast", "TemplateInvalid", `has no snapshot named "gone" (it has "base")`)
 	f.update(t, "t-linked", "fast", func(s *computev1alpha1.VmGroupSpec) { s.Snapshot = "base" })
 	f.waitRunning(t, "t-linked", "fast", 3)
+
+	// A new named snapshot replaces the members made from the old one, one at a time.
+	f.sim.AddSnapshot(t, "tmpl-linked", "v2")
+	_, before := f.sim.Clones()
+	f.update(t, "t-linked", "fast", func(s *computev1alpha1.VmGroupSpec) { s.Snapshot = "v2" })
+	testenv.Eventually(t, "every member a linked clone of v2", func() (bool, string) {
+		vms := f.sim.VMs(t, "/DC0/vm/t-linked-fast")
+		var marks []string
+		for _, name := range []string{"fast-0", "fast-1", "fast-2"} {
+			marks = append(marks, vms[name].ExtraConfig[vsphere.KeySnapshot])
+		}
+		return strings.Join(marks, ",") == "v2,v2,v2", strings.Join(marks, ",")
+	})
+	f.waitRunning(t, "t-linked", "fast", 3)
+	if _, linked := f.sim.Clones(); linked-before != 3 {
+		t.Errorf("%d linked clones for the new snapshot, want 3", linked-before)
+	}
+	e := f.waitEvent(t, vg, "VMReplaced")
+	if !strings.Contains(e.Note, `linked clone of snapshot "base" → "v2"`) {
+		t.Errorf("VMReplaced note %q", e.Note)
+	}
 }
