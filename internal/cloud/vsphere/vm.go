@@ -56,15 +56,15 @@ type Template struct {
 
 // Source is a resolved template with the placement of its clones; resolve once per batch.
 type Source struct {
-	Template  string
-	template  types.ManagedObjectReference
-	snapshot  *types.ManagedObjectReference // linked clones: the snapshot their disks are children of
+	Template string
+	template types.ManagedObjectReference
+	snapshot *types.ManagedObjectReference // linked clones: the snapshot their disks are children of
 	// snapshotName is that snapshot's name, recorded on each linked clone.
 	snapshotName string
-	pool      types.ManagedObjectReference
-	datastore *types.ManagedObjectReference
-	nic       types.BaseVirtualDeviceConfigSpec // re-points the first network adapter; nil keeps the template's
-	disks     []sourceDisk                      // data disks each clone gets
+	pool         types.ManagedObjectReference
+	datastore    *types.ManagedObjectReference
+	nic          types.BaseVirtualDeviceConfigSpec // re-points the first network adapter; nil keeps the template's
+	disks        []sourceDisk                      // data disks each clone gets
 }
 
 // sourceDisk is a data disk placed on the template's disk controller, with its datastore resolved.
