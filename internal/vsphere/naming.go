@@ -26,6 +26,9 @@ const (
 	// KeySnapshot records, on a linked clone, the name of the template's snapshot it was made
 	// from (the one spec.snapshot named, or the template's current one).
 	KeySnapshot = "quartermaster.snapshot"
+	// KeyAddress records the static address a VM's network configuration was written with, before
+	// its first power-on (a VM without it has not had its configuration yet).
+	KeyAddress = "quartermaster.address"
 )
 
 // GroupKey is the value of KeyGroup for a VmGroup.

@@ -30,6 +30,7 @@ type VM struct {
 	Boot         string // the KeyBoot extraConfig value: fingerprint of the first-boot data
 	Disks        []Disk // the KeyDisks extraConfig value: the data disks it was cloned with, as grown since
 	Snapshot     string // the KeySnapshot extraConfig value: the snapshot a linked clone was made from ("" for a full clone)
+	Address      string // the KeyAddress extraConfig value: the static address its network configuration gives it
 }
 
 // Spec is what a group asks for, in vCenter's units.

@@ -214,6 +214,8 @@ func toVM(o types.ObjectContent) domain.VM {
 						vm.Disks = domain.ParseDisks(v)
 					case domain.KeySnapshot:
 						vm.Snapshot = v
+					case domain.KeyAddress:
+						vm.Address = v
 					}
 				}
 			}

@@ -30,7 +30,7 @@ const accessJobTimeout = 15 * time.Minute
 // period with the policies that grant them (an Event when the list changes). A job that fails,
 // vanishes or never completes leaves the report Unknown with the reason, never empty. It returns
 // how soon to poll again (0: no job runs).
-func (r *ServiceAccountReconciler) reportAccess(ctx context.Context, sa *iamv1alpha1.IAMServiceAccount) time.Duration {
+func (r *ServiceAccountReconciler) reportAccess(ctx context.Context, sa *iamv1alpha1.IAMServiceAccount, roleCreated time.Time) time.Duration {
 	if r.cfg.unusedAfter <= 0 || sa.Status.RoleARN == "" {
 		sa.Status.AccessReport = nil
 		return 0
@@ -71,7 +71,16 @@ func (r *ServiceAccountReconciler) reportAccess(ctx context.Context, sa *iamv1al
 	case report.Status != "COMPLETED":
 		return r.accessPoll
 	}
-	unused := unusedGrants(report.Services, now.Add(-r.cfg.unusedAfter))
+	cutoff := now.Add(-r.cfg.unusedAfter)
+	if roleCreated.After(cutoff) {
+		// A role younger than the period has not had the time to use what it is granted.
+		rep.Unused = nil
+		rep.State, rep.JobID, rep.JobStarted = iamv1alpha1.AccessReportCurrent, "", nil
+		rep.Message = fmt.Sprintf("the role was created %s: nothing is reported unused before %s", roleCreated.UTC().Format(time.RFC3339), roleCreated.Add(r.cfg.unusedAfter).UTC().Format(time.RFC3339))
+		rep.CheckedAt = &metav1.Time{Time: now}
+		return 0
+	}
+	unused := unusedGrants(report.Services, cutoff)
 	if len(unused) > 0 {
 		var namespaces []string
 		for _, u := range unused {
@@ -148,15 +157,20 @@ func describeUnused(unused []iamv1alpha1.UnusedGrant, period time.Duration) stri
 	if len(unused) == 0 {
 		return fmt.Sprintf("every granted service and tracked action was used within %s", period)
 	}
+	const shown = 20 // a role granted "*" may have hundreds: status.accessReport.unused lists them all
 	var parts []string
-	for _, u := range unused {
+	for _, u := range unused[:min(len(unused), shown)] {
 		if len(u.Actions) == 0 {
 			parts = append(parts, u.Service)
 		} else {
 			parts = append(parts, strings.Join(u.Actions, ", "))
 		}
 	}
-	return fmt.Sprintf("granted but not used within %s: %s", period, strings.Join(parts, "; "))
+	more := ""
+	if len(unused) > shown {
+		more = fmt.Sprintf("; and %d more services", len(unused)-shown)
+	}
+	return fmt.Sprintf("granted but not used within %s: %s%s", period, strings.Join(parts, "; "), more)
 }
 
 // unusedCount is the number of unused grants a report lists (a whole service counts once, else

@@ -37,9 +37,12 @@ func testAccessReport(t *testing.T, f *fixture) {
 	roleARN := "arn:aws:iam::" + f.emu.AccountID() + ":role" + irsa.Path(testCluster) + irsa.RoleName(ns, "app")
 	f.emu.RecordAccess(roleARN, "s3:GetObject", time.Now().Add(-24*time.Hour))
 	f.emu.RecordAccess(roleARN, "s3:PutObject", time.Now().Add(-200*24*time.Hour))
+	// The role is created "200 days ago": a younger one is not reported (below).
+	f.emu.SetNow(func() time.Time { return time.Now().Add(-200 * 24 * time.Hour) })
 	sa := f.iamsa(t, ns, "app", iamv1alpha1.IAMServiceAccountSpec{ServiceAccountName: "app", Policies: []string{"data"},
 		InlinePolicies: []iamv1alpha1.InlinePolicy{{Name: "logs", Document: document("logs:PutLogEvents")}}})
 	sa = waitReady(t, f, sa)
+	f.emu.SetNow(nil)
 	if sa.Status.RoleARN != roleARN {
 		t.Fatalf("role %s, want %s", sa.Status.RoleARN, roleARN)
 	}
@@ -100,15 +103,28 @@ func testAccessReport(t *testing.T, f *fixture) {
 	r.cfg.unusedAfter, r.accessPoll = opts.UnusedAfter, 100*time.Millisecond
 	must(t, f.c.Get(ctx, request(sa).NamespacedName, sa))
 	sa.Status.AccessReport.CheckedAt = nil // due now
-	if poll := r.reportAccess(ctx, sa); poll == 0 {
+	old := time.Now().Add(-200 * 24 * time.Hour)
+	if poll := r.reportAccess(ctx, sa, old); poll == 0 {
 		t.Fatal("no job started")
 	}
 	for range 5 {
-		if r.reportAccess(ctx, sa) == 0 {
+		if r.reportAccess(ctx, sa, old) == 0 {
 			break
 		}
 	}
 	if rep := sa.Status.AccessReport; rep.State != iamv1alpha1.AccessReportUnknown || !strings.Contains(rep.Message, "failed: The job could not be completed.") {
 		t.Errorf("after a failed job: %+v", rep)
+	}
+
+	// A role younger than the period: nothing is reported unused yet, and the report says until when.
+	sa.Status.AccessReport.CheckedAt = nil
+	young := time.Now().Add(-24 * time.Hour)
+	for range 5 {
+		if r.reportAccess(ctx, sa, young) == 0 {
+			break
+		}
+	}
+	if rep := sa.Status.AccessReport; rep.State != iamv1alpha1.AccessReportCurrent || len(rep.Unused) != 0 || !strings.Contains(rep.Message, "nothing is reported unused before") {
+		t.Errorf("a young role's report: %+v", rep)
 	}
 }

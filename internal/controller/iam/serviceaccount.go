@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -129,7 +130,7 @@ func (r *ServiceAccountReconciler) sync(ctx context.Context, sa *iamv1alpha1.IAM
 	// allowing is detached; the object then stalls until its spec or the flag changes.
 	o := r.apply(ctx, sa, notAllowed, &ch)
 	if o.Ready {
-		if poll := r.reportAccess(ctx, sa); poll > 0 && (o.RequeueAfter == 0 || poll < o.RequeueAfter) {
+		if poll := r.reportAccess(ctx, sa, ch.roleCreated); poll > 0 && (o.RequeueAfter == 0 || poll < o.RequeueAfter) {
 			o.RequeueAfter = poll // IAM's last-accessed job runs: look at it again soon
 		}
 	}
@@ -159,6 +160,8 @@ func (r *ServiceAccountReconciler) sync(ctx context.Context, sa *iamv1alpha1.IAM
 type changes struct {
 	created bool
 	notes   []string
+	// roleCreated is when the role was created (IAM's CreateDate), as read on the way.
+	roleCreated time.Time
 }
 
 func (c *changes) add(format string, args ...any) {
@@ -193,6 +196,7 @@ func (r *ServiceAccountReconciler) apply(ctx context.Context, sa *iamv1alpha1.IA
 		return o
 	}
 	sa.Status.RoleName, sa.Status.RoleARN = role.Name, role.ARN
+	ch.roleCreated = role.Created
 	if o := r.ensureAttachments(ctx, sa, role.Name, desired, ch); o != nil {
 		return *o
 	}
@@ -560,6 +564,9 @@ func (r *ServiceAccountReconciler) delete(ctx context.Context, sa *iamv1alpha1.I
 		ours := slices.Clone(sa.Status.InlinePolicies)
 		for _, p := range sa.Spec.InlinePolicies {
 			ours = append(ours, p.Name) // put by a step whose status was not written, maybe
+		}
+		if sa.Spec.TargetRoleArn != "" {
+			ours = append(ours, targetPolicyName)
 		}
 		if err := r.deleteRole(ctx, name, ours); awsiam.IsConflict(err) {
 			return status.WaitsForPerson("DeleteConflict", awsiam.StatusMessage(err)+

@@ -77,7 +77,7 @@ func (r *ServiceAccountReconciler) checkTarget(ctx context.Context, sa *iamv1alp
 		o := awsFailure(err, r.SlowRetry)
 		return "", &o
 	}
-	if !trustsWithExternalID(role.TrustPolicy, roleARN, rec.ExternalID) {
+	if !trustsWithExternalID(role.TrustPolicy, roleARN, rec.ExternalID, targetActions(sa)) {
 		o := status.WaitsForPerson(ReasonTargetRoleNotTrusting, fmt.Sprintf(
 			"target role %s does not let role %s assume it with the association's external ID %s: add to its trust policy %s", target, roleARN, rec.ExternalID, need), r.SlowRetry)
 		return "", &o
@@ -95,8 +95,11 @@ func roleAccountAndName(arn string) (string, string) {
 }
 
 // trustsWithExternalID reports whether a trust policy has an Allow statement that lets principal
-// assume the role (sts:AssumeRole, or a wildcard over it) only with the external ID.
-func trustsWithExternalID(doc, principal, externalID string) bool {
+// (named, or its account's root) do every one of actions (named, or a wildcard over them) with the
+// external ID (StringEquals, or StringLike with the ID itself).
+func trustsWithExternalID(doc, principal, externalID string, actions []string) bool {
+	account, _ := roleAccountAndName(principal)
+	principals := []string{principal, "arn:aws:iam::" + account + ":root", account}
 	var p struct {
 		Statement json.RawMessage
 	}
@@ -115,19 +118,17 @@ func trustsWithExternalID(doc, principal, externalID string) bool {
 		if st["Effect"] != "Allow" {
 			continue
 		}
-		principals, _ := st["Principal"].(map[string]any)
-		if !slices.Contains(stringsOf(principals["AWS"]), principal) {
+		named, _ := st["Principal"].(map[string]any)
+		if !slices.ContainsFunc(stringsOf(named["AWS"]), func(p string) bool { return slices.Contains(principals, p) }) {
 			continue
 		}
-		if !slices.ContainsFunc(stringsOf(st["Action"]), func(a string) bool {
-			a = strings.ToLower(a)
-			return a == "sts:assumerole" || a == "sts:*" || a == "*"
-		}) {
+		allowed := stringsOf(st["Action"])
+		if !allAllowed(allowed, actions) {
 			continue
 		}
 		cond, _ := st["Condition"].(map[string]any)
 		for op, kv := range cond {
-			if op != "StringEquals" {
+			if op != "StringEquals" && op != "StringLike" {
 				continue
 			}
 			m, _ := kv.(map[string]any)
@@ -139,6 +140,19 @@ func trustsWithExternalID(doc, principal, externalID string) bool {
 		}
 	}
 	return false
+}
+
+// allAllowed reports whether every action is one of allowed, or matched by its wildcards (sts:*, *).
+func allAllowed(allowed, actions []string) bool {
+	for _, want := range actions {
+		if !slices.ContainsFunc(allowed, func(a string) bool {
+			a = strings.ToLower(a)
+			return a == strings.ToLower(want) || a == "sts:*" || a == "*"
+		}) {
+			return false
+		}
+	}
+	return true
 }
 
 // stringsOf reads a policy element that is a string or a list of strings.

@@ -52,6 +52,13 @@ func (r *Reconciler) startPlan(ctx context.Context, g *group, plan vsphere.Plan)
 	}
 	for _, m := range plan.PowerOn {
 		r.work.start(g.vg, m.Name, opPowerOn, "", func(ctx context.Context) (string, error) {
+			if addr, ok := g.addresses[m.Name]; ok && g.pool != nil && m.Address != addr.String() {
+				// Cloned, but stopped before its network configuration was written: written now,
+				// before its first boot.
+				if err := r.configureNetwork(ctx, g, m.Name, m.ID); err != nil {
+					return "", err
+				}
+			}
 			return "", r.powerOn(ctx, g, m.ID)
 		})
 	}
@@ -226,7 +233,7 @@ func (r *Reconciler) configureNetwork(ctx context.Context, g *group, name, id st
 	if mac == "" {
 		return fmt.Errorf("%s has no network adapter to give its address %s to: the template needs one", name, addr)
 	}
-	extra := map[string]string{}
+	extra := map[string]string{vsphere.KeyAddress: addr.String()}
 	g.boot.guestinfo(name, g.pool.NetworkConfig(mac, addr), extra)
 	return g.api.SetExtraConfig(ctx, id, extra)
 }

@@ -96,6 +96,11 @@ func (r *Reconciler) allocate(ctx context.Context, g *group, plan *vsphere.Plan,
 	if plan.Replace != nil {
 		need = append(need, plan.Replace.Name)
 	}
+	for _, name := range need {
+		if a, ok := own[name]; ok && !g.pool.Contains(a) {
+			delete(own, name) // of a pool the spec changed: the new VM gets an address of the new one
+		}
+	}
 	need = slices.DeleteFunc(need, func(name string) bool { _, ok := own[name]; return ok })
 
 	var short []string
@@ -123,6 +128,9 @@ func (r *Reconciler) allocate(ctx context.Context, g *group, plan *vsphere.Plan,
 	for _, name := range slices.SortedFunc(maps.Keys(own), vsphere.CompareVMNames) {
 		g.vg.Status.Addresses = append(g.vg.Status.Addresses, computev1alpha1.AddressAllocation{VM: name, Address: netip.PrefixFrom(own[name], g.pool.Network.Bits()).String()})
 	}
+	// Claimed before the write: a write that fails here but lands (a timeout) never lets another
+	// group take these addresses; claiming too much is safe.
+	book.claims[g.key] = own
 	if len(need) > len(short) {
 		// Recorded before any clone uses them: a manager stopped after this write and before the
 		// clone gives the VM the same address next time; one stopped before it gave none.
@@ -130,7 +138,6 @@ func (r *Reconciler) allocate(ctx context.Context, g *group, plan *vsphere.Plan,
 			return nil, &failure{Outcome: status.Transient("StatusWriteFailed", "recording the VMs' addresses: "+err.Error(), err)}
 		}
 	}
-	book.claims[g.key] = own
 	g.addresses = own
 	if len(short) > 0 {
 		drop := map[string]bool{}

@@ -21,14 +21,35 @@ import (
 // flight add the VMs they clone (before those power on) and drop the ones they destroy. One lock
 // orders every read-and-write of the rule, since vCenter replaces a rule's VM list whole.
 type affinity struct {
-	cluster   vcenter.Cluster
-	name      string
-	mandatory bool
+	cluster vcenter.Cluster
+	name    string
 
-	mu     sync.Mutex
-	vms    map[string]bool // ids the rule must hold
-	exists bool            // the rule was there at the last read or write
-	drs    bool            // DRS was on at the last read
+	mu        sync.Mutex
+	mandatory bool            // the group's strictness, as last reconciled
+	vms       map[string]bool // ids the rule must hold
+	exists    bool            // the rule was there at the last read or write
+	drs       bool            // DRS was on at the last read
+	dropped   bool            // the group no longer asks for the rule: operations in flight leave it alone
+}
+
+// setMandatory changes the strictness the next write gives the rule.
+func (a *affinity) setMandatory(m bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.mandatory = m
+}
+
+func (a *affinity) isMandatory() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.mandatory
+}
+
+// drop stops every later write of this keeper (the group's rule is removed by dropRule).
+func (a *affinity) drop() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.dropped = true
 }
 
 func (a *affinity) drsOn() bool {
@@ -104,6 +125,9 @@ func (a *affinity) leave(ctx context.Context, api vcenter.API, id string) (ruleC
 // announced; at a full sync, a rule that lacks members, holds others or is disabled was changed by
 // someone.
 func (a *affinity) writeLocked(ctx context.Context, api vcenter.API, full bool) (ruleChange, error) {
+	if a.dropped {
+		return "", nil
+	}
 	state, err := api.Affinity(ctx, a.cluster, a.name)
 	if err != nil {
 		return "", err
@@ -128,7 +152,9 @@ func (a *affinity) writeLocked(ctx context.Context, api vcenter.API, full bool) 
 	switch {
 	case have == nil:
 		change = ruleCreated
-	case !have.Enabled || full && !slices.Equal(have.VMs, want):
+	case !have.Enabled || full && holdsOthers(have.VMs, want):
+		// Disabled, or holding VMs that are not the group's: someone changed it. Members it lacks
+		// are added without a word (a join of ours that failed, a group whose rule was not applied).
 		rule.Key, change = have.Key, ruleRepaired
 	case have.Mandatory != a.mandatory:
 		rule.Key, change = have.Key, ruleUpdated
@@ -140,6 +166,16 @@ func (a *affinity) writeLocked(ctx context.Context, api vcenter.API, full bool) 
 	}
 	a.exists = true
 	return change, nil
+}
+
+// holdsOthers reports whether have names a VM that want does not.
+func holdsOthers(have, want []string) bool {
+	for _, id := range have {
+		if !slices.Contains(want, id) {
+			return true
+		}
+	}
+	return false
 }
 
 // keepApart keeps the group's anti-affinity rule, setting g.aff to its keeper: nil when the group
@@ -154,9 +190,13 @@ func (r *Reconciler) keepApart(ctx context.Context, g *group, obs vsphere.Observ
 	if mode == "" {
 		return "", r.dropRule(ctx, g)
 	}
-	id := fmt.Sprintf("%+v|%s", g.placement, mode)
+	// One keeper per group and placement (its cluster); the strictness follows the spec under the
+	// keeper's lock, so operations in flight and this step never write the rule apart.
+	id := fmt.Sprintf("%+v", g.placement)
 	a := r.work.affinity(g.key, id)
-	if a == nil {
+	if a != nil {
+		a.setMandatory(mode == computev1alpha1.AntiAffinityRequired)
+	} else {
 		cl, err := g.api.Cluster(ctx, g.placement)
 		if err != nil {
 			return "", classify(err)
@@ -198,7 +238,7 @@ func (r *Reconciler) keepApart(ctx context.Context, g *group, obs vsphere.Observ
 	case problem == "":
 		g.aff = a
 		return "", nil
-	case a.mandatory:
+	case a.isMandatory():
 		return "", stalled("AntiAffinityUnavailable", "placement.antiAffinity is Required, but "+problem+
 			", or set antiAffinity: Preferred to run the VMs without it; nothing is cloned until then")
 	}
@@ -231,7 +271,7 @@ func (r *Reconciler) announceRule(vg *computev1alpha1.VmGroup, a *affinity, chan
 }
 
 func strictness(a *affinity) string {
-	if a.mandatory {
+	if a.isMandatory() {
 		return "required"
 	}
 	return "preferred"
@@ -240,9 +280,11 @@ func strictness(a *affinity) string {
 // dropRule removes the group's rule when the group no longer asks for one but the status says it
 // made one, and when the group is deleted.
 func (r *Reconciler) dropRule(ctx context.Context, g *group) *failure {
+	kept := r.work.dropAffinity(g.key) // operations in flight stop writing the rule
 	name := g.vg.Status.AntiAffinityRule
-	if name == "" && !g.vg.DeletionTimestamp.IsZero() && antiAffinity(g.vg) != "" {
-		name = vsphere.RuleName(g.vg.Namespace, g.vg.Name) // made by a step whose status was not written
+	if name == "" && (kept || !g.vg.DeletionTimestamp.IsZero() && antiAffinity(g.vg) != "") {
+		// Made by an operation of this manager, or by a step whose status was not written.
+		name = vsphere.RuleName(g.vg.Namespace, g.vg.Name)
 	}
 	if name == "" {
 		return nil

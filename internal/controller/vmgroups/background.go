@@ -217,10 +217,33 @@ func (b *background) affinity(key types.NamespacedName, id string) *affinity {
 	return nil
 }
 
+// currentAffinity is the group's rule keeper, if any.
+func (b *background) currentAffinity(key types.NamespacedName) *affinity {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.group(key).aff
+}
+
+// dropAffinity retires the group's rule keeper, if any, and reports whether there was one.
+func (b *background) dropAffinity(key types.NamespacedName) bool {
+	b.mu.Lock()
+	g := b.group(key)
+	a := g.aff
+	g.aff, g.affFor = nil, ""
+	b.mu.Unlock()
+	if a != nil {
+		a.drop()
+	}
+	return a != nil
+}
+
 func (b *background) keepAffinity(key types.NamespacedName, id string, a *affinity) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	g := b.group(key)
+	if g.aff != nil && g.aff != a {
+		g.aff.drop() // a keeper of another placement: its operations stop writing
+	}
 	g.aff, g.affFor = a, id
 }
 

@@ -109,7 +109,6 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, vg *computev1alpha1.Vm
 	res, released, err := dropRuleAndRelease()
 	if released {
 		r.work.forget(key)
-		r.addressBook().forget(key)
 	}
 	return res, released, err
 }
@@ -121,5 +120,6 @@ func (r *Reconciler) release(ctx context.Context, vg *computev1alpha1.VmGroup) (
 	if err := r.Client.Patch(ctx, vg, client.MergeFromWithOptions(orig, client.MergeFromWithOptimisticLock{})); err != nil {
 		return reconcile.Result{}, false, client.IgnoreNotFound(err)
 	}
+	r.addressBook().forget(client.ObjectKeyFromObject(vg)) // its addresses go with it
 	return reconcile.Result{}, true, nil
 }

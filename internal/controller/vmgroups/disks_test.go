@@ -34,7 +34,11 @@ func testDataDisks(t *testing.T, f *fixture) {
 		testenv.Eventually(t, "disks "+want, func() (bool, string) {
 			var got []string
 			for _, vm := range []string{"store-0", "store-1"} {
-				got = append(got, fmt.Sprint(f.sim.Disks(t, "/DC0/vm/t-disks-store/"+vm)))
+				disks, err := f.sim.DisksOf(ctx, "/DC0/vm/t-disks-store/"+vm) // gone while it is replaced
+				if err != nil {
+					return false, err.Error()
+				}
+				got = append(got, fmt.Sprint(disks))
 			}
 			return got[0] == want && got[1] == want, strings.Join(got, " ")
 		})

@@ -171,6 +171,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (res 
 	if err := r.Client.Get(ctx, req.NamespacedName, vg); err != nil {
 		if apierrors.IsNotFound(err) {
 			r.work.forget(req.NamespacedName)
+			r.addressBook().forget(req.NamespacedName)
 		}
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
@@ -202,7 +203,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (res 
 		vg.Status = *before.DeepCopy()
 	}
 	persist := func() error {
-		if err := r.step().Write(ctx, vg, read); err != nil {
+		// A copy is written: the write reads the object back, whose spec may be newer than the one
+		// this reconcile acts on.
+		if err := r.step().Write(ctx, vg.DeepCopy(), read); err != nil {
 			return err
 		}
 		read = vg.DeepCopy() // the write at the end compares with what is stored now
@@ -344,6 +347,9 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, vg *computev1alpha1.Vm
 
 	// A failed step backs the group off by its own count (the workqueue's would restart at every
 	// wake-up of an operation that ended well).
+	if a := r.work.currentAffinity(key); a != nil && a.ruleExists() {
+		vg.Status.AntiAffinityRule = a.name // made by an operation that ended: recorded even if it failed
+	}
 	if opErr != nil {
 		fl := classify(opErr)
 		if names := unplaced(ends); len(names) > 0 {

@@ -146,6 +146,17 @@ func New(opts Options) *Server {
 	return s
 }
 
+// SetNow replaces the clock of creation and update dates (nil: time.Now), e.g. to make a role that
+// was created long ago.
+func (s *Server) SetNow(now func() time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if now == nil {
+		now = time.Now
+	}
+	s.now = now
+}
+
 // AccountID is the account the emulator serves.
 func (s *Server) AccountID() string { return s.accountID }
 

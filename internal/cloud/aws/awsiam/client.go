@@ -74,6 +74,8 @@ type Role struct {
 	// PermissionsBoundaryARN is the ARN of the role's permissions boundary policy, "" if none.
 	PermissionsBoundaryARN string
 	Tags                   Tags
+	// Created is the role's creation time.
+	Created time.Time
 }
 
 // NewPolicy is a policy to create.
@@ -414,6 +416,7 @@ func roleFrom(r *types.Role) (*Role, error) {
 		ID:                 aws.ToString(r.RoleId),
 		ARN:                aws.ToString(r.Arn),
 		Path:               aws.ToString(r.Path),
+		Created:            aws.ToTime(r.CreateDate),
 		Description:        aws.ToString(r.Description),
 		TrustPolicy:        trust,
 		MaxSessionDuration: aws.ToInt32(r.MaxSessionDuration),

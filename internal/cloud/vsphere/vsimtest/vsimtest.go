@@ -337,11 +337,21 @@ type VM struct {
 // Disks returns the sizes in GiB of the VM's disks at an inventory path, by controller and unit.
 func (s *Sim) Disks(t testing.TB, vmPath string) []int64 {
 	t.Helper()
-	ctx := context.Background()
+	out, err := s.DisksOf(context.Background(), vmPath)
+	must(t, err)
+	return out
+}
+
+// DisksOf is Disks for a VM that may be gone (replaced) meanwhile: it returns the error.
+func (s *Sim) DisksOf(ctx context.Context, vmPath string) ([]int64, error) {
 	vm, err := s.finder().VirtualMachine(ctx, vmPath)
-	must(t, err)
+	if err != nil {
+		return nil, err
+	}
 	devices, err := vm.Device(ctx)
-	must(t, err)
+	if err != nil {
+		return nil, err
+	}
 	var disks []*types.VirtualDisk
 	for _, d := range devices.SelectByType((*types.VirtualDisk)(nil)) {
 		disks = append(disks, d.(*types.VirtualDisk))
@@ -359,7 +369,7 @@ func (s *Sim) Disks(t testing.TB, vmPath string) []int64 {
 	for _, d := range disks {
 		out = append(out, d.CapacityInKB>>20)
 	}
-	return out
+	return out, nil
 }
 
 // Exists reports whether an inventory path names something.
