@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/vmware/govmomi/property"
 	"github.com/vmware/govmomi/vim25/methods"
@@ -66,10 +67,51 @@ func inTree(trees []types.VirtualMachineSnapshotTree, ref types.ManagedObjectRef
 // current snapshot.
 func (s *Sim) AddSnapshot(t testing.TB, vmPath, name string) {
 	t.Helper()
-	ctx := context.Background()
+	must(t, s.CreateSnapshot(context.Background(), vmPath, name))
+}
+
+// CreateSnapshot is AddSnapshot for callers without a testing.TB (the benchmark).
+func (s *Sim) CreateSnapshot(ctx context.Context, vmPath, name string) error {
 	vm, err := s.finder().VirtualMachine(ctx, vmPath)
-	must(t, err)
+	if err != nil {
+		return err
+	}
 	task, err := vm.CreateSnapshot(ctx, name, "", false, false)
-	must(t, err)
-	must(t, task.Wait(ctx))
+	if err != nil {
+		return err
+	}
+	return task.Wait(ctx)
+}
+
+// CloneDelays makes each clone take its kind's time before vcsim carries it out (vcsim clones
+// every kind at once, or all after one TaskDelay): a full clone copies the template's disks, a
+// linked one only makes delta disks. It works on the client's side of the wire, per call, so clones
+// overlap as they do in vCenter; use Wrap as (part of) the adapter's Wrapper.
+type CloneDelays struct{ Full, Linked time.Duration }
+
+// Wrap delays the clone calls through rt.
+func (d CloneDelays) Wrap(rt soap.RoundTripper) soap.RoundTripper {
+	return cloneDelayRT{d: d, next: rt}
+}
+
+type cloneDelayRT struct {
+	d    CloneDelays
+	next soap.RoundTripper
+}
+
+func (r cloneDelayRT) RoundTrip(ctx context.Context, req, res soap.HasFault) error {
+	if clone, ok := req.(*methods.CloneVM_TaskBody); ok {
+		wait := r.d.Full
+		if clone.Req.Spec.Location.DiskMoveType == string(types.VirtualMachineRelocateDiskMoveOptionsCreateNewChildDiskBacking) {
+			wait = r.d.Linked
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+	return r.next.RoundTrip(ctx, req, res)
 }
