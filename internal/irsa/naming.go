@@ -1,6 +1,6 @@
 // Package irsa is the pure logic of the iam controller (IAM roles for ServiceAccounts): the names,
-// paths and tags of the AWS objects it creates, role trust policies, rendering and comparing policy
-// documents, the --allowed-policy-arns patterns, and choosing which policy version to prune. It has
+// paths and tags of the AWS objects it creates, role trust policies, the documents of cross-account
+// target roles (target.go), rendering and comparing policy documents, the --allowed-policy-arns patterns, and choosing which policy version to prune. It has
 // no Kubernetes or AWS client; the controller observes IAM, asks this package what it should look
 // like, and acts on the difference.
 package irsa

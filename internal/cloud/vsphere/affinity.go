@@ -6,7 +6,6 @@ import (
 	"slices"
 
 	"github.com/vmware/govmomi/fault"
-	"github.com/vmware/govmomi/find"
 	"github.com/vmware/govmomi/object"
 	"github.com/vmware/govmomi/vim25/mo"
 	"github.com/vmware/govmomi/vim25/types"
@@ -22,24 +21,13 @@ type Cluster struct {
 
 // Cluster resolves the compute resource of the placement's resource pool.
 func (c *Client) Cluster(ctx context.Context, p Placement) (Cluster, error) {
-	finder := find.NewFinder(c.vim)
-	dcName, err := c.datacenterName(ctx, p.Datacenter)
+	finder, err := c.finderIn(ctx, p)
 	if err != nil {
 		return Cluster{}, err
 	}
-	dc, err := finder.Datacenter(ctx, dcName)
+	pool, err := c.resourcePool(ctx, finder, p)
 	if err != nil {
-		return Cluster{}, c.redact(lookupError(err, "datacenter", dcName))
-	}
-	finder.SetDatacenter(dc)
-	var pool *object.ResourcePool
-	if p.ResourcePool != "" {
-		pool, err = finder.ResourcePool(ctx, p.ResourcePool)
-	} else {
-		pool, err = finder.DefaultResourcePool(ctx)
-	}
-	if err != nil {
-		return Cluster{}, c.redact(lookupError(err, "resource pool", p.ResourcePool))
+		return Cluster{}, err
 	}
 	var rp mo.ResourcePool
 	if err := pool.Properties(ctx, pool.Reference(), []string{"owner"}, &rp); err != nil {

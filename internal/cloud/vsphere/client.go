@@ -1,6 +1,7 @@
 // Package vsphere is the vmgroups controller's thin adapter over govmomi: one logged-in session that
 // is kept, shared and logged in again when vCenter expires it, and the handful of operations the
-// controller needs (folders, listing a folder's VMs in one call, clone, power, reconfigure, destroy).
+// controller needs (folders, listing a folder's VMs in one call, clone, power, reconfigure, destroy,
+// guestinfo, a cluster's anti-affinity rules, the VMs a guest address belongs to).
 package vsphere
 
 import (

@@ -102,11 +102,8 @@ func snapshotName(trees []types.VirtualMachineSnapshotTree, ref types.ManagedObj
 	return ""
 }
 
-// Source resolves the template (and, for linked clones, its snapshot) and the placement. A missing
-// item is a NotFoundError naming it; a template without the snapshot a linked clone needs, an
-// InvalidError saying so.
-func (c *Client) Source(ctx context.Context, p Placement, t Template) (*Source, error) {
-	template := t.Path
+// finderIn is a finder in the placement's datacenter.
+func (c *Client) finderIn(ctx context.Context, p Placement) (*find.Finder, error) {
 	finder := find.NewFinder(c.vim)
 	dcName, err := c.datacenterName(ctx, p.Datacenter)
 	if err != nil {
@@ -117,6 +114,33 @@ func (c *Client) Source(ctx context.Context, p Placement, t Template) (*Source, 
 		return nil, c.redact(lookupError(err, "datacenter", dcName))
 	}
 	finder.SetDatacenter(dc)
+	return finder, nil
+}
+
+// resourcePool is the placement's resource pool, or the datacenter's only one.
+func (c *Client) resourcePool(ctx context.Context, finder *find.Finder, p Placement) (*object.ResourcePool, error) {
+	var pool *object.ResourcePool
+	var err error
+	if p.ResourcePool != "" {
+		pool, err = finder.ResourcePool(ctx, p.ResourcePool)
+	} else {
+		pool, err = finder.DefaultResourcePool(ctx)
+	}
+	if err != nil {
+		return nil, c.redact(lookupError(err, "resource pool", p.ResourcePool))
+	}
+	return pool, nil
+}
+
+// Source resolves the template (and, for linked clones, its snapshot) and the placement. A missing
+// item is a NotFoundError naming it; a template without the snapshot a linked clone needs, an
+// InvalidError saying so.
+func (c *Client) Source(ctx context.Context, p Placement, t Template) (*Source, error) {
+	template := t.Path
+	finder, err := c.finderIn(ctx, p)
+	if err != nil {
+		return nil, err
+	}
 
 	tmpl, err := finder.VirtualMachine(ctx, template)
 	if err != nil {
@@ -135,14 +159,9 @@ func (c *Client) Source(ctx context.Context, p Placement, t Template) (*Source, 
 		src.snapshot, src.snapshotName = ref, snapshotName(vm.Snapshot.RootSnapshotList, *ref)
 	}
 
-	var pool *object.ResourcePool
-	if p.ResourcePool != "" {
-		pool, err = finder.ResourcePool(ctx, p.ResourcePool)
-	} else {
-		pool, err = finder.DefaultResourcePool(ctx)
-	}
+	pool, err := c.resourcePool(ctx, finder, p)
 	if err != nil {
-		return nil, c.redact(lookupError(err, "resource pool", p.ResourcePool))
+		return nil, err
 	}
 	src.pool = pool.Reference()
 

@@ -36,7 +36,7 @@ func (r *ServiceAccountReconciler) inlineDocuments(sa *iamv1alpha1.IAMServiceAcc
 		}
 	}
 	if sa.Spec.TargetRoleArn != "" {
-		want[targetPolicyName] = targetPermission(sa) // counted with the others: IAM counts it too
+		want[targetPolicyName] = irsa.AssumeTargetPolicy(sa.Spec.TargetRoleArn, targetActions(sa)) // counted with the others: IAM counts it too
 		total += len(want[targetPolicyName])
 	}
 	if total > maxInlineSize {

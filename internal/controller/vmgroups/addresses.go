@@ -77,15 +77,11 @@ func (r *Reconciler) allocate(ctx context.Context, g *group, plan *vsphere.Plan,
 	book.mu.Lock()
 	defer book.mu.Unlock()
 
-	members := map[string]bool{}
-	for _, m := range obs.Members {
-		members[m.Name] = true
-	}
+	live := liveVMs(obs, running)
 	own := allocations(g.vg)
 	for name := range own {
 		n, ok := vsphere.Ordinal(g.spec.Name, name)
-		wanted := members[name] || running.Cloning[name] || running.Busy[name] || ok && n < g.spec.Replicas
-		if !wanted {
+		if wanted := live(name) || ok && n < g.spec.Replicas; !wanted {
 			delete(own, name) // its VM is gone and its name no longer wanted: released
 		}
 	}
@@ -152,12 +148,21 @@ func (r *Reconciler) allocate(ctx context.Context, g *group, plan *vsphere.Plan,
 	return short, nil
 }
 
+// liveVMs reports whether a name is a member of the group or has an operation in flight: a VM
+// whose address is still its own.
+func liveVMs(obs vsphere.Observation, running vsphere.InFlight) func(string) bool {
+	members := map[string]bool{}
+	for _, m := range obs.Members {
+		members[m.Name] = true
+	}
+	return func(name string) bool { return members[name] || running.Cloning[name] || running.Busy[name] }
+}
+
 // keepAddresses keeps the recorded addresses of the VMs that exist or are in flight only, for a
 // group whose pool was dropped.
 func keepAddresses(vg *computev1alpha1.VmGroup, obs vsphere.Observation, running vsphere.InFlight) {
-	vg.Status.Addresses = slices.DeleteFunc(vg.Status.Addresses, func(a computev1alpha1.AddressAllocation) bool {
-		return !running.Cloning[a.VM] && !running.Busy[a.VM] && !slices.ContainsFunc(obs.Members, func(m vsphere.Member) bool { return m.Name == a.VM })
-	})
+	live := liveVMs(obs, running)
+	vg.Status.Addresses = slices.DeleteFunc(vg.Status.Addresses, func(a computev1alpha1.AddressAllocation) bool { return !live(a.VM) })
 	if len(vg.Status.Addresses) == 0 {
 		vg.Status.Addresses = nil
 	}

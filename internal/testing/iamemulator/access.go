@@ -197,7 +197,7 @@ func (s *Server) generateServiceLastAccessedDetails(p params) (any, *apiError) {
 	if s.jobs == nil {
 		s.jobs = map[string]*accessJob{}
 	}
-	id := s.newExternalIDLocked()
+	id := s.newUUIDLocked()
 	polls := s.jobPolls
 	if polls == 0 {
 		polls = 1

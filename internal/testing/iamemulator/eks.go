@@ -158,7 +158,7 @@ func (s *Server) serveEKS(w http.ResponseWriter, r *http.Request) {
 	}
 	s.mu.Lock()
 	s.calls[rt.op]++
-	requestID := s.newRequestIDLocked()
+	requestID := s.newUUIDLocked()
 	if fault := s.pickFaultLocked(); fault != nil {
 		s.faults[rt.op]++
 		s.mu.Unlock()
@@ -307,21 +307,8 @@ func (s *Server) setTargetLocked(a *association, target string) {
 	}
 	a.targetRoleARN, a.externalID = target, ""
 	if target != "" {
-		a.externalID = s.newExternalIDLocked()
+		a.externalID = s.newUUIDLocked()
 	}
-}
-
-// newExternalIDLocked returns an external ID shaped like EKS's: a UUID.
-func (s *Server) newExternalIDLocked() string {
-	const hex = "0123456789abcdef"
-	b := make([]byte, 0, 36)
-	for i := range 32 {
-		if i == 8 || i == 12 || i == 16 || i == 20 {
-			b = append(b, '-')
-		}
-		b = append(b, hex[s.rng.IntN(16)])
-	}
-	return string(b)
 }
 
 func checkEKSTags(tags map[string]string) *apiError {

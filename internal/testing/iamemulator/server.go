@@ -6,12 +6,14 @@
 // SigV4-signed requests (signatures are accepted, never verified), XML responses, XML error
 // bodies (<ErrorResponse><Error><Code>…), percent-encoded policy documents in responses, and
 // Marker/MaxItems pagination. It covers managed policies and their versions, roles, role
-// attachments (also listed per policy by ListEntitiesForPolicy), permissions boundaries and
-// tags, with IAM's validation, conflict and limit errors.
+// attachments (also listed per policy by ListEntitiesForPolicy), inline role policies
+// (inline.go), permissions boundaries and tags, with IAM's validation, conflict and limit
+// errors, and the access advisor's last-accessed jobs (access.go; uses are recorded by the tests
+// through RecordAccess).
 //
 // It also speaks EKS's REST-JSON protocol for Pod Identity associations (eks.go): create,
-// describe, update, delete and list them (one per ServiceAccount), and tag them, in the clusters
-// Options.EKSClusters names, with EKS's errors.
+// describe, update, delete and list them (one per ServiceAccount), with a target role and its
+// external ID, and tag them, in the clusters Options.EKSClusters names, with EKS's errors.
 //
 // For assertions it counts calls per action, can inject Throttling and ServiceUnavailable
 // faults at a configured rate before touching state, and serves a JSON dump of its state at
@@ -249,7 +251,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 	s.mu.Lock()
 	s.calls[action]++
-	requestID := s.newRequestIDLocked()
+	requestID := s.newUUIDLocked()
 	if fault := s.pickFaultLocked(); fault != nil {
 		s.faults[action]++
 		s.mu.Unlock()
@@ -402,10 +404,11 @@ func (s *Server) serveState(w http.ResponseWriter, r *http.Request) {
 func (s *Server) newRequestID() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.newRequestIDLocked()
+	return s.newUUIDLocked()
 }
 
-func (s *Server) newRequestIDLocked() string {
+// newUUIDLocked returns a random UUID-shaped ID (request IDs, EKS external IDs, last-accessed job IDs).
+func (s *Server) newUUIDLocked() string {
 	const hex = "0123456789abcdef"
 	b := make([]byte, 0, 36)
 	for i := range 32 {

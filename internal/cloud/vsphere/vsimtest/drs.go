@@ -124,17 +124,24 @@ func (s *Sim) reconfigureCluster(t testing.TB, spec *types.ClusterConfigSpecEx) 
 	must(t, task.Wait(ctx))
 }
 
+// ruleNamed is the model cluster's anti-affinity rule called name, nil when there is none.
+func (s *Sim) ruleNamed(t testing.TB, name string) *types.ClusterAntiAffinityRuleSpec {
+	t.Helper()
+	var cl mo.ClusterComputeResource
+	must(t, s.cluster(t).Properties(context.Background(), s.cluster(t).Reference(), []string{"configurationEx"}, &cl))
+	for _, base := range cl.ConfigurationEx.(*types.ClusterConfigInfoEx).Rule {
+		if rule, ok := base.(*types.ClusterAntiAffinityRuleSpec); ok && rule.Name == name {
+			return rule
+		}
+	}
+	return nil
+}
+
 // AntiAffinityRule returns the model cluster's rule called name (nil: none), its VMs by name.
 func (s *Sim) AntiAffinityRule(t testing.TB, name string) *AntiAffinity {
 	t.Helper()
 	ctx := context.Background()
-	var cl mo.ClusterComputeResource
-	must(t, s.cluster(t).Properties(ctx, s.cluster(t).Reference(), []string{"configurationEx"}, &cl))
-	for _, base := range cl.ConfigurationEx.(*types.ClusterConfigInfoEx).Rule {
-		rule, ok := base.(*types.ClusterAntiAffinityRuleSpec)
-		if !ok || rule.Name != name {
-			continue
-		}
+	if rule := s.ruleNamed(t, name); rule != nil {
 		out := &AntiAffinity{Key: rule.Key, Mandatory: rule.Mandatory != nil && *rule.Mandatory, Enabled: rule.Enabled != nil && *rule.Enabled}
 		for _, vm := range rule.Vm {
 			n, err := object.NewCommon(s.Admin.Client, vm).ObjectName(ctx)
@@ -160,18 +167,13 @@ type AntiAffinity struct {
 // Client would): edit gets the rule to change.
 func (s *Sim) EditRule(t testing.TB, name string, edit func(*types.ClusterAntiAffinityRuleSpec)) {
 	t.Helper()
-	ctx := context.Background()
-	var cl mo.ClusterComputeResource
-	must(t, s.cluster(t).Properties(ctx, s.cluster(t).Reference(), []string{"configurationEx"}, &cl))
-	for _, base := range cl.ConfigurationEx.(*types.ClusterConfigInfoEx).Rule {
-		if rule, ok := base.(*types.ClusterAntiAffinityRuleSpec); ok && rule.Name == name {
-			edit(rule)
-			s.reconfigureCluster(t, &types.ClusterConfigSpecEx{RulesSpec: []types.ClusterRuleSpec{{
-				ArrayUpdateSpec: types.ArrayUpdateSpec{Operation: types.ArrayUpdateOperationEdit}, Info: rule}}})
-			return
-		}
+	rule := s.ruleNamed(t, name)
+	if rule == nil {
+		t.Fatalf("cluster %s has no rule %q", Cluster, name)
 	}
-	t.Fatalf("cluster %s has no rule %q", Cluster, name)
+	edit(rule)
+	s.reconfigureCluster(t, &types.ClusterConfigSpecEx{RulesSpec: []types.ClusterRuleSpec{{
+		ArrayUpdateSpec: types.ArrayUpdateSpec{Operation: types.ArrayUpdateOperationEdit}, Info: rule}}})
 }
 
 // Hosts returns the host each VM directly in a folder runs on (or is registered on), by VM name.

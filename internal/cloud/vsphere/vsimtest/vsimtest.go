@@ -1,6 +1,8 @@
 // Package vsimtest runs the govmomi vCenter simulator (vcsim) in process for tests and demos: a VPX
 // model served over HTTPS with its own credentials, templates on demand, and helpers to look at
-// and change the inventory behind the operator's back.
+// and change the inventory behind the operator's back. Its wrapper plays the parts of vCenter
+// vcsim lacks: linked clones' snapshots (clones.go), DRS's anti-affinity placement (drs.go); its
+// guests play VMware Tools and cloud-init's static address (guests.go).
 package vsimtest
 
 import (

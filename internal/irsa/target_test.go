@@ -1,4 +1,4 @@
-package iam
+package irsa
 
 import "testing"
 
@@ -23,7 +23,7 @@ func TestTrustsWithExternalID(t *testing.T) {
 		{"another external ID", `{"Statement":{"Effect":"Allow","Principal":{"AWS":"` + role + `"},"Action":"*","Condition":{"StringEquals":{"sts:ExternalId":"id-2"}}}}`, both, false},
 		{"no condition", `{"Statement":{"Effect":"Allow","Principal":{"AWS":"` + role + `"},"Action":"*"}}`, both, false},
 	} {
-		if got := trustsWithExternalID(c.doc, role, "id-1", c.actions); got != c.want {
+		if got := TrustsWithExternalID(c.doc, role, "id-1", c.actions); got != c.want {
 			t.Errorf("%s: %v, want %v", c.name, got, c.want)
 		}
 	}
