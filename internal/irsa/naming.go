@@ -129,7 +129,7 @@ func Tags(cluster, namespace, name string) map[string]string {
 // TaggedByQuartermaster reports whether tags carry any of Quartermaster's ownership tags: such an
 // object belongs to some Quartermaster object (of this or another cluster) and is never adopted.
 func TaggedByQuartermaster(tags map[string]string) bool {
-	for _, k := range []string{TagCluster, TagNamespace, TagName} {
+	for _, k := range []string{TagCluster, TagNamespace, TagName, TagSharedRole} {
 		if _, ok := tags[k]; ok {
 			return true
 		}

@@ -80,6 +80,7 @@ type trustPolicy struct {
 }
 
 type trustStatement struct {
+	Sid       string                       `json:"Sid,omitempty"`
 	Effect    string                       `json:"Effect"`
 	Principal map[string]string            `json:"Principal"`
 	Action    any                          `json:"Action"` // a string, or a list of them

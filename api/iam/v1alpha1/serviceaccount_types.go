@@ -30,6 +30,10 @@ const (
 // +kubebuilder:validation:XValidation:rule="!has(self.disableSessionTags) || !self.disableSessionTags || self.mechanism != 'IRSA'",message="disableSessionTags is a Pod Identity setting: set mechanism PodIdentity or Both"
 // +kubebuilder:validation:XValidation:rule="!has(self.inlinePolicies) || !self.inlinePolicies.exists(p, p.name == 'quartermaster-target-role')",message="the inline policy name quartermaster-target-role is the operator's (it lets the role assume spec.targetRoleArn)"
 // +kubebuilder:validation:XValidation:rule="!has(self.inlinePolicies) || !has(self.policies) || !self.inlinePolicies.exists(p, p.name in self.policies)",message="an inline policy has the name of an IAMPolicy in spec.policies: name them apart, so that what grants a permission is never ambiguous"
+// +kubebuilder:validation:XValidation:rule="has(self.sharedRole) == has(oldSelf.sharedRole) && (!has(self.sharedRole) || self.sharedRole.name == oldSelf.sharedRole.name)",message="sharedRole.name is immutable, and sharedRole cannot be added or removed: it names another role; create a new IAMServiceAccount for it"
+// +kubebuilder:validation:XValidation:rule="!has(self.sharedRole) || self.sharedRole.owner || (!has(self.policies) && !has(self.managedPolicyArns) && !has(self.inlinePolicies) && !has(self.maxSessionDuration) && !has(self.permissionsBoundaryArn))",message="a sharedRole member takes the role's permissions from its owner: declare policies, managedPolicyArns, inlinePolicies, maxSessionDuration and permissionsBoundaryArn only on the one IAMServiceAccount with sharedRole.owner: true"
+// +kubebuilder:validation:XValidation:rule="!has(self.sharedRole) || !has(self.targetRoleArn)",message="targetRoleArn cannot be used with sharedRole: a shared role is reached from several clusters itself; give the role the permissions instead"
+// +kubebuilder:validation:XValidation:rule="!has(self.sharedRole) || !has(self.disableSessionTags) || !self.disableSessionTags",message="disableSessionTags cannot be used with sharedRole: the shared role's trust admits each cluster's Pod Identity by its session tags (cluster, namespace, ServiceAccount)"
 type IAMServiceAccountSpec struct {
 	// ServiceAccountName is the ServiceAccount in this namespace whose pods assume the role.
 	// Immutable.
@@ -108,6 +112,32 @@ type IAMServiceAccountSpec struct {
 	// +listMapKey=name
 	// +optional
 	InlinePolicies []InlinePolicy `json:"inlinePolicies,omitempty"`
+
+	// SharedRole makes the pods use a role shared with IAMServiceAccounts of other clusters (or
+	// namespaces) instead of a role of their own: one role, at IAM path /quartermaster-shared/,
+	// whose trust policy holds one statement per IAMServiceAccount that uses it, each written
+	// only by that object's operator (docs/iam.md). One of them, sharedRole.owner, writes the
+	// role's permissions. Cannot be added, removed or renamed.
+	// +optional
+	SharedRole *SharedRole `json:"sharedRole,omitempty"`
+}
+
+// SharedRole names a role several clusters use.
+type SharedRole struct {
+	// Name is the role's name in IAM (the account's role names are one namespace, whatever
+	// their path); names starting eks-sa- are the per-ServiceAccount roles'.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=64
+	// +kubebuilder:validation:Pattern=`^[\w+=,.@-]+$`
+	// +kubebuilder:validation:XValidation:rule="!self.startsWith('eks-sa-')",message="role names starting eks-sa- are the per-ServiceAccount roles'"
+	// +required
+	Name string `json:"name"`
+	// Owner true: this object creates the role and writes its permissions (policies, inline
+	// policies, boundary, session duration, description); one IAMServiceAccount, in all the
+	// clusters, may own a shared role. False (a member): this object only adds its own trust
+	// statement, and waits for the owner to create the role.
+	// +optional
+	Owner bool `json:"owner,omitempty"`
 }
 
 // InlinePolicy is a policy embedded in the role.
@@ -166,6 +196,9 @@ type IAMServiceAccountStatus struct {
 	// operator reports unused permissions (--iam-unused-after).
 	// +optional
 	AccessReport *AccessReport `json:"accessReport,omitempty"`
+	// SharedRole is what the operator read of the shared role (spec.sharedRole).
+	// +optional
+	SharedRole *SharedRoleStatus `json:"sharedRole,omitempty"`
 	// AttachedPolicyArns are the policies attached to the role, as last observed.
 	// +optional
 	// +listType=set
@@ -225,6 +258,20 @@ type UnusedGrant struct {
 	// +optional
 	// +listType=atomic
 	GrantedBy []string `json:"grantedBy,omitempty"`
+}
+
+// SharedRoleStatus is the shared role as last read.
+type SharedRoleStatus struct {
+	// Owner is the IAMServiceAccount that writes the role's permissions, as
+	// <cluster>/<namespace>/<name>; empty when it left and no other has taken over (the
+	// permissions stay as it left them).
+	// +optional
+	Owner string `json:"owner,omitempty"`
+	// TrustedBy are the ServiceAccounts the role's trust policy admits through Quartermaster's
+	// statements, in every cluster (at most 20 listed).
+	// +optional
+	// +listType=atomic
+	TrustedBy []string `json:"trustedBy,omitempty"`
 }
 
 // IAMServiceAccount is an IAM role for one ServiceAccount, owned by this object, that its pods get

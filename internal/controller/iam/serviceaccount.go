@@ -129,10 +129,13 @@ func (r *ServiceAccountReconciler) sync(ctx context.Context, sa *iamv1alpha1.IAM
 	// Refused ARNs are left out, so a role keeps being repaired and an ARN the operator stops
 	// allowing is detached; the object then stalls until its spec or the flag changes.
 	o := r.apply(ctx, sa, notAllowed, &ch)
-	if o.Ready {
+	if o.Ready && !isMember(sa) { // a member does not write the role's permissions: its owner reports on them
 		if poll := r.reportAccess(ctx, sa, ch.roleCreated); poll > 0 && (o.RequeueAfter == 0 || poll < o.RequeueAfter) {
 			o.RequeueAfter = poll // IAM's last-accessed job runs: look at it again soon
 		}
+	}
+	if isShared(sa) && ch.trustWritten && o.Ready && (o.RequeueAfter == 0 || o.RequeueAfter > r.sharedSettle) {
+		o.RequeueAfter = r.sharedSettle // a write from an older read can still drop this member's statements: look again
 	}
 	if len(notAllowed) > 0 && o.Ready {
 		allowed := r.cfg.allowed.String()
@@ -162,6 +165,8 @@ type changes struct {
 	notes   []string
 	// roleCreated is when the role was created (IAM's CreateDate), as read on the way.
 	roleCreated time.Time
+	// trustWritten: the role's trust policy was written (a shared role's is read again later).
+	trustWritten bool
 }
 
 func (c *changes) add(format string, args ...any) {
@@ -197,11 +202,13 @@ func (r *ServiceAccountReconciler) apply(ctx context.Context, sa *iamv1alpha1.IA
 	}
 	sa.Status.RoleName, sa.Status.RoleARN = role.Name, role.ARN
 	ch.roleCreated = role.Created
-	if o := r.ensureAttachments(ctx, sa, role.Name, desired, ch); o != nil {
-		return *o
-	}
-	if o := r.ensureInline(ctx, sa, role.Name, ch); o != nil {
-		return *o
+	if !isMember(sa) { // a shared role's permissions are its owner's to write
+		if o := r.ensureAttachments(ctx, sa, role.Name, desired, ch); o != nil {
+			return *o
+		}
+		if o := r.ensureInline(ctx, sa, role.Name, ch); o != nil {
+			return *o
+		}
 	}
 	// What the mechanism needs is made (or confirmed) first…
 	want := irsa.Needs(sa.Spec.Mechanism)
@@ -226,11 +233,19 @@ func (r *ServiceAccountReconciler) apply(ctx context.Context, sa *iamv1alpha1.IA
 		}
 	}
 	if narrowed, err := r.ensureTrust(ctx, sa, role, plan.FinalTrust); err != nil {
-		return awsFailure(err, r.SlowRetry)
+		return r.roleFailure(sa, err)
 	} else if narrowed {
+		ch.trustWritten = true
 		ch.add("IAM role %s: trust policy narrowed to the %s", role.ARN, plan.FinalTrust.Trusted())
 	}
 	note := ""
+	if isShared(sa) {
+		r.observeShared(sa, role)
+		note = sharedReadyNote(sa)
+	}
+	if isMember(sa) {
+		return synced(fmt.Sprintf("shared role %s, %s", role.ARN, describeParts(sa, want))+note, r.cfg.resync)
+	}
 	if want.Association {
 		var o *status.Outcome
 		if note, o = r.checkTarget(ctx, sa, role.ARN); o != nil {
@@ -287,8 +302,17 @@ func describeParts(sa *iamv1alpha1.IAMServiceAccount, p irsa.Parts) string {
 	return "served through " + strings.Join(via, " and ")
 }
 
-// trustPolicy is the trust policy of the ServiceAccount's role admitting the mechanisms in trust.
-func (r *ServiceAccountReconciler) trustPolicy(ctx context.Context, sa *iamv1alpha1.IAMServiceAccount, trust irsa.Parts) (string, error) {
+// trustPolicy is the trust policy of the ServiceAccount's role admitting the mechanisms in trust:
+// the whole document for a role of its own; for a shared role, current (the policy IAM holds, ""
+// for a role not made yet) with this member's statements in it.
+func (r *ServiceAccountReconciler) trustPolicy(ctx context.Context, sa *iamv1alpha1.IAMServiceAccount, current string, trust irsa.Parts) (string, error) {
+	if isShared(sa) {
+		t, err := r.memberTrust(ctx, sa)
+		if err != nil {
+			return "", err
+		}
+		return irsa.MergeShared(current, t, trust)
+	}
 	account, err := r.accountID(ctx)
 	if err != nil {
 		return "", err
@@ -296,11 +320,15 @@ func (r *ServiceAccountReconciler) trustPolicy(ctx context.Context, sa *iamv1alp
 	return irsa.TrustPolicy(r.cfg.partition, account, r.cfg.issuer, sa.Namespace, sa.Spec.ServiceAccountName, trust), nil
 }
 
-// ensureTrust makes the role's trust policy admit exactly the mechanisms in trust, writing it only
-// when it differs in meaning, and says whether it wrote. role.TrustPolicy is kept as written, so
-// that the narrowing at the end of a change compares with what IAM now holds.
+// ensureTrust makes the role's trust policy admit exactly the mechanisms in trust (of a shared
+// role: this member's statements, ensureSharedTrust), writing it only when it differs in meaning,
+// and says whether it wrote. role.TrustPolicy is kept as written, so that the narrowing at the end
+// of a change compares with what IAM now holds.
 func (r *ServiceAccountReconciler) ensureTrust(ctx context.Context, sa *iamv1alpha1.IAMServiceAccount, role *awsiam.Role, trust irsa.Parts) (bool, error) {
-	doc, err := r.trustPolicy(ctx, sa, trust)
+	if isShared(sa) {
+		return r.ensureSharedTrust(ctx, sa, role, trust)
+	}
+	doc, err := r.trustPolicy(ctx, sa, "", trust)
 	if err != nil {
 		return false, err
 	}
@@ -318,13 +346,17 @@ func (r *ServiceAccountReconciler) ensureTrust(ctx context.Context, sa *iamv1alp
 // trusted), description, session duration and boundary. A nil role comes with the outcome that
 // stopped it.
 func (r *ServiceAccountReconciler) ensureRole(ctx context.Context, sa *iamv1alpha1.IAMServiceAccount, trusted irsa.Parts, ch *changes) (*awsiam.Role, status.Outcome) {
-	trust, err := r.trustPolicy(ctx, sa, trusted)
+	trust, err := r.trustPolicy(ctx, sa, "", trusted)
 	if err != nil {
 		return nil, awsFailure(err, r.SlowRetry)
 	}
 	want := r.desiredRole(sa, trust)
 	sa.Status.RoleName = want.Name
 	role, err := r.aws.GetRole(ctx, want.Name)
+	if awsiam.IsNotFound(err) && isMember(sa) {
+		return nil, status.Progressing(ReasonSharedRoleNotFound, fmt.Sprintf(
+			"shared role %s does not exist yet: its owner (the IAMServiceAccount with sharedRole.owner: true, in any cluster) creates it", want.Name), r.WaitRetry)
+	}
 	if awsiam.IsNotFound(err) {
 		role, err = r.aws.CreateRole(ctx, want)
 		if awsiam.IsAlreadyExists(err) {
@@ -339,7 +371,11 @@ func (r *ServiceAccountReconciler) ensureRole(ctx context.Context, sa *iamv1alph
 	if err != nil {
 		return nil, awsFailure(err, r.SlowRetry)
 	}
-	if !irsa.OwnedBy(role.Tags, r.cfg.cluster, sa.Namespace, sa.Name) {
+	if isShared(sa) {
+		if o := r.sharedOwnership(ctx, sa, role, ch); o != nil {
+			return nil, *o
+		}
+	} else if !irsa.OwnedBy(role.Tags, r.cfg.cluster, sa.Namespace, sa.Name) {
 		if !irsa.TaggedByQuartermaster(role.Tags) && sa.Annotations[iamv1alpha1.AnnotationAdopt] != "" {
 			if o := r.foreignInline(ctx, want.Name); o != nil {
 				return nil, *o
@@ -353,10 +389,11 @@ func (r *ServiceAccountReconciler) ensureRole(ctx context.Context, sa *iamv1alph
 	}
 	repaired, err := r.repairRole(ctx, sa, role, want, trusted)
 	if err != nil {
-		return nil, awsFailure(err, r.SlowRetry)
+		return nil, r.roleFailure(sa, err)
 	}
 	if len(repaired) > 0 {
 		ch.add("IAM role %s: set %s", role.ARN, strings.Join(repaired, ", "))
+		ch.trustWritten = slices.Contains(repaired, "trust policy")
 	}
 	return role, status.Outcome{}
 }
@@ -371,12 +408,18 @@ func (r *ServiceAccountReconciler) desiredRole(sa *iamv1alpha1.IAMServiceAccount
 	if r.cfg.boundary != "" {
 		boundary = r.cfg.boundary
 	}
-	return awsiam.NewRole{
-		Name: irsa.RoleName(sa.Namespace, sa.Spec.ServiceAccountName), Path: irsa.Path(r.cfg.cluster),
+	role := awsiam.NewRole{
+		Name: roleName(sa), Path: irsa.Path(r.cfg.cluster),
 		Description: irsa.RoleDescription(sa.Spec.Mechanism, sa.Namespace, sa.Spec.ServiceAccountName), TrustPolicy: trust,
 		MaxSessionDuration: maxSession, PermissionsBoundaryARN: boundary,
 		Tags: irsa.Tags(r.cfg.cluster, sa.Namespace, sa.Name),
 	}
+	if isShared(sa) {
+		role.Path = irsa.SharedPath
+		role.Description = irsa.SharedRoleDescription(r.member(sa))
+		role.Tags[irsa.TagSharedRole] = sa.Spec.SharedRole.Name
+	}
+	return role
 }
 
 // repairRole writes what differs between the role as read and want (its trust policy admitting
@@ -388,6 +431,9 @@ func (r *ServiceAccountReconciler) repairRole(ctx context.Context, sa *iamv1alph
 		return nil, err
 	} else if set {
 		repaired = append(repaired, "trust policy")
+	}
+	if isMember(sa) {
+		return repaired, nil // the rest is the owner's to write
 	}
 	// One UpdateRole sets both the description and the session duration.
 	var settings []string
@@ -552,12 +598,27 @@ func (r *ServiceAccountReconciler) delete(ctx context.Context, sa *iamv1alpha1.I
 	if len(ch.notes) > 0 {
 		r.recorder.Eventf(sa, nil, corev1.EventTypeNormal, "AssociationDeleted", "Delete", "%s", strings.Join(ch.notes, "; "))
 	}
+	if isShared(sa) {
+		if o := r.deleteShared(ctx, sa); o != nil {
+			return *o, false
+		}
+	} else if o := r.deleteOwnRole(ctx, sa); o != nil {
+		return *o, false
+	}
+	if err := r.removeAnnotation(ctx, sa, nil); err != nil {
+		return status.Transient(ReasonDeleting, err.Error(), err), false
+	}
+	return r.release(ctx, sa)
+}
+
+// deleteOwnRole deletes the object's own role (detached first) when it is tagged as the object's.
+func (r *ServiceAccountReconciler) deleteOwnRole(ctx context.Context, sa *iamv1alpha1.IAMServiceAccount) *status.Outcome {
 	name := irsa.RoleName(sa.Namespace, sa.Spec.ServiceAccountName)
 	role, err := r.aws.GetRole(ctx, name)
 	switch {
 	case awsiam.IsNotFound(err):
 	case err != nil:
-		return awsFailure(err, r.SlowRetry), false
+		return ptr.To(awsFailure(err, r.SlowRetry))
 	case !irsa.OwnedBy(role.Tags, r.cfg.cluster, sa.Namespace, sa.Name):
 		r.recorder.Eventf(sa, nil, corev1.EventTypeWarning, ReasonConflict, "Delete", "IAM role %s is not tagged as this object's; left in AWS", name)
 	default:
@@ -568,25 +629,32 @@ func (r *ServiceAccountReconciler) delete(ctx context.Context, sa *iamv1alpha1.I
 		if sa.Spec.TargetRoleArn != "" {
 			ours = append(ours, targetPolicyName)
 		}
-		if err := r.deleteRole(ctx, name, ours); awsiam.IsConflict(err) {
-			return status.WaitsForPerson("DeleteConflict", awsiam.StatusMessage(err)+
-				" (someone added an inline policy or an instance profile to the role: remove it, or set the retain annotation)", r.SlowRetry), false
-		} else if err != nil {
-			return awsFailure(err, r.SlowRetry), false
+		if o := r.deleteRole(ctx, name, ours); o != nil {
+			return o
 		}
 		r.recorder.Eventf(sa, nil, corev1.EventTypeNormal, "RoleDeleted", "Delete", "deleted IAM role %s", role.ARN)
 	}
-	if err := r.removeAnnotation(ctx, sa, nil); err != nil {
-		return status.Transient(ReasonDeleting, err.Error(), err), false
-	}
-	return r.release(ctx, sa)
+	return nil
 }
 
 // deleteRole detaches every policy and deletes the inline policies named in ours (IAM refuses to
 // delete a role with either), then deletes the role; what is already gone is fine, so an
 // interrupted deletion resumes. Inline policies someone else put stay, and IAM's DeleteConflict
-// says so.
-func (r *ServiceAccountReconciler) deleteRole(ctx context.Context, name string, ours []string) error {
+// says so (Stalled, as does a role in an instance profile).
+func (r *ServiceAccountReconciler) deleteRole(ctx context.Context, name string, ours []string) *status.Outcome {
+	err := r.detachAndDelete(ctx, name, ours)
+	switch {
+	case awsiam.IsConflict(err):
+		return ptr.To(status.WaitsForPerson("DeleteConflict", awsiam.StatusMessage(err)+
+			" (someone added an inline policy or an instance profile to the role: remove it, or set the retain annotation)", r.SlowRetry))
+	case err != nil:
+		return ptr.To(awsFailure(err, r.SlowRetry))
+	}
+	return nil
+}
+
+// detachAndDelete is deleteRole's AWS calls.
+func (r *ServiceAccountReconciler) detachAndDelete(ctx context.Context, name string, ours []string) error {
 	attached, err := r.aws.ListAttachedPolicies(ctx, name)
 	if err != nil {
 		return err

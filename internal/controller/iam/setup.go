@@ -68,6 +68,7 @@ type AWS interface {
 	PoliciesGranting(ctx context.Context, arn string, namespaces []string) (map[string][]awsiam.GrantingPolicy, error)
 	DeleteRole(ctx context.Context, role string) error
 	TagRole(ctx context.Context, role string, tags awsiam.Tags) error
+	UntagRole(ctx context.Context, role string, keys []string) error
 	TagPolicy(ctx context.Context, arn string, tags awsiam.Tags) error
 }
 
@@ -98,6 +99,11 @@ type base struct {
 	MaxFailureBackoff time.Duration
 	// accessPoll is how often a running last-accessed job of IAM is looked at.
 	accessPoll time.Duration
+	// sharedSettle is how long after writing a shared role's trust policy it is read again
+	// (sharedSettleTime; tests shorten it).
+	sharedSettle time.Duration
+	// sharedWriters serializes this manager's trust writes of one shared role.
+	sharedWriters keyedMutex
 
 	accountMu sync.Mutex
 	account   string
@@ -214,6 +220,7 @@ func newBase(mgr ctrl.Manager, cfg config, api AWS, eks EKS) (*base, error) {
 		WaitRetry:         waitRetry,
 		MaxFailureBackoff: maxFailureBackoff,
 		accessPoll:        10 * time.Second,
+		sharedSettle:      sharedSettleTime,
 	}, nil
 }
 

@@ -99,6 +99,26 @@ func start(t *testing.T) *fixture {
 	return f
 }
 
+// otherCluster is a second cluster beside f's, with its own API server and operator (cluster name,
+// OIDC issuer, EKS cluster), in f's AWS account: its managers call f's emulator.
+func (f *fixture) otherCluster(t *testing.T, name, issuer string) *fixture {
+	t.Helper()
+	g := &fixture{logs: f.logs, emu: f.emu, aws: f.aws, eks: f.eks, awsCfg: f.awsCfg, url: f.url, scheme: f.scheme}
+	g.env = testenv.Start(t)
+	c, err := client.New(g.env.Config, client.Options{Scheme: g.scheme})
+	must(t, err)
+	g.c = c
+	g.opts = f.opts
+	g.opts.ClusterName, g.opts.OIDCIssuer = name, issuer
+	t.Cleanup(func() {
+		g.stop(t)
+		if g.stuck != "" {
+			t.Logf("cluster %s's manager failed to stop cleanly: %s", name, g.stuck)
+		}
+	})
+	return g
+}
+
 // run starts a manager with the iam controllers (with shorter retries).
 func (f *fixture) run(t *testing.T, opts Options) {
 	t.Helper()
@@ -119,6 +139,7 @@ func (f *fixture) run(t *testing.T, opts Options) {
 	// several reconciles in a row, and 1+2+4+…+32 s of backoff would outlast the test's wait.
 	b.SlowRetry, b.WaitRetry, b.MaxFailureBackoff = time.Second, 500*time.Millisecond, 2*time.Second
 	b.accessPoll = 100 * time.Millisecond
+	b.sharedSettle = 300 * time.Millisecond
 	must(t, register(mgr, b))
 	f.running = testenv.Run(mgr)
 }

@@ -126,6 +126,33 @@ func testValidation(t *testing.T, f *fixture) {
 		{name: "mechanism PodIdentity", obj: sa(func(s map[string]any) { s["mechanism"] = "PodIdentity" })},
 		{name: "mechanism Both", obj: sa(func(s map[string]any) { s["mechanism"] = "Both" })},
 		{name: "mechanism unknown", obj: sa(func(s map[string]any) { s["mechanism"] = "Kiam" }), reject: `spec.mechanism: Unsupported value: "Kiam": supported values: "IRSA", "PodIdentity", "Both"`},
+		{name: "shared role owner with permissions", obj: sa(func(s map[string]any) {
+			s["sharedRole"] = map[string]any{"name": "payments", "owner": true}
+			s["maxSessionDuration"] = int64(7200)
+		})},
+		{name: "shared role member", obj: sa(func(s map[string]any) {
+			delete(s, "policies")
+			s["sharedRole"] = map[string]any{"name": "payments"}
+			s["mechanism"] = "PodIdentity"
+		})},
+		{name: "shared role member with permissions", obj: sa(func(s map[string]any) { s["sharedRole"] = map[string]any{"name": "payments"} }),
+			reject: "a sharedRole member takes the role's permissions from its owner"},
+		{name: "shared role named like a ServiceAccount's role", obj: sa(func(s map[string]any) { s["sharedRole"] = map[string]any{"name": "eks-sa-team-app", "owner": true} }),
+			reject: "role names starting eks-sa- are the per-ServiceAccount roles'"},
+		{name: "shared role name not an IAM name", obj: sa(func(s map[string]any) { s["sharedRole"] = map[string]any{"name": "pay ments", "owner": true} }),
+			reject: "spec.sharedRole.name in body should match"},
+		{name: "shared role name too long", obj: sa(func(s map[string]any) {
+			s["sharedRole"] = map[string]any{"name": strings.Repeat("r", 65), "owner": true}
+		}),
+			reject: "spec.sharedRole.name: Too long"},
+		{name: "shared role with a target role", obj: sa(func(s map[string]any) {
+			s["sharedRole"] = map[string]any{"name": "payments", "owner": true}
+			s["mechanism"], s["targetRoleArn"] = "PodIdentity", "arn:aws:iam::111122223333:role/target"
+		}), reject: "targetRoleArn cannot be used with sharedRole"},
+		{name: "shared role without session tags", obj: sa(func(s map[string]any) {
+			s["sharedRole"] = map[string]any{"name": "payments", "owner": true}
+			s["mechanism"], s["disableSessionTags"] = "PodIdentity", true
+		}), reject: "disableSessionTags cannot be used with sharedRole"},
 		{name: "boundary not a policy ARN", obj: sa(func(s map[string]any) { s["permissionsBoundaryArn"] = "boundary" }), reject: "spec.permissionsBoundaryArn in body should match"},
 	}
 	for _, c := range cases {
@@ -167,6 +194,32 @@ func testValidation(t *testing.T, f *fixture) {
 		}
 		upd := obj.DeepCopy()
 		must(t, unstructured.SetNestedStringSlice(upd.Object, []string{"read", "write"}, "spec", "policies"))
+		must(t, f.c.Update(ctx, upd, client.DryRunAll))
+		upd = obj.DeepCopy()
+		must(t, unstructured.SetNestedMap(upd.Object, map[string]any{"name": "payments", "owner": true}, "spec", "sharedRole"))
+		if err := f.c.Update(ctx, upd, client.DryRunAll); !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "sharedRole cannot be added or removed") {
+			t.Errorf("adding sharedRole: got %v; want the immutability message", err)
+		}
+	})
+
+	t.Run("a shared role's name is immutable, its owner field is not", func(t *testing.T) {
+		obj := sa(func(s map[string]any) { s["sharedRole"] = map[string]any{"name": "payments", "owner": true} })
+		obj.SetName("shared")
+		must(t, f.c.Create(ctx, obj))
+		defer func() { must(t, f.c.Delete(ctx, obj)) }()
+		upd := obj.DeepCopy()
+		must(t, unstructured.SetNestedField(upd.Object, "orders", "spec", "sharedRole", "name"))
+		if err := f.c.Update(ctx, upd, client.DryRunAll); !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "sharedRole.name is immutable") {
+			t.Errorf("renaming: got %v; want the immutability message", err)
+		}
+		upd = obj.DeepCopy()
+		unstructured.RemoveNestedField(upd.Object, "spec", "sharedRole")
+		if err := f.c.Update(ctx, upd, client.DryRunAll); !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "sharedRole cannot be added or removed") {
+			t.Errorf("removing: got %v; want the immutability message", err)
+		}
+		upd = obj.DeepCopy()
+		must(t, unstructured.SetNestedField(upd.Object, false, "spec", "sharedRole", "owner"))
+		unstructured.RemoveNestedField(upd.Object, "spec", "policies")
 		must(t, f.c.Update(ctx, upd, client.DryRunAll))
 	})
 }

@@ -3,7 +3,9 @@ package iamemulator_test
 import (
 	"net/url"
 	"regexp"
+	"runtime"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -198,4 +200,50 @@ func TestRoleTags(t *testing.T) {
 	}
 	_, err := e.iam.TagRole(c, &iam.TagRoleInput{RoleName: aws.String("missing"), Tags: []types.Tag{{Key: aws.String("k"), Value: aws.String("v")}}})
 	wantErr[*types.NoSuchEntityException](t, err, "NoSuchEntity")
+}
+
+// TestGateHoldsRequestsUntilAllArrive: two writers that each read the trust policy and then write
+// it, with the writes gated, both read before either writes; the write IAM applies second leaves
+// out the other's change (the lost update the shared roles' writers must repair).
+func TestGateHoldsRequestsUntilAllArrive(t *testing.T) {
+	e := newEnv(t, iamemulator.Options{}, 1)
+	c := ctx(t)
+	must(e.iam.CreateRole(c, &iam.CreateRoleInput{RoleName: aws.String("shared"), AssumeRolePolicyDocument: aws.String(trustDoc)})).ok(t)
+	open := e.emu.Gate("UpdateAssumeRolePolicy", 2)
+	t.Cleanup(open)
+	docs := map[string]string{}
+	for _, svc := range []string{"ec2", "lambda"} {
+		docs[svc] = strings.Replace(trustDoc, "ec2.amazonaws.com", svc+".amazonaws.com", 1)
+	}
+	done := make(chan error, 2)
+	write := func(svc string) {
+		_, err := e.iam.UpdateAssumeRolePolicy(c, &iam.UpdateAssumeRolePolicyInput{RoleName: aws.String("shared"), PolicyDocument: aws.String(docs[svc])})
+		done <- err
+	}
+	go write("ec2")
+	// The first write waits for the second, unanswered and not applied.
+	for e.emu.Waiting("UpdateAssumeRolePolicy") != 1 {
+		select {
+		case err := <-done:
+			t.Fatalf("the first gated write was answered alone: %v", err)
+		case <-c.Done():
+			t.Fatal(c.Err())
+		default:
+			runtime.Gosched()
+		}
+	}
+	if n := e.emu.Calls("UpdateAssumeRolePolicy"); n != 0 {
+		t.Fatalf("a gated write was served before the gate opened (%d calls)", n)
+	}
+	go write("lambda")
+	for range 2 {
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := e.emu.Calls("UpdateAssumeRolePolicy"); n != 2 {
+		t.Errorf("UpdateAssumeRolePolicy calls = %d, want 2", n)
+	}
+	// The gate is gone: the next write goes through alone.
+	must(e.iam.UpdateAssumeRolePolicy(c, &iam.UpdateAssumeRolePolicyInput{RoleName: aws.String("shared"), PolicyDocument: aws.String(trustDoc)})).ok(t)
 }

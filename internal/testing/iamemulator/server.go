@@ -123,6 +123,14 @@ type Server struct {
 	jobs     map[string]*accessJob
 	jobPolls int
 	failJobs int
+	// gates hold requests of an action until enough have arrived (Gate).
+	gates map[string]*gate
+}
+
+// gate holds the requests of one action until n have arrived, then lets them all through.
+type gate struct {
+	n, arrived int
+	open       chan struct{}
 }
 
 // New returns a Server with AWS-managed policies seeded and no customer resources.
@@ -157,6 +165,55 @@ func (s *Server) SetNow(now func() time.Time) {
 		now = time.Now
 	}
 	s.now = now
+}
+
+// Gate makes the next n requests of action wait, unanswered, until the n-th has arrived, and then
+// answers them all, in the order they take the emulator's lock: what two clients see when each reads
+// and writes at the same moment (each read a document before either wrote it). The returned
+// function opens the gate early (a test's cleanup, so that a request never waits forever).
+func (s *Server) Gate(action string, n int) (open func()) {
+	g := &gate{n: n, open: make(chan struct{})}
+	s.mu.Lock()
+	if s.gates == nil {
+		s.gates = map[string]*gate{}
+	}
+	s.gates[action] = g
+	s.mu.Unlock()
+	return func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if s.gates[action] == g {
+			delete(s.gates, action)
+			close(g.open)
+		}
+	}
+}
+
+// Waiting is how many requests of action wait at its gate.
+func (s *Server) Waiting(action string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if g := s.gates[action]; g != nil {
+		return g.arrived
+	}
+	return 0
+}
+
+// passGate waits at action's gate, if it has one.
+func (s *Server) passGate(action string) {
+	s.mu.Lock()
+	g := s.gates[action]
+	if g == nil {
+		s.mu.Unlock()
+		return
+	}
+	g.arrived++
+	if g.arrived == g.n {
+		delete(s.gates, action)
+		close(g.open)
+	}
+	s.mu.Unlock()
+	<-g.open
 }
 
 // AccountID is the account the emulator serves.
@@ -248,6 +305,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	form := params(r.Form)
 	action := form.get("Action")
+	s.passGate(action)
 
 	s.mu.Lock()
 	s.calls[action]++

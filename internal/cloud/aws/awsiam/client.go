@@ -377,6 +377,16 @@ func (c *Client) TagRole(ctx context.Context, role string, tags Tags) error {
 	return iamErr("TagRole", err, role)
 }
 
+// UntagRole removes the tags with these keys from a role; keys it does not have are fine. No keys
+// make no call.
+func (c *Client) UntagRole(ctx context.Context, role string, keys []string) error {
+	if len(keys) == 0 {
+		return nil
+	}
+	_, err := c.iam.UntagRole(ctx, &iam.UntagRoleInput{RoleName: aws.String(role), TagKeys: keys})
+	return iamErr("UntagRole", err, role)
+}
+
 // TagPolicy adds tags to a policy, overwriting the values of keys it already has; other tags
 // are kept. Empty tags make no call.
 func (c *Client) TagPolicy(ctx context.Context, arn string, tags Tags) error {

@@ -198,6 +198,7 @@ func TestRoleLifecycle(t *testing.T) {
 		"AttachPolicy":                     c.AttachPolicy(ctx, "eks-sa-app", local.ARN),
 		"DeleteRole":                       c.DeleteRole(ctx, "eks-sa-app"),
 		"TagRole":                          c.TagRole(ctx, "eks-sa-app", awsiam.Tags{"a": "b"}),
+		"UntagRole":                        c.UntagRole(ctx, "eks-sa-app", []string{"a"}),
 		"AttachPolicy of a missing policy": c.AttachPolicy(ctx, "plain", "arn:aws:iam::000000000000:policy/missing"),
 	} {
 		if !awsiam.IsNotFound(err) {
