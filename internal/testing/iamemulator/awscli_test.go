@@ -156,6 +156,32 @@ func TestAWSCLIAgainstTheEmulator(t *testing.T) {
 
 		cli.ok(t, nil, "iam", "delete-role-policy", "--role-name", "app", "--policy-name", "read")
 		cli.fails(t, "NoSuchEntity", "iam", "get-role-policy", "--role-name", "app", "--policy-name", "read")
+
+		// What shared roles use: statements with IDs and session-tag conditions, the trust
+		// policy quota, and taking the owner's tags off.
+		shared := `{"Version":"2012-10-17","Statement":[` +
+			`{"Sid":"QuartermasterPodIdentity0123456789abcdef","Effect":"Allow","Principal":{"Service":"pods.eks.amazonaws.com"},"Action":["sts:AssumeRole","sts:TagSession"],` +
+			`"Condition":{"StringEquals":{"aws:RequestTag/eks-cluster-name":"prod","aws:RequestTag/kubernetes-namespace":"team","aws:RequestTag/kubernetes-service-account":"app"}}},` +
+			`{"Sid":"BreakGlass","Effect":"Allow","Principal":{"AWS":"arn:aws:iam::000000000000:root"},"Action":"sts:AssumeRole"}]}`
+		cli.ok(t, nil, "iam", "update-assume-role-policy", "--role-name", "app", "--policy-document", shared)
+		var trust struct {
+			Role struct {
+				AssumeRolePolicyDocument struct{ Statement []struct{ Sid string } }
+			}
+		}
+		cli.ok(t, &trust, "iam", "get-role", "--role-name", "app")
+		if st := trust.Role.AssumeRolePolicyDocument.Statement; len(st) != 2 || st[0].Sid != "QuartermasterPodIdentity0123456789abcdef" || st[1].Sid != "BreakGlass" {
+			t.Errorf("get-role after update-assume-role-policy: %+v", trust)
+		}
+		big := strings.Replace(shared, `"BreakGlass"`, `"BreakGlass","NotResource":"`+strings.Repeat("x", 2048)+`"`, 1)
+		cli.fails(t, "LimitExceeded", "iam", "update-assume-role-policy", "--role-name", "app", "--policy-document", big)
+		cli.ok(t, nil, "iam", "tag-role", "--role-name", "app", "--tags", "Key=quartermaster.dev/cluster,Value=prod", "Key=quartermaster.dev/shared-role,Value=app")
+		cli.ok(t, nil, "iam", "untag-role", "--role-name", "app", "--tag-keys", "quartermaster.dev/cluster")
+		var tags struct{ Tags []struct{ Key, Value string } }
+		cli.ok(t, &tags, "iam", "list-role-tags", "--role-name", "app")
+		if len(tags.Tags) != 1 || tags.Tags[0].Key != "quartermaster.dev/shared-role" {
+			t.Errorf("list-role-tags after untag-role: %+v", tags)
+		}
 	})
 
 	type assoc struct {
