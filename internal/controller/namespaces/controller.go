@@ -6,10 +6,13 @@ package namespaces
 import (
 	"flag"
 	"fmt"
+	"net"
+	"net/http"
 	"os"
 	"strings"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -20,6 +23,7 @@ import (
 
 	"github.com/quartermaster-dev/quartermaster/internal/controllers"
 	"github.com/quartermaster-dev/quartermaster/internal/nsrequest"
+	"github.com/quartermaster-dev/quartermaster/internal/pipelineid"
 )
 
 // Name is the controller's name in --controllers.
@@ -38,6 +42,14 @@ type Options struct {
 	DenyNames         string
 	AllowNames        string
 	Concurrency       int
+	// ExchangeAddress and ExchangeCertDir serve the keyless path (exchange.go); off when the address is empty.
+	ExchangeAddress string
+	ExchangeCertDir string
+
+	// exchangeClient fetches the issuers' discovery documents and keys (nil: a client with the
+	// system's roots); exchangeListening is told the exchange's address (tests bind port 0).
+	exchangeClient    *http.Client
+	exchangeListening func(net.Addr)
 }
 
 // AddFlags registers the controller's flags on fs.
@@ -60,6 +72,10 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.AllowNames, "allow-names", "",
 		"Comma-separated regular expressions (anchored); when set, only matching namespace names are accepted.")
 	fs.IntVar(&o.Concurrency, "namespaces-concurrency", 16, "Requests reconciled in parallel (each waits on the API server, not the CPU).")
+	fs.StringVar(&o.ExchangeAddress, "exchange-bind-address", "",
+		"Address (e.g. :8443) on which CI jobs exchange their OIDC identity tokens for namespaces, over TLS (see TrustedIssuer and docs/namespaces.md); empty: off.")
+	fs.StringVar(&o.ExchangeCertDir, "exchange-cert-dir", "/etc/quartermaster/exchange-tls",
+		"Directory holding the exchange's serving certificate, tls.crt and tls.key (read again when they change).")
 }
 
 func defaultOperatorNamespace() string {
@@ -129,6 +145,15 @@ func (o *Options) controller() controllers.Controller {
 			if err != nil {
 				return err
 			}
+			if o.ExchangeAddress != "" {
+				client := o.exchangeClient
+				if client == nil {
+					client = &http.Client{Timeout: 10 * time.Second}
+				}
+				if err := addExchange(mgr, o, policy, &pipelineid.Verifier{Client: client}); err != nil {
+					return err
+				}
+			}
 			return r.SetupWithManager(mgr, o.Concurrency)
 		},
 	}
@@ -149,6 +174,7 @@ func (o *Options) cacheByObject() map[client.Object]cache.ByObject {
 	shared := cache.ByObject{Label: managed, Transform: shareDefaults}
 	return map[client.Object]cache.ByObject{
 		&corev1.ConfigMap{}:           {Namespaces: inRequests},
+		&coordinationv1.Lease{}:       {Namespaces: inRequests, Label: labels.SelectorFromSet(labels.Set{LabelUsedToken: "true"})},
 		&corev1.Secret{}:              {Namespaces: inRequests, Label: managed, Transform: summarizeCredentials},
 		&corev1.Namespace{}:           byLabel,
 		&corev1.ServiceAccount{}:      byLabel,

@@ -22,6 +22,7 @@ import (
 	"github.com/quartermaster-dev/quartermaster/internal/controllers"
 	"github.com/quartermaster-dev/quartermaster/internal/manager"
 	"github.com/quartermaster-dev/quartermaster/internal/nsrequest"
+	"github.com/quartermaster-dev/quartermaster/internal/pipelineid"
 	"github.com/quartermaster-dev/quartermaster/internal/testing/testenv"
 )
 
@@ -99,6 +100,11 @@ func runController(t *testing.T, env *testenv.Env, tweak func(*Options)) *fixtur
 	}
 	if err := r.SetupWithManager(mgr, o.Concurrency); err != nil {
 		t.Fatal(err)
+	}
+	if o.ExchangeAddress != "" {
+		if err := addExchange(mgr, o, policy, &pipelineid.Verifier{Client: o.exchangeClient}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	running := testenv.Run(mgr)
 	t.Cleanup(func() {
