@@ -37,12 +37,12 @@ func TestRequestFlagsBeforeOrAfterTheName(t *testing.T) {
 		{"--requests-namespace=team-requests", "--ttl", "1h", "ci-good", "--token-ttl=30m", "--kubeconfig-out", "out.kubeconfig"},
 		{"-requests-namespace=team-requests", "-ttl", "1h", "-token-ttl=30m", "-kubeconfig-out", "out.kubeconfig", "ci-good"}, // Go's form
 	} {
-		got, err := requestFlags(args, io.Discard)
+		got, _, err := requestFlags(args, io.Discard)
 		if err != nil || got != want {
 			t.Errorf("%q:\n got %+v, %v\nwant %+v", args, got, err, want)
 		}
 	}
-	got, err := requestFlags([]string{"ci-good"}, io.Discard)
+	got, _, err := requestFlags([]string{"ci-good"}, io.Discard)
 	if err != nil || got != (nsclient.Request{Name: "ci-good", RequestsNamespace: "namespace-requests", Timeout: 2 * time.Minute, KubeconfigPath: "kubeconfig"}) {
 		t.Errorf("defaults: %+v, %v", got, err)
 	}
@@ -50,7 +50,7 @@ func TestRequestFlagsBeforeOrAfterTheName(t *testing.T) {
 
 func TestRequestWantsOneName(t *testing.T) {
 	for _, args := range [][]string{{}, {"--ttl=1h"}, {"a", "b"}, {"a", "--ttl", "1h", "b"}} {
-		_, err := requestFlags(args, io.Discard)
+		_, _, err := requestFlags(args, io.Discard)
 		if err == nil || !strings.Contains(err.Error(), "want exactly one argument") || !strings.Contains(err.Error(), "see 'quartermaster request --help'") {
 			t.Errorf("%q: %v", args, err)
 		}
@@ -62,15 +62,38 @@ func TestRequestWantsOneName(t *testing.T) {
 	}
 }
 
+// TestKeylessRequestFlags: the keyless path takes the exchange and the token, and no name.
+func TestKeylessRequestFlags(t *testing.T) {
+	_, k, err := requestFlags([]string{"--exchange-url", "https://qm.example.com", "--id-token-env", "QM_ID_TOKEN", "--ttl", "2h"}, io.Discard)
+	if err != nil || k != (keyless{url: "https://qm.example.com", tokenEnv: "QM_ID_TOKEN"}) {
+		t.Errorf("keyless flags: %+v, %v", k, err)
+	}
+	for args, want := range map[string][]string{
+		"a keyless request takes no NAME": {"ci-pr-42", "--exchange-url", "https://qm.example.com", "--id-token-file", "tok"},
+		"needs --exchange-url":            {"--id-token-file", "tok"},
+		"exactly one of --id-token-file":  {"--exchange-url", "https://qm.example.com"},
+		"exactly one of --id-token-file ": {"--exchange-url", "https://qm.example.com", "--id-token-file", "tok", "--id-token-env", "T"},
+	} {
+		if _, _, err := requestFlags(want, io.Discard); err == nil || !strings.Contains(err.Error(), strings.TrimSpace(args)) {
+			t.Errorf("%q: %v, want %q", want, err, args)
+		}
+	}
+	t.Setenv("QM_EMPTY_TOKEN", "")
+	err = request(context.Background(), []string{"--exchange-url", "https://qm.example.com", "--id-token-env", "QM_EMPTY_TOKEN"})
+	if err == nil || !strings.Contains(err.Error(), "QM_EMPTY_TOKEN: the variable is empty or unset") {
+		t.Errorf("an empty token variable: %v", err)
+	}
+}
+
 func TestRequestHelpShowsExamples(t *testing.T) {
 	for _, args := range [][]string{{"--help"}, {"ci-good", "-h"}} {
 		var out strings.Builder
-		_, err := requestFlags(args, &out)
+		_, _, err := requestFlags(args, &out)
 		if !errors.Is(err, flag.ErrHelp) {
 			t.Errorf("%q: %v, want flag.ErrHelp", args, err)
 		}
 		for _, want := range []string{
-			"quartermaster request [flags] NAME", "Examples:", "quartermaster request ci-pr-42 --ttl=2h",
+			"quartermaster request [flags] NAME | --exchange-url URL --id-token-file FILE", "Examples:", "quartermaster request ci-pr-42 --ttl=2h",
 			"quartermaster request --requests-namespace team-requests --timeout 30s ci-pr-42",
 			`--requests-namespace string   the namespace whose ConfigMaps are requests (the controller's --requests-namespace) (default "namespace-requests")`,
 			"--kubeconfig string", "--ttl duration", "--timeout duration", "(default 2m0s)",

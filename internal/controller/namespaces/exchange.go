@@ -31,15 +31,12 @@ import (
 // +kubebuilder:rbac:groups=coordination.k8s.io,namespace=namespace-requests,resources=leases,verbs=get;list;watch;create;delete
 
 // The keyless path (docs/namespaces.md, "Keyless pipelines"): a CI job presents its OIDC identity
-// token at ExchangePath; the exchange verifies it against a TrustedIssuer, derives the one
+// token at nsrequest.ExchangePath; the exchange verifies it against a TrustedIssuer, derives the one
 // namespace its claims allow, records the token as used, and makes (or reuses) the request
 // ConfigMap of that namespace as a pipeline holding a credential would, with the identity in its
 // labels and annotations. The namespaces controller serves the request as any other; the exchange
 // waits for its answer and returns the kubeconfig. No Kubernetes credential is stored in the CI
 // system.
-
-// ExchangePath is where a job posts its identity token (Authorization: Bearer <token>).
-const ExchangePath = "/v1/exchange"
 
 // Labels and annotations the exchange puts on the request ConfigMaps it makes, and on its records
 // of used tokens.
@@ -71,29 +68,7 @@ const (
 	exchangeWait    = 2 * time.Minute
 )
 
-// exchangeRequest is the optional body of an exchange.
-type exchangeRequest struct {
-	// TTL and TokenTTL ask for less than the rule gives (Go durations).
-	TTL      string `json:"ttl,omitempty"`
-	TokenTTL string `json:"tokenTTL,omitempty"`
-}
-
-// ExchangeResponse is what a successful exchange returns.
-type ExchangeResponse struct {
-	Namespace  string `json:"namespace"`
-	Kubeconfig string `json:"kubeconfig"`
-	// ExpiresAt is when the namespace is deleted (empty: never); TokenExpiresAt, when its token expires.
-	ExpiresAt      string `json:"expiresAt,omitempty"`
-	TokenExpiresAt string `json:"tokenExpiresAt,omitempty"`
-}
-
-// ExchangeError is what a refused exchange returns: the check that failed and why.
-type ExchangeError struct {
-	Check   string `json:"check"`
-	Message string `json:"message"`
-}
-
-// exchanger serves ExchangePath.
+// exchanger serves nsrequest.ExchangePath.
 type exchanger struct {
 	client    client.Client // the manager's (cached TrustedIssuers and request ConfigMaps)
 	apiReader client.Reader // the handed-out Secret (the cache keeps only a summary of it)
@@ -107,21 +82,21 @@ type exchanger struct {
 // refusal is an exchange that ends with an HTTP error.
 type refusal struct {
 	status int
-	ExchangeError
+	nsrequest.ExchangeError
 }
 
 func refused(status int, check, format string, args ...any) *refusal {
-	return &refusal{status: status, ExchangeError: ExchangeError{Check: check, Message: fmt.Sprintf(format, args...)}}
+	return &refusal{status: status, ExchangeError: nsrequest.ExchangeError{Check: check, Message: fmt.Sprintf(format, args...)}}
 }
 
 func (e *exchanger) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if r.URL.Path != ExchangePath {
+	if r.URL.Path != nsrequest.ExchangePath {
 		http.NotFound(w, r)
 		return
 	}
 	if r.Method != http.MethodPost {
 		w.Header().Set("Allow", http.MethodPost)
-		writeJSON(w, http.StatusMethodNotAllowed, ExchangeError{Check: "method", Message: "POST the token to " + ExchangePath})
+		writeJSON(w, http.StatusMethodNotAllowed, nsrequest.ExchangeError{Check: "method", Message: "POST the token to " + nsrequest.ExchangePath})
 		return
 	}
 	resp, ref := e.exchange(r)
@@ -142,14 +117,14 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 }
 
 // exchange turns a job's token into its namespace's kubeconfig, or says which check refused it.
-func (e *exchanger) exchange(r *http.Request) (*ExchangeResponse, *refusal) {
+func (e *exchanger) exchange(r *http.Request) (*nsrequest.ExchangeResponse, *refusal) {
 	ctx := r.Context()
 	raw, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 	if !ok || strings.TrimSpace(raw) == "" {
 		return nil, refused(http.StatusUnauthorized, "token", "no token: send the job's identity token as Authorization: Bearer <token>")
 	}
 	raw = strings.TrimSpace(raw)
-	var body exchangeRequest
+	var body nsrequest.ExchangeRequest
 	if b, err := io.ReadAll(io.LimitReader(r.Body, maxExchangeBody+1)); err != nil || len(b) > maxExchangeBody {
 		return nil, refused(http.StatusRequestEntityTooLarge, "body", "the request body is over %d bytes", maxExchangeBody)
 	} else if len(strings.TrimSpace(string(b))) > 0 {
@@ -243,7 +218,7 @@ func (e *exchanger) trustedIssuer(ctx context.Context, iss string) (*nsv1alpha1.
 }
 
 // requestData is the request's data: the rule's ttl and token ttl, or less if the job asks.
-func requestData(rule nsv1alpha1.IssuerRule, body exchangeRequest) (map[string]string, *refusal) {
+func requestData(rule nsv1alpha1.IssuerRule, body nsrequest.ExchangeRequest) (map[string]string, *refusal) {
 	data := map[string]string{}
 	for _, d := range []struct {
 		key, asked string
@@ -359,7 +334,7 @@ func (e *exchanger) request(ctx context.Context, ti *nsv1alpha1.TrustedIssuer, r
 }
 
 // await waits for the controller's answer to the request and returns the kubeconfig it handed out.
-func (e *exchanger) await(ctx context.Context, cm *corev1.ConfigMap) (*ExchangeResponse, *refusal) {
+func (e *exchanger) await(ctx context.Context, cm *corev1.ConfigMap) (*nsrequest.ExchangeResponse, *refusal) {
 	ctx, cancel := context.WithTimeout(ctx, e.wait)
 	defer cancel()
 	key := client.ObjectKeyFromObject(cm)
@@ -376,7 +351,7 @@ func (e *exchanger) await(ctx context.Context, cm *corev1.ConfigMap) (*ExchangeR
 			if err := e.client.Get(ctx, client.ObjectKey{Name: key.Name}, ns); err != nil {
 				return nil, refused(http.StatusServiceUnavailable, "internal", "reading namespace %s: %v", key.Name, err)
 			}
-			return &ExchangeResponse{
+			return &nsrequest.ExchangeResponse{
 				Namespace: key.Name, Kubeconfig: string(secret.Data["kubeconfig"]),
 				ExpiresAt: ns.Annotations[nsrequest.AnnotationExpiresAt], TokenExpiresAt: secret.Annotations[nsrequest.AnnotationTokenExpiresAt],
 			}, nil

@@ -62,7 +62,7 @@ func (s *exchangeServer) Start(ctx context.Context) error {
 	}
 	done := make(chan error, 1)
 	go func() { done <- srv.ServeTLS(ln, "", "") }()
-	log.Info("serving token exchanges", "address", ln.Addr().String(), "path", ExchangePath)
+	log.Info("serving token exchanges", "address", ln.Addr().String(), "path", nsrequest.ExchangePath)
 	select {
 	case err := <-done:
 		return err

@@ -5,9 +5,12 @@ import (
 	"context"
 	"crypto/tls"
 	"encoding/json"
+	"errors"
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -21,6 +24,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	nsv1alpha1 "github.com/quartermaster-dev/quartermaster/api/namespaces/v1alpha1"
+	"github.com/quartermaster-dev/quartermaster/internal/nsclient"
 	"github.com/quartermaster-dev/quartermaster/internal/nsrequest"
 	"github.com/quartermaster-dev/quartermaster/internal/testing/oidcissuer"
 	"github.com/quartermaster-dev/quartermaster/internal/testing/testenv"
@@ -34,6 +38,7 @@ type exchangeFixture struct {
 	*fixture
 	github, gitlab *oidcissuer.Issuer
 	url            string
+	certDir        string // the exchange's tls.crt (self-signed: also its CA) and tls.key
 	client         *http.Client
 }
 
@@ -51,11 +56,11 @@ func startExchange(t *testing.T) *exchangeFixture {
 		o.exchangeListening = func(a net.Addr) { addr <- a }
 		o.MaxTTL = 24 * time.Hour
 	})
-	x := &exchangeFixture{fixture: f, github: gh, gitlab: gl,
+	x := &exchangeFixture{fixture: f, github: gh, gitlab: gl, certDir: certDir,
 		client: &http.Client{Timeout: time.Minute, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}}}}
 	select {
 	case a := <-addr:
-		x.url = "https://" + a.String() + ExchangePath
+		x.url = "https://" + a.String() + nsrequest.ExchangePath
 	case <-time.After(30 * time.Second):
 		t.Fatal("the exchange did not start listening")
 	}
@@ -85,8 +90,8 @@ func startExchange(t *testing.T) *exchangeFixture {
 // exchangeResult is one exchange's answer.
 type exchangeResult struct {
 	status int
-	ok     ExchangeResponse
-	err    ExchangeError
+	ok     nsrequest.ExchangeResponse
+	err    nsrequest.ExchangeError
 }
 
 func (x *exchangeFixture) exchange(t *testing.T, token, body string) exchangeResult {
@@ -126,7 +131,7 @@ func TestExchange(t *testing.T) {
 		return oidcissuer.GitHubClaims(exchangeAudience, repo, "refs/pull/"+n+"/merge", "pull_request")
 	}
 
-	var first ExchangeResponse
+	var first nsrequest.ExchangeResponse
 	t.Run("a GitHub job's token gets its pull request's namespace", func(t *testing.T) {
 		tok := x.github.Token(t, pr("acme/web", "42"))
 		r := x.exchange(t, tok, "")
@@ -184,6 +189,28 @@ func TestExchange(t *testing.T) {
 			t.Fatalf("status %d: %+v %+v", r.status, r.ok, r.err)
 		}
 		x.wantRefused(t, x.exchange(t, x.github.Token(t, pr("acme/web", "43")), ""), http.StatusForbidden, "limit", "the oldest is ci-web-pr-42")
+	})
+
+	t.Run("the request command's keyless path", func(t *testing.T) {
+		out := filepath.Join(t.TempDir(), "kubeconfig")
+		tok := x.gitlab.Token(t, oidcissuer.GitLabClaims(exchangeAudience, "group/cli", "main", "push"))
+		run := func() (*nsclient.Served, error) {
+			return nsclient.RunExchange(ctx, nsclient.Exchange{
+				URL: strings.TrimSuffix(x.url, nsrequest.ExchangePath), Token: tok, CAFile: filepath.Join(x.certDir, "tls.crt"),
+				TTL: time.Hour, Timeout: time.Minute, KubeconfigPath: out,
+			})
+		}
+		served, err := run()
+		if err != nil || served.Namespace != "gl-cli-main" {
+			t.Fatalf("served %+v, %v", served, err)
+		}
+		if fi, err := os.Stat(out); err != nil || fi.Mode().Perm() != 0o600 {
+			t.Errorf("kubeconfig file: %v, %v", fi, err)
+		}
+		var refused *nsclient.Refused
+		if _, err := run(); !errors.As(err, &refused) || refused.Reason != "replay" || refused.ExitCode() != 2 {
+			t.Errorf("the same token again: %v, want a refusal (exit 2) by replay", err)
+		}
 	})
 
 	t.Run("refusals name the check, never the token", func(t *testing.T) {
