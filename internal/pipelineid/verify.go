@@ -15,6 +15,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"sync"
@@ -260,4 +261,52 @@ func Peek(raw string) (issuer string, err error) {
 		return "", refuse(CheckFormat, "the token has no iss claim")
 	}
 	return c.Iss, nil
+}
+
+// Check reads issuer's discovery document and key set as a token's verification would, and
+// returns how many keys it publishes: what a TrustedIssuer's status reports before any token
+// comes. It does not touch the verifiers' cached keys.
+func (v *Verifier) Check(ctx context.Context, issuer string) (int, error) {
+	client := v.Client
+	if client == nil {
+		client = &http.Client{Timeout: 10 * time.Second}
+	}
+	ctx, cancel := context.WithTimeout(oidc.ClientContext(ctx, client), 15*time.Second)
+	defer cancel()
+	p, err := oidc.NewProvider(ctx, issuer)
+	if err != nil {
+		return 0, fmt.Errorf("the discovery document: %w", err)
+	}
+	var d struct {
+		JWKSURI string `json:"jwks_uri"`
+	}
+	if err := p.Claims(&d); err != nil || d.JWKSURI == "" {
+		return 0, errors.New("the discovery document names no jwks_uri")
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, d.JWKSURI, nil)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return 0, fmt.Errorf("the keys at %s: %w", d.JWKSURI, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return 0, fmt.Errorf("the keys at %s: %s", d.JWKSURI, resp.Status)
+	}
+	var set jose.JSONWebKeySet
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&set); err != nil {
+		return 0, fmt.Errorf("the keys at %s are no JWK set: %w", d.JWKSURI, err)
+	}
+	n := 0
+	for _, k := range set.Keys {
+		if k.Use == "" || k.Use == "sig" {
+			n++
+		}
+	}
+	if n == 0 {
+		return 0, fmt.Errorf("the key set at %s holds no signing key", d.JWKSURI)
+	}
+	return n, nil
 }

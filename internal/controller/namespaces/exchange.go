@@ -209,10 +209,16 @@ func (e *exchanger) trustedIssuer(ctx context.Context, iss string) (*nsv1alpha1.
 	if err := e.client.List(ctx, &list); err != nil {
 		return nil, refused(http.StatusServiceUnavailable, "internal", "reading TrustedIssuers: %v", err)
 	}
+	// The oldest naming the issuer decides (a younger one says DuplicateIssuer in its status).
+	var found *nsv1alpha1.TrustedIssuer
 	for i := range list.Items {
-		if list.Items[i].Spec.IssuerURL == iss && list.Items[i].DeletionTimestamp == nil {
-			return &list.Items[i], nil
+		ti := &list.Items[i]
+		if ti.Spec.IssuerURL == iss && ti.DeletionTimestamp == nil && (found == nil || ti.CreationTimestamp.Before(&found.CreationTimestamp)) {
+			found = ti
 		}
+	}
+	if found != nil {
+		return found, nil
 	}
 	return nil, refused(http.StatusUnauthorized, pipelineid.CheckIssuer, "tokens of %s are not trusted here (no TrustedIssuer has that issuerURL)", iss)
 }

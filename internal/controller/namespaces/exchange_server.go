@@ -16,6 +16,7 @@ import (
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	ctrl "sigs.k8s.io/controller-runtime/pkg/manager"
 
+	nsv1alpha1 "github.com/quartermaster-dev/quartermaster/api/namespaces/v1alpha1"
 	"github.com/quartermaster-dev/quartermaster/internal/controller/status"
 	"github.com/quartermaster-dev/quartermaster/internal/nsrequest"
 	"github.com/quartermaster-dev/quartermaster/internal/pipelineid"
@@ -130,6 +131,14 @@ func addExchange(mgr ctrl.Manager, o *Options, policy *nsrequest.Policy, verifie
 		client: mgr.GetClient(), apiReader: mgr.GetAPIReader(),
 		recorder: status.NewRecorder(mgr, "quartermaster-namespaces"), verifier: verifier, policy: policy,
 		wait: exchangeWait, poll: 200 * time.Millisecond,
+	}
+	issuers := &issuerReconciler{
+		client:   status.NewClient(mgr.GetClient(), &nsv1alpha1.TrustedIssuer{}),
+		verifier: verifier,
+	}
+	issuers.step = status.Step{Client: issuers.client, Recorder: e.recorder}
+	if err := issuers.setupWithManager(mgr); err != nil {
+		return err
 	}
 	if err := mgr.Add(&exchangeServer{addr: o.ExchangeAddress, certDir: o.ExchangeCertDir, handler: e, listening: o.exchangeListening}); err != nil {
 		return err

@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -84,7 +85,30 @@ func startExchange(t *testing.T) *exchangeFixture {
 			Rules: []nsv1alpha1.IssuerRule{{Name: "group", Claims: map[string][]string{"project_path": {"group/*"}}, Namespace: "gl-{project_path|last}-{ref|last}"}},
 		},
 	}))
+	for _, name := range []string{"github", "gitlab"} {
+		x.waitIssuer(t, name, ReasonIssuerReady)
+	}
 	return x
+}
+
+// waitIssuer waits for the TrustedIssuer's Ready reason and returns its condition's message.
+func (x *exchangeFixture) waitIssuer(t *testing.T, name, reason string) string {
+	t.Helper()
+	ti := &nsv1alpha1.TrustedIssuer{}
+	msg := ""
+	eventually(t, "TrustedIssuer "+name+" "+reason, func() bool {
+		if err := x.c.Get(context.Background(), client.ObjectKey{Name: name}, ti); err != nil {
+			return false
+		}
+		for _, c := range ti.Status.Conditions {
+			if c.Type == "Ready" && c.Reason == reason && c.ObservedGeneration == ti.Generation {
+				msg = c.Message
+				return true
+			}
+		}
+		return false
+	}, func() string { return fmt.Sprintf("%+v", ti.Status.Conditions) })
+	return msg
 }
 
 // exchangeResult is one exchange's answer.
@@ -249,6 +273,28 @@ func TestExchange(t *testing.T) {
 		r := x.exchange(t, x.gitlab.Token(t, oidcissuer.GitLabClaims(exchangeAudience, "group/web", "main", "push")), "")
 		x.wantRefused(t, r, http.StatusServiceUnavailable, "signature", "could not be fetched")
 		x.gitlab.Down(false)
+	})
+
+	t.Run("a TrustedIssuer's status says whether its tokens can be verified", func(t *testing.T) {
+		if msg := x.waitIssuer(t, "github", ReasonIssuerReady); !strings.Contains(msg, "1 signing keys published") {
+			t.Errorf("Ready message = %q", msg)
+		}
+		must(t, x.c.Create(ctx, &nsv1alpha1.TrustedIssuer{
+			ObjectMeta: metav1.ObjectMeta{Name: "nowhere"},
+			Spec: nsv1alpha1.TrustedIssuerSpec{IssuerURL: "https://127.0.0.1:1/none", Audience: exchangeAudience, IdentityClaim: "sub",
+				Rules: []nsv1alpha1.IssuerRule{{Name: "all", Claims: map[string][]string{"sub": {"*"}}, Namespace: "x-{sub}"}}},
+		}))
+		if msg := x.waitIssuer(t, "nowhere", ReasonIssuerUnreachable); !strings.Contains(msg, "cannot be verified") {
+			t.Errorf("unreachable: %q", msg)
+		}
+		dup := &nsv1alpha1.TrustedIssuer{ObjectMeta: metav1.ObjectMeta{Name: "github-again"}}
+		orig := &nsv1alpha1.TrustedIssuer{}
+		must(t, x.c.Get(ctx, client.ObjectKey{Name: "github"}, orig))
+		dup.Spec = orig.Spec
+		must(t, x.c.Create(ctx, dup))
+		if msg := x.waitIssuer(t, "github-again", ReasonDuplicateIssuer); !strings.Contains(msg, "TrustedIssuer github already names") {
+			t.Errorf("duplicate: %q", msg)
+		}
 	})
 
 	t.Run("records of used tokens go once the tokens expired", func(t *testing.T) {

@@ -15,6 +15,7 @@ import (
 	"crypto/x509"
 	"encoding/base64"
 	"encoding/json"
+	"encoding/pem"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -62,6 +63,12 @@ func Client(issuers ...*Issuer) *http.Client {
 		pool.AddCert(is.srv.Certificate())
 	}
 	return &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}}}
+}
+
+// CertPEM is the issuer's TLS certificate, PEM-encoded (for SSL_CERT_FILE of a process that
+// fetches its keys).
+func (is *Issuer) CertPEM() []byte {
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: is.srv.Certificate().Raw})
 }
 
 // Rotate adds a new signing key: tokens are signed with it from now on; the older keys stay
