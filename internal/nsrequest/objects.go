@@ -3,6 +3,7 @@ package nsrequest
 import (
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -10,6 +11,7 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 )
@@ -33,11 +35,70 @@ const (
 //	      default: {cpu: 500m, memory: 512Mi}
 //	      defaultRequest: {cpu: 100m, memory: 128Mi}
 //	isolateNetwork: true
+//	copy:
+//	  secrets: [registry-pull]
+//	  configMaps: [corporate-ca]
 type Defaults struct {
 	ResourceQuota *corev1.ResourceQuotaSpec `json:"resourceQuota,omitempty"`
 	LimitRange    *corev1.LimitRangeSpec    `json:"limitRange,omitempty"`
 	// IsolateNetwork adds a NetworkPolicy that admits ingress only from pods of the same namespace.
 	IsolateNetwork bool `json:"isolateNetwork,omitempty"`
+	// Copy names Secrets and ConfigMaps of the --copy-from-namespace that every namespace gets a copy
+	// of, kept as their source is and removed when dropped from this list.
+	Copy Copies `json:"copy,omitempty"`
+}
+
+// Copies are the shared objects every requested namespace gets a copy of, by name.
+type Copies struct {
+	Secrets    []string `json:"secrets,omitempty"`
+	ConfigMaps []string `json:"configMaps,omitempty"`
+}
+
+// Empty says whether nothing is copied.
+func (c Copies) Empty() bool { return len(c.Secrets)+len(c.ConfigMaps) == 0 }
+
+// Copy labels: a source must carry LabelCopySource=true (a deliberate mark: an object that lacks it
+// is never copied, whatever the defaults name); each copy carries LabelCopyOf with its source's name.
+const (
+	LabelCopySource = "quartermaster.dev/copy-source"
+	LabelCopyOf     = "quartermaster.dev/copy-of"
+)
+
+// maxCopies bounds each list of Copies.
+const maxCopies = 20
+
+// validate checks the names of the objects to copy.
+func (c Copies) validate() error {
+	for kind, names := range map[string][]string{"secrets": c.Secrets, "configMaps": c.ConfigMaps} {
+		if len(names) > maxCopies {
+			return fmt.Errorf("copy.%s names %d objects, at most %d", kind, len(names), maxCopies)
+		}
+		seen := map[string]bool{}
+		for _, n := range names {
+			if errs := validation.IsDNS1123Subdomain(n); len(errs) > 0 {
+				return fmt.Errorf("copy.%s: %q is no object name: %s", kind, n, strings.Join(errs, "; "))
+			}
+			if seen[n] {
+				return fmt.Errorf("copy.%s names %q twice", kind, n)
+			}
+			seen[n] = true
+		}
+	}
+	return nil
+}
+
+// CopyOf is the copy of a source Secret or ConfigMap (as read) in the requested namespace name:
+// its content, the request's labels and LabelCopyOf.
+func CopyOf(requestsNamespace, name string, source client.Object) client.Object {
+	m := meta(requestsNamespace, name, source.GetName())
+	m.Labels[LabelCopyOf] = source.GetName()
+	switch s := source.(type) {
+	case *corev1.Secret:
+		return &corev1.Secret{ObjectMeta: m, Type: s.Type, Data: s.Data}
+	case *corev1.ConfigMap:
+		return &corev1.ConfigMap{ObjectMeta: m, Data: s.Data, BinaryData: s.BinaryData}
+	}
+	return nil
 }
 
 // LoadDefaults reads a defaults file; an empty path means no defaults.
@@ -51,6 +112,9 @@ func LoadDefaults(path string) (*Defaults, error) {
 		return nil, err
 	}
 	if err := yaml.UnmarshalStrict(data, d); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	if err := d.Copy.validate(); err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	return d, nil

@@ -63,6 +63,8 @@ type Policy struct {
 	MaxTokenTTL time.Duration
 	// MaxTTL bounds a request's namespace ttl; zero means unbounded.
 	MaxTTL time.Duration
+	// CopyFrom is the namespace of the objects the defaults copy ("": none are).
+	CopyFrom string
 }
 
 // MinTokenTTL is the shortest lifetime the TokenRequest API issues.

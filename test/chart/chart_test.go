@@ -230,9 +230,9 @@ func TestInstallsOnlyTheEnabledControllersRBAC(t *testing.T) {
 	}
 }
 
-// unboundRoles are the roles installed for others to bind (metrics scrapers, the namespaces whose
+// unboundRoles are the roles installed for others to bind (metrics scrapers, the copy sources' namespace, the namespaces whose
 // VmGroups use user data) and the node agents' (node_agent.yaml binds it to the agents).
-var unboundRoles = []string{"quartermaster-metrics-reader", "quartermaster-vmgroups-user-data", "quartermaster-node-agent",
+var unboundRoles = []string{"quartermaster-metrics-reader", "quartermaster-vmgroups-user-data", "quartermaster-namespaces-copy-source", "quartermaster-node-agent",
 	// Aggregated into Kyverno's background controller's ClusterRole, not bound.
 	"quartermaster-intents-kyverno-mutate-existing", "quartermaster-intents-kyverno-generate-kubearmor"}
 

@@ -42,6 +42,8 @@ type Options struct {
 	DenyNames         string
 	AllowNames        string
 	Concurrency       int
+	// CopyFromNamespace holds the Secrets and ConfigMaps the defaults copy into every namespace.
+	CopyFromNamespace string
 	// ExchangeAddress and ExchangeCertDir serve the keyless path (exchange.go); off when the address is empty.
 	ExchangeAddress string
 	ExchangeCertDir string
@@ -72,6 +74,8 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.AllowNames, "allow-names", "",
 		"Comma-separated regular expressions (anchored); when set, only matching namespace names are accepted.")
 	fs.IntVar(&o.Concurrency, "namespaces-concurrency", 16, "Requests reconciled in parallel (each waits on the API server, not the CPU).")
+	fs.StringVar(&o.CopyFromNamespace, "copy-from-namespace", "",
+		"Namespace of the Secrets and ConfigMaps the defaults' copy lists name (each must carry the label quartermaster.dev/copy-source=true); the manager needs the ClusterRole quartermaster-namespaces-copy-source bound there. Empty: nothing is copied.")
 	fs.StringVar(&o.ExchangeAddress, "exchange-bind-address", "",
 		"Address (e.g. :8443) on which CI jobs exchange their OIDC identity tokens for namespaces, over TLS (see TrustedIssuer and docs/namespaces.md); empty: off.")
 	fs.StringVar(&o.ExchangeCertDir, "exchange-cert-dir", "/etc/quartermaster/exchange-tls",
@@ -105,6 +109,12 @@ func (o *Options) policy() (*nsrequest.Policy, *nsrequest.Defaults, error) {
 	if o.RequestsNamespace == "" {
 		return nil, nil, fmt.Errorf("--requests-namespace must not be empty")
 	}
+	switch {
+	case !defaults.Copy.Empty() && o.CopyFromNamespace == "":
+		return nil, nil, fmt.Errorf("--namespace-defaults names objects to copy: set --copy-from-namespace to the namespace that holds them")
+	case o.CopyFromNamespace != "" && o.CopyFromNamespace == o.RequestsNamespace:
+		return nil, nil, fmt.Errorf("--copy-from-namespace must not be the requests namespace (pipelines read Secrets there)")
+	}
 	if o.TokenTTL < nsrequest.MinTokenTTL {
 		return nil, nil, fmt.Errorf("--token-ttl must be at least %s (the TokenRequest API's minimum)", nsrequest.MinTokenTTL)
 	}
@@ -119,6 +129,7 @@ func (o *Options) policy() (*nsrequest.Policy, *nsrequest.Defaults, error) {
 		TokenTTL:          o.TokenTTL,
 		MaxTokenTTL:       o.MaxTokenTTL,
 		MaxTTL:            o.MaxTTL,
+		CopyFrom:          o.CopyFromNamespace,
 	}, defaults, nil
 }
 
@@ -172,10 +183,18 @@ func (o *Options) cacheByObject() map[client.Object]cache.ByObject {
 	inRequests := map[string]cache.Config{o.RequestsNamespace: {}}
 	byLabel := cache.ByObject{Label: managed, Transform: internContent}
 	shared := cache.ByObject{Label: managed, Transform: shareDefaults}
+	configMaps := cache.ByObject{Namespaces: map[string]cache.Config{o.RequestsNamespace: {}}}
+	secrets := cache.ByObject{Namespaces: map[string]cache.Config{o.RequestsNamespace: {LabelSelector: managed}}, Transform: summarizeCredentials}
+	if o.CopyFromNamespace != "" {
+		// The sources of the copies, whole, and only those marked as such.
+		sources := cache.Config{LabelSelector: labels.SelectorFromSet(labels.Set{nsrequest.LabelCopySource: "true"})}
+		configMaps.Namespaces[o.CopyFromNamespace] = sources
+		secrets.Namespaces[o.CopyFromNamespace] = sources
+	}
 	return map[client.Object]cache.ByObject{
-		&corev1.ConfigMap{}:           {Namespaces: inRequests},
+		&corev1.ConfigMap{}:           configMaps,
 		&coordinationv1.Lease{}:       {Namespaces: inRequests, Label: labels.SelectorFromSet(labels.Set{LabelUsedToken: "true"})},
-		&corev1.Secret{}:              {Namespaces: inRequests, Label: managed, Transform: summarizeCredentials},
+		&corev1.Secret{}:              secrets,
 		&corev1.Namespace{}:           byLabel,
 		&corev1.ServiceAccount{}:      byLabel,
 		&rbacv1.Role{}:                byLabel,

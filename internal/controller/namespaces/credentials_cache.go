@@ -10,6 +10,7 @@ import (
 
 	"github.com/quartermaster-dev/quartermaster/internal/cachemeta"
 	"github.com/quartermaster-dev/quartermaster/internal/kubeconfig"
+	"github.com/quartermaster-dev/quartermaster/internal/nsrequest"
 )
 
 // keySummary holds, in the cache's copy of a credentials Secret, the summary that replaces its data
@@ -58,8 +59,8 @@ func digest(b []byte) string {
 func summarizeCredentials(obj any) (any, error) {
 	obj, err := cachemeta.Transform(obj)
 	s, ok := obj.(*corev1.Secret)
-	if !ok || err != nil || s.Data == nil {
-		return obj, err
+	if !ok || err != nil || s.Data == nil || s.Labels[nsrequest.LabelManagedBy] != nsrequest.ManagedByValue {
+		return obj, err // not a credentials Secret (a source of the copies is kept whole)
 	}
 	if _, done := s.Data[keySummary]; done {
 		return s, nil

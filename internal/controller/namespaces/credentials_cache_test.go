@@ -7,6 +7,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/quartermaster-dev/quartermaster/internal/kubeconfig"
+	"github.com/quartermaster-dev/quartermaster/internal/nsrequest"
 )
 
 // The cache's summary of a credentials Secret reads as the Secret itself does.
@@ -16,7 +17,7 @@ func TestSummarizedCredentialsReadAsTheSecret(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	whole := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "team-a"}, Data: map[string][]byte{keyToken: []byte("a.b.c"), keyCA: []byte("ca-pem"),
+	whole := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "team-a", Labels: nsrequest.Labels("namespace-requests", "team-a")}, Data: map[string][]byte{keyToken: []byte("a.b.c"), keyCA: []byte("ca-pem"),
 		keyNamespace: []byte("team-a"), keyKubeconfig: config}}
 	out, err := summarizeCredentials(whole.DeepCopy())
 	if err != nil {
@@ -35,5 +36,11 @@ func TestSummarizedCredentialsReadAsTheSecret(t *testing.T) {
 	}
 	if c := credentialsOf(&corev1.Secret{Data: map[string][]byte{keyKubeconfig: []byte("not yaml: [")}}); c.Server != "" || c.HasToken {
 		t.Errorf("a broken Secret reads %+v, want no server and no token (stale)", c)
+	}
+	// A Secret that is not the operator's (a source of the copies) is kept whole.
+	source := whole.DeepCopy()
+	source.Labels = map[string]string{nsrequest.LabelCopySource: "true"}
+	if out, _ := summarizeCredentials(source.DeepCopy()); len(out.(*corev1.Secret).Data) != len(whole.Data) {
+		t.Errorf("a copy source was summarized: %v", out.(*corev1.Secret).Data)
 	}
 }

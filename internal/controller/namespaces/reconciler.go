@@ -17,6 +17,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -62,6 +63,9 @@ type Reconciler struct {
 	// ServerSource says where Server came from, for the status message.
 	ServerSource serverSource
 	Now          func() time.Time
+	// RestConfig is the manager's connection to the API server; the copies are written through it
+	// with the namespace's admin token instead of the manager's credentials (copies.go).
+	RestConfig *rest.Config
 }
 
 // NewReconciler builds the reconciler; server and caFile override the manager's own API server URL
@@ -112,6 +116,7 @@ func NewReconciler(mgr ctrl.Manager, policy *nsrequest.Policy, defaults *nsreque
 		Server:       server,
 		CAData:       ca,
 		ServerSource: source,
+		RestConfig:   cfg,
 		Now:          time.Now,
 	}, nil
 }
@@ -130,7 +135,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
 		CreateFunc: func(event.CreateEvent) bool { return false },
 		UpdateFunc: func(e event.UpdateEvent) bool { return contentChanged(e.ObjectOld, e.ObjectNew) },
 	})
-	return builder.ControllerManagedBy(mgr).
+	b := builder.ControllerManagedBy(mgr).
 		Named(Name).
 		For(&corev1.ConfigMap{}, builder.WithPredicates(requestPredicate(r.Policy.RequestsNamespace))).
 		Watches(&corev1.Namespace{}, toRequest, builder.WithPredicates(isOurs)).
@@ -140,8 +145,15 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
 		Watches(&rbacv1.RoleBinding{}, toRequest, builder.WithPredicates(isOurs)).
 		Watches(&corev1.ResourceQuota{}, toRequest, builder.WithPredicates(isOurs)).
 		Watches(&corev1.LimitRange{}, toRequest, builder.WithPredicates(isOurs)).
-		Watches(&networkingv1.NetworkPolicy{}, toRequest, builder.WithPredicates(isOurs)).
-		WithOptions(controller.Options{MaxConcurrentReconciles: concurrency}).
+		Watches(&networkingv1.NetworkPolicy{}, toRequest, builder.WithPredicates(isOurs))
+	if r.Policy.CopyFrom != "" {
+		// A source of the copies changes: every request gets it again.
+		toAll := handler.EnqueueRequestsFromMapFunc(r.requestsOfCopySources)
+		isSource := predicate.NewPredicateFuncs(func(o client.Object) bool { return o.GetNamespace() == r.Policy.CopyFrom })
+		b = b.Watches(&corev1.Secret{}, toAll, builder.WithPredicates(isSource)).
+			Watches(&corev1.ConfigMap{}, toAll, builder.WithPredicates(isSource))
+	}
+	return b.WithOptions(controller.Options{MaxConcurrentReconciles: concurrency}).
 		Complete(r)
 }
 
@@ -294,6 +306,14 @@ func (r *Reconciler) serveIn(ctx context.Context, req *nsrequest.Request, ns *co
 	secret, out, err := r.ensureContents(ctx, req, ns)
 	if secret == nil || err != nil {
 		return out, err
+	}
+	if err := r.ensureCopies(ctx, req.Namespace, secret); err != nil {
+		var waiting *errCopySource
+		if errors.As(err, &waiting) {
+			// Woken when a source appears or changes (requestsOfCopySources); looked at again anyway.
+			return outcome{status: nsrequest.StatusPending, reason: ReasonCopySource, message: waiting.msg, requeue: time.Minute}, nil
+		}
+		return outcome{}, err
 	}
 
 	state := tokenState(secret)

@@ -34,6 +34,17 @@ type fixture struct {
 	c          client.Client
 	reconciler *Reconciler
 	opts       *Options
+	running    *testenv.Running
+}
+
+// stop stops the fixture's manager before the test ends (stopping again is harmless).
+func (f *fixture) stop(t *testing.T) {
+	t.Helper()
+	running := f.running
+	f.running = nil
+	if err := running.Stop(); err != nil {
+		t.Errorf("manager: %v", err)
+	}
 }
 
 var defaultsYAML = `
@@ -107,12 +118,9 @@ func runController(t *testing.T, env *testenv.Env, tweak func(*Options)) *fixtur
 		}
 	}
 	running := testenv.Run(mgr)
-	t.Cleanup(func() {
-		if err := running.Stop(); err != nil {
-			t.Errorf("manager: %v", err)
-		}
-	})
-	return &fixture{env: env, c: env.Client, reconciler: r, opts: o}
+	f := &fixture{env: env, c: env.Client, reconciler: r, opts: o, running: running}
+	t.Cleanup(func() { f.stop(t) })
+	return f
 }
 
 // request creates a request ConfigMap.
