@@ -39,7 +39,9 @@ func TestSharedObjectsAreCopiedAsTheNamespacesAdmin(t *testing.T) {
 	} {
 		must(t, admin.Create(ctx, obj))
 	}
-	t.Cleanup(func() { _ = admin.Delete(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: from}}) })
+	t.Cleanup(func() {
+		_ = admin.Delete(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: from}})
+	})
 	defaults := filepath.Join(t.TempDir(), "defaults.yaml")
 	must(t, os.WriteFile(defaults, []byte("copy:\n  secrets: [registry-pull]\n"), 0o600))
 	startManager(t, "--controllers=namespaces", "--health-probe-bind-address=0", "--namespace-defaults="+defaults, "--copy-from-namespace="+from)
