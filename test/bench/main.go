@@ -57,6 +57,7 @@ var cases = []benchCase{
 	// requests it measures (the manager caches every namespace it labelled, whichever case made it).
 	{name: "namespaces/latency-and-memory", run: namespacesProcessBench},
 	{name: "namespaces/1000-requests", run: namespacesBench},
+	{name: "namespaces/keyless-exchange", run: keylessBench},
 	{name: "vmgroups/50-replicas", run: vmgroupsBench},
 	{name: "iam/500-serviceaccounts", run: iamBench},
 	{name: "iam/500-podidentity-serviceaccounts", run: iamPodIdentityBench},

@@ -48,9 +48,10 @@ type Options struct {
 	ExchangeAddress string
 	ExchangeCertDir string
 
-	// exchangeClient fetches the issuers' discovery documents and keys (nil: a client with the
-	// system's roots); exchangeListening is told the exchange's address (tests bind port 0).
-	exchangeClient    *http.Client
+	// ExchangeClient fetches the issuers' discovery documents and keys (nil: a client with the
+	// system's roots; no flag: tests and the benchmark trust their loopback issuers through it).
+	ExchangeClient *http.Client
+	// exchangeListening is told the exchange's address (tests bind port 0).
 	exchangeListening func(net.Addr)
 }
 
@@ -136,6 +137,10 @@ func (o *Options) policy() (*nsrequest.Policy, *nsrequest.Defaults, error) {
 // Controller returns the registry entry of the namespaces controller.
 func Controller() controllers.Controller { return (&Options{}).controller() }
 
+// ControllerOf is the registry entry configured by o (its flags parsed into o): for the benchmark,
+// which sets what no flag does (ExchangeClient).
+func ControllerOf(o *Options) controllers.Controller { return o.controller() }
+
 // controller is the registry entry of the namespaces controller configured by o.
 func (o *Options) controller() controllers.Controller {
 	return controllers.Controller{
@@ -157,7 +162,7 @@ func (o *Options) controller() controllers.Controller {
 				return err
 			}
 			if o.ExchangeAddress != "" {
-				client := o.exchangeClient
+				client := o.ExchangeClient
 				if client == nil {
 					client = &http.Client{Timeout: 10 * time.Second}
 				}

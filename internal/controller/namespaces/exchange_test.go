@@ -53,7 +53,7 @@ func startExchange(t *testing.T) *exchangeFixture {
 	addr := make(chan net.Addr, 1)
 	f := runController(t, env, func(o *Options) {
 		o.ExchangeAddress, o.ExchangeCertDir = "127.0.0.1:0", certDir
-		o.exchangeClient = oidcissuer.Client(gh, gl)
+		o.ExchangeClient = oidcissuer.Client(gh, gl)
 		o.exchangeListening = func(a net.Addr) { addr <- a }
 		o.MaxTTL = 24 * time.Hour
 	})

@@ -113,7 +113,7 @@ func runController(t *testing.T, env *testenv.Env, tweak func(*Options)) *fixtur
 		t.Fatal(err)
 	}
 	if o.ExchangeAddress != "" {
-		if err := addExchange(mgr, o, policy, &pipelineid.Verifier{Client: o.exchangeClient}); err != nil {
+		if err := addExchange(mgr, o, policy, &pipelineid.Verifier{Client: o.ExchangeClient}); err != nil {
 			t.Fatal(err)
 		}
 	}

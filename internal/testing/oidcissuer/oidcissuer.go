@@ -22,11 +22,17 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"testing"
 	"time"
 
 	jose "github.com/go-jose/go-jose/v4"
 )
+
+// T is what the issuer needs of its caller: a test's testing.TB, or the benchmark's stand-in.
+type T interface {
+	Helper()
+	Fatal(args ...any)
+	Cleanup(func())
+}
 
 // Issuer is a running test issuer.
 type Issuer struct {
@@ -43,7 +49,7 @@ type Issuer struct {
 }
 
 // Start serves an issuer at path (e.g. "/github") on a loopback TLS listener until the test ends.
-func Start(t testing.TB, path string) *Issuer {
+func Start(t T, path string) *Issuer {
 	t.Helper()
 	is := &Issuer{}
 	mux := http.NewServeMux()
@@ -73,7 +79,7 @@ func (is *Issuer) CertPEM() []byte {
 
 // Rotate adds a new signing key: tokens are signed with it from now on; the older keys stay
 // published until Retire.
-func (is *Issuer) Rotate(t testing.TB) {
+func (is *Issuer) Rotate(t T) {
 	t.Helper()
 	k, err := rsa.GenerateKey(rand.Reader, 2048)
 	if err != nil {
@@ -169,7 +175,7 @@ func GitLabClaims(aud, project, ref, source string) Claims {
 
 // Token signs claims with the current key (RS256, kid in the header). Times default to: issued now,
 // valid for 10 minutes; a fresh jti each call.
-func (is *Issuer) Token(t testing.TB, c Claims) string {
+func (is *Issuer) Token(t T, c Claims) string {
 	t.Helper()
 	is.mu.Lock()
 	key, kid := is.keys[len(is.keys)-1], is.kids[len(is.kids)-1]
@@ -179,7 +185,7 @@ func (is *Issuer) Token(t testing.TB, c Claims) string {
 
 // TokenWithUnpublishedKey is a token signed by a key the issuer never published, with a kid of its
 // own (as a forger would make one).
-func (is *Issuer) TokenWithUnpublishedKey(t testing.TB, c Claims) string {
+func (is *Issuer) TokenWithUnpublishedKey(t T, c Claims) string {
 	t.Helper()
 	k, err := rsa.GenerateKey(rand.Reader, 2048)
 	if err != nil {
@@ -189,14 +195,14 @@ func (is *Issuer) TokenWithUnpublishedKey(t testing.TB, c Claims) string {
 }
 
 // UnsignedToken is c with alg none (an empty signature).
-func (is *Issuer) UnsignedToken(t testing.TB, c Claims) string {
+func (is *Issuer) UnsignedToken(t T, c Claims) string {
 	t.Helper()
 	return encodeSegment(t, map[string]any{"alg": "none", "typ": "JWT"}) + "." + encodeSegment(t, is.complete(c)) + "."
 }
 
 // HMACToken is c signed HS256 with the current key's public key bytes as the secret: the
 // algorithm confusion attack on verifiers that take the key's type from the token.
-func (is *Issuer) HMACToken(t testing.TB, c Claims) string {
+func (is *Issuer) HMACToken(t T, c Claims) string {
 	t.Helper()
 	is.mu.Lock()
 	key, kid := is.keys[len(is.keys)-1], is.kids[len(is.kids)-1]
@@ -230,7 +236,7 @@ func (is *Issuer) complete(c Claims) Claims {
 }
 
 // Sign signs claims RS256 with key, kid in the header.
-func Sign(t testing.TB, key *rsa.PrivateKey, kid string, c Claims) string {
+func Sign(t T, key *rsa.PrivateKey, kid string, c Claims) string {
 	t.Helper()
 	signer, err := jose.NewSigner(jose.SigningKey{Algorithm: jose.RS256, Key: key}, (&jose.SignerOptions{}).WithType("JWT").WithHeader("kid", kid))
 	if err != nil {
@@ -239,7 +245,7 @@ func Sign(t testing.TB, key *rsa.PrivateKey, kid string, c Claims) string {
 	return sign(t, signer, c)
 }
 
-func sign(t testing.TB, signer jose.Signer, c Claims) string {
+func sign(t T, signer jose.Signer, c Claims) string {
 	t.Helper()
 	payload, err := json.Marshal(c)
 	if err != nil {
@@ -256,7 +262,7 @@ func sign(t testing.TB, signer jose.Signer, c Claims) string {
 	return s
 }
 
-func encodeSegment(t testing.TB, v any) string {
+func encodeSegment(t T, v any) string {
 	t.Helper()
 	b, err := json.Marshal(v)
 	if err != nil {

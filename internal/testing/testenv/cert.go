@@ -11,14 +11,16 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"testing"
 	"time"
 )
 
 // ServingCert writes a self-signed serving certificate for 127.0.0.1 and localhost into dir as
 // tls.crt and tls.key (the layout of a kubernetes.io/tls Secret mounted as files) and returns a
 // pool that trusts it.
-func ServingCert(t testing.TB, dir string) *x509.CertPool {
+func ServingCert(t interface {
+	Helper()
+	Fatal(args ...any)
+}, dir string) *x509.CertPool {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
