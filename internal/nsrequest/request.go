@@ -113,7 +113,9 @@ func (p *Policy) Parse(name string, data map[string]string) (*Request, *Rejectio
 	if errs := validation.IsDNS1123Label(name); len(errs) > 0 {
 		return nil, &Rejection{"InvalidName", fmt.Sprintf("%q is not a valid namespace name: %s", name, strings.Join(errs, "; "))}
 	}
-	if name == p.RequestsNamespace || name == p.OperatorNamespace {
+	// The copies' sources too: a tenant who got that namespace (while it does not exist) would
+	// write what every namespace receives.
+	if name == p.RequestsNamespace || name == p.OperatorNamespace || name == p.CopyFrom && p.CopyFrom != "" {
 		return nil, &Rejection{"Denied", fmt.Sprintf("namespace %q is reserved for the operator", name)}
 	}
 	for _, re := range p.Deny {

@@ -19,7 +19,7 @@ func testPolicy(t *testing.T, allow ...string) *Policy {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &Policy{RequestsNamespace: "namespace-requests", OperatorNamespace: "quartermaster-system",
+	return &Policy{RequestsNamespace: "namespace-requests", OperatorNamespace: "quartermaster-system", CopyFrom: "platform-shared",
 		Deny: deny, Allow: al, TokenTTL: 24 * time.Hour, MaxTokenTTL: 48 * time.Hour, MaxTTL: 7 * 24 * time.Hour}
 }
 
@@ -45,6 +45,7 @@ func TestParse(t *testing.T) {
 		{name: "default", wantReason: "Denied"},
 		{name: "namespace-requests", wantReason: "Denied"},
 		{name: "quartermaster-system", wantReason: "Denied"},
+		{name: "platform-shared", wantReason: "Denied"}, // the copies' sources
 		{name: "Upper", wantReason: "InvalidName"},
 		{name: "dotted.name", wantReason: "InvalidName"},
 		{name: strings.Repeat("a", 64), wantReason: "InvalidName"},

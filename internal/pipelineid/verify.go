@@ -11,6 +11,7 @@ package pipelineid
 import (
 	"context"
 	"crypto/sha256"
+	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -137,7 +138,14 @@ func (v *Verifier) Verify(ctx context.Context, raw, issuer, audience string) (*V
 	if jti, ok := claims["jti"].(string); ok && jti != "" {
 		out.ID = "jti:" + jti
 	} else {
-		sum := sha256.Sum256([]byte(raw))
+		// The digest of the decoded claims, not of the token's text: base64 has spare bits in its
+		// last character and an ECDSA signature has a twin (s, n-s), so one signed token has many
+		// texts that verify, and each would be a "new" token.
+		payload, err := base64.RawURLEncoding.DecodeString(strings.Split(raw, ".")[1])
+		if err != nil {
+			return nil, refuse(CheckFormat, "the claims are not base64url")
+		}
+		sum := sha256.Sum256(payload)
 		out.ID = "sha256:" + hex.EncodeToString(sum[:])
 	}
 	return out, nil
@@ -199,7 +207,7 @@ func classify(issuer, audience string, err error) *Refusal {
 	case strings.Contains(msg, "issued by a different provider"):
 		return refuse(CheckIssuer, "the token's iss is not %s", issuer)
 	case strings.Contains(msg, "fetching keys"):
-		return &Refusal{Check: CheckSignature, Unavailable: true, Message: fmt.Sprintf("the token's key is not among the cached keys of %s and they could not be fetched again (%v)", issuer, errors.Unwrap(err))}
+		return &Refusal{Check: CheckSignature, Unavailable: true, Message: fmt.Sprintf("the token's key is not among the cached keys of %s and they could not be fetched again (%s)", issuer, strings.TrimPrefix(msg, "oidc: "))}
 	case strings.Contains(msg, "verify"):
 		return refuse(CheckSignature, "no key %s publishes verifies the token's signature", issuer)
 	}

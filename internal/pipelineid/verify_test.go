@@ -1,7 +1,9 @@
 package pipelineid
 
 import (
+	"bytes"
 	"context"
+	"encoding/base64"
 	"errors"
 	"strings"
 	"testing"
@@ -59,8 +61,29 @@ func TestVerifyAcceptsTheIssuersTokens(t *testing.T) {
 	v2 := &Verifier{Client: oidcissuer.Client(gh)}
 	c := oidcissuer.GitHubClaims(aud, "acme/web", "refs/heads/main", "push")
 	c["jti"] = nil
-	if got, err := v2.Verify(ctx, gh.Token(t, c), gh.URL, aud); err != nil || !strings.HasPrefix(got.ID, "sha256:") {
-		t.Errorf("a token without jti: %+v, %v", got, err)
+	nojti := gh.Token(t, c)
+	first, err := v2.Verify(ctx, nojti, gh.URL, aud)
+	if err != nil || !strings.HasPrefix(first.ID, "sha256:") {
+		t.Fatalf("a token without jti: %+v, %v", first, err)
+	}
+	// Another text of the same signed token (the signature's last base64 character differs in its
+	// spare bits only, which decode to the same bytes): it verifies, and it is the same token.
+	parts := strings.Split(nojti, ".")
+	sig, _ := base64.RawURLEncoding.DecodeString(parts[2])
+	const alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+	twin := ""
+	for _, ch := range alphabet {
+		other := parts[2][:len(parts[2])-1] + string(ch)
+		if b, err := base64.RawURLEncoding.DecodeString(other); err == nil && other != parts[2] && bytes.Equal(b, sig) {
+			twin = parts[0] + "." + parts[1] + "." + other
+			break
+		}
+	}
+	if twin == "" {
+		t.Fatalf("the signature (%d bytes) has no spare bits in its last character", len(sig))
+	}
+	if got, err := v2.Verify(ctx, twin, gh.URL, aud); err != nil || got.ID != first.ID {
+		t.Errorf("the token's twin text: %+v, %v; want it verified with ID %s (one token, one use)", got, err, first.ID)
 	}
 }
 

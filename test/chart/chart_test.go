@@ -160,7 +160,7 @@ func firstDifference(want, got string) string {
 // admission policies come with it and only with it; the IAM compat role only with compat on.
 func TestInstallsOnlyTheEnabledControllersRBAC(t *testing.T) {
 	perController := map[string][]string{ // ClusterRoles and admission policies each controller brings
-		"namespaces": {"ClusterRole quartermaster-namespaces", "ValidatingAdmissionPolicy quartermaster-manager-scope", "ValidatingAdmissionPolicy quartermaster-manager-namespaces"},
+		"namespaces": {"ClusterRole quartermaster-namespaces", "ValidatingAdmissionPolicy quartermaster-manager-scope", "ValidatingAdmissionPolicy quartermaster-manager-namespaces", "ValidatingAdmissionPolicy quartermaster-exchange-requests"},
 		"vmgroups":   {"ClusterRole quartermaster-vmgroups", "ClusterRole quartermaster-vmgroups-user-data"},
 		"iam":        {"ClusterRole quartermaster-iam"},
 		"mirrors":    {"ClusterRole quartermaster-mirrors", "ClusterRole quartermaster-node-agent", "Role quartermaster-mirror-cache", "ServiceAccount quartermaster-mirror-cache", "ValidatingAdmissionPolicy quartermaster-manager-workloads", "ValidatingAdmissionPolicy quartermaster-manager-pods", "ValidatingAdmissionPolicy quartermaster-node-agent"},

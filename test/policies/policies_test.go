@@ -14,6 +14,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -34,19 +35,7 @@ import (
 func TestManagerPoliciesAreEnforced(t *testing.T) {
 	ctx := context.Background()
 	env := startWithLocalConfig(t)
-	// envtest authenticates by client certificate: the manager's ServiceAccount's user name and
-	// groups, which its RoleBindings and the policies' matchConditions name.
-	user, err := env.AddUser(envtest.User{
-		Name:   "system:serviceaccount:quartermaster-system:quartermaster-manager",
-		Groups: []string{"system:serviceaccounts", "system:serviceaccounts:quartermaster-system"},
-	}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	asManager, err := kubernetes.NewForConfig(user.Config())
-	if err != nil {
-		t.Fatal(err)
-	}
+	asManager := managerClient(t, env)
 	if err := policyprobe.WaitEnforced(ctx, asManager, "quartermaster", "quartermaster-mirrors"); err != nil {
 		t.Fatal(err)
 	}
@@ -177,6 +166,81 @@ func TestNodeAgentPolicyIsEnforced(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestExchangeRequestsPolicyIsEnforced applies config/local and checks that only the manager may
+// write the keys by which the keyless exchange records which identity a request belongs to: an
+// administrator (and so any pipeline of the ConfigMap path) is refused with the policy's own
+// message when it sets or changes them, and may write everything else of such a request.
+func TestExchangeRequestsPolicyIsEnforced(t *testing.T) {
+	ctx := context.Background()
+	env := startWithLocalConfig(t)
+	asManager := managerClient(t, env)
+	asAdmin, err := kubernetes.NewForConfig(env.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const (
+		ns      = "namespace-requests" // where the manager may create request ConfigMaps
+		refusal = "Only Quartermaster's token exchange may set, change or remove"
+	)
+	if _, err := asAdmin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	forged := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "ci-web-main",
+		Labels:      map[string]string{"quartermaster.dev/identity": "0123456789abcdef"},
+		Annotations: map[string]string{"quartermaster.dev/identity": "github:acme/web"}}}
+	// The API server loads a policy from a watch a moment after it is created.
+	var last error
+	if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		_, last = asAdmin.CoreV1().ConfigMaps(ns).Create(ctx, forged, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		return last != nil && strings.Contains(last.Error(), refusal), nil
+	}); err != nil {
+		t.Fatalf("a request claiming an identity, made by an administrator: %v, want refused with %q", last, refusal)
+	}
+	plain := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "ci-plain"}, Data: map[string]string{"ttl": "1h"}}
+	if _, err := asAdmin.CoreV1().ConfigMaps(ns).Create(ctx, plain, metav1.CreateOptions{}); err != nil {
+		t.Errorf("a request of the ConfigMap path: %v, want allowed", err)
+	}
+	if _, err := asManager.CoreV1().ConfigMaps(ns).Create(ctx, forged, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("the exchange's request, made by the manager: %v, want allowed", err)
+	}
+	patch := func(body string) error {
+		_, err := asAdmin.CoreV1().ConfigMaps(ns).Patch(ctx, forged.Name, types.MergePatchType, []byte(body), metav1.PatchOptions{DryRun: []string{metav1.DryRunAll}})
+		return err
+	}
+	for what, body := range map[string]string{
+		"another identity":          `{"metadata":{"annotations":{"quartermaster.dev/identity":"github:evil/web"}}}`,
+		"the identity removed":      `{"metadata":{"annotations":{"quartermaster.dev/identity":null}}}`,
+		"another identity's digest": `{"metadata":{"labels":{"quartermaster.dev/identity":"fedcba9876543210"}}}`,
+		"an earlier requested-at":   `{"metadata":{"annotations":{"quartermaster.dev/requested-at":"2000-01-01T00:00:00.000000000Z"}}}`,
+	} {
+		if err := patch(body); err == nil || !strings.Contains(err.Error(), refusal) {
+			t.Errorf("an administrator writing %s: %v, want refused with %q", what, err, refusal)
+		}
+	}
+	if err := patch(`{"data":{"ttl":"2h"},"metadata":{"annotations":{"example.com/note":"x"}}}`); err != nil {
+		t.Errorf("an administrator writing the data and other annotations of the request: %v, want allowed", err)
+	}
+}
+
+// managerClient is a client authenticated as the manager's ServiceAccount: envtest authenticates by
+// client certificate, with the user name and groups its RoleBindings and the policies'
+// matchConditions name.
+func managerClient(t *testing.T, env *testenv.Env) kubernetes.Interface {
+	t.Helper()
+	user, err := env.AddUser(envtest.User{
+		Name:   "system:serviceaccount:quartermaster-system:quartermaster-manager",
+		Groups: []string{"system:serviceaccounts", "system:serviceaccounts:quartermaster-system"},
+	}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := kubernetes.NewForConfig(user.Config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
 }
 
 // startWithLocalConfig starts envtest's API server and applies config/local to it (CRDs, RBAC,

@@ -179,8 +179,9 @@ func testBinding(t *testing.T, f *fixture) {
 
 	t.Run("an intent's new action reaches its policies", func(t *testing.T) {
 		f.get(t, dns)
+		before := dns.DeepCopy()
 		dns.Spec.Intent.Action = "Audit"
-		must(t, f.c.Update(ctx, dns))
+		must(t, f.c.Patch(ctx, dns, client.MergeFrom(before)))
 		eventually(t, "the KubeArmorPolicy audits", func() (bool, string) {
 			ksp, err := f.engineObject("KubeArmorPolicy", "shop", "web-dnsmanipulation")
 			if err != nil {
@@ -286,8 +287,10 @@ func testClusterBinding(t *testing.T, f *fixture) {
 	})
 	t.Run("matchNames", func(t *testing.T) {
 		f.get(t, csib)
+		// A patch, not an update: the controller writes the binding (its status) while the test runs.
+		before := csib.DeepCopy()
 		csib.Spec.Selector.NsSelector = intentv1alpha1.NamespaceSelector{MatchNames: []string{"c-b", "missing"}}
-		must(t, f.c.Update(ctx, csib))
+		must(t, f.c.Patch(ctx, csib, client.MergeFrom(before)))
 		waitNamespaces(t, func(ns []string) bool { return slices.Equal(ns, []string{"c-b"}) })
 		eventually(t, "the NimbusPolicy of a namespace no longer selected deleted", func() (bool, string) {
 			err := f.c.Get(ctx, client.ObjectKey{Namespace: "c-new", Name: generated}, &intentv1alpha1.NimbusPolicy{})

@@ -213,7 +213,7 @@ func (e *exchanger) trustedIssuer(ctx context.Context, iss string) (*nsv1alpha1.
 	var found *nsv1alpha1.TrustedIssuer
 	for i := range list.Items {
 		ti := &list.Items[i]
-		if ti.Spec.IssuerURL == iss && ti.DeletionTimestamp == nil && (found == nil || ti.CreationTimestamp.Before(&found.CreationTimestamp)) {
+		if ti.Spec.IssuerURL == iss && ti.DeletionTimestamp == nil && (found == nil || precedes(ti, found)) {
 			found = ti
 		}
 	}
@@ -284,7 +284,7 @@ func (e *exchanger) request(ctx context.Context, ti *nsv1alpha1.TrustedIssuer, r
 	case err == nil && cm.Annotations[AnnotationIdentity] == who:
 		return cm, nil // the same identity again (a job re-run): its namespace
 	case err == nil && cm.Annotations[AnnotationIdentity] != "":
-		return nil, refused(http.StatusForbidden, "held", "namespace %s is held by another identity (%s)", name, cm.Annotations[AnnotationIdentity])
+		return nil, refused(http.StatusForbidden, "held", "namespace %s is held by another identity (its request's %s annotation names it; a job is not told whose)", name, AnnotationIdentity)
 	case err == nil:
 		return nil, refused(http.StatusForbidden, "held", "namespace %s was requested by a pipeline holding a Kubernetes credential, not through a TrustedIssuer", name)
 	case !apierrors.IsNotFound(err):
@@ -331,7 +331,7 @@ func (e *exchanger) request(ctx context.Context, ti *nsv1alpha1.TrustedIssuer, r
 		if cm.Annotations[AnnotationIdentity] == who {
 			return cm, nil
 		}
-		return nil, refused(http.StatusForbidden, "held", "namespace %s is held by another identity (%s)", name, cm.Annotations[AnnotationIdentity])
+		return nil, refused(http.StatusForbidden, "held", "namespace %s is held by another identity (its request's %s annotation names it; a job is not told whose)", name, AnnotationIdentity)
 	} else if err != nil {
 		return nil, refused(http.StatusServiceUnavailable, "internal", "creating request %s: %v", name, err)
 	}

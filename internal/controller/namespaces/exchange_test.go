@@ -204,7 +204,7 @@ func TestExchange(t *testing.T) {
 		// acme/Web's pull request 42 makes the same name with this issuer's template.
 		c := pr("acme/web", "42")
 		c["repository"] = "acme/Web" // another repository whose name maps alike
-		x.wantRefused(t, x.exchange(t, x.github.Token(t, c), ""), http.StatusForbidden, "held", "held by another identity (github:acme/web)")
+		x.wantRefused(t, x.exchange(t, x.github.Token(t, c), ""), http.StatusForbidden, "held", "held by another identity (its request")
 	})
 
 	t.Run("an identity holds at most its limit", func(t *testing.T) {

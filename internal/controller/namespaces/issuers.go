@@ -52,6 +52,16 @@ func (r *issuerReconciler) Reconcile(ctx context.Context, req reconcile.Request)
 	return r.step.End(ctx, ti, before, status.Reported{Conditions: &ti.Status.Conditions, ObservedGeneration: &ti.Status.ObservedGeneration}, r.check(ctx, ti))
 }
 
+// precedes says whether TrustedIssuer a decides over b when both name one issuer: the older, and
+// of two made in the same second (creationTimestamp's resolution), the first by name. The one
+// rule the exchange and the status both follow.
+func precedes(a, b *nsv1alpha1.TrustedIssuer) bool {
+	if !a.CreationTimestamp.Equal(&b.CreationTimestamp) {
+		return a.CreationTimestamp.Before(&b.CreationTimestamp)
+	}
+	return a.Name < b.Name
+}
+
 // check says whether ti's tokens can be verified now.
 func (r *issuerReconciler) check(ctx context.Context, ti *nsv1alpha1.TrustedIssuer) status.Outcome {
 	var all nsv1alpha1.TrustedIssuerList
@@ -60,7 +70,7 @@ func (r *issuerReconciler) check(ctx context.Context, ti *nsv1alpha1.TrustedIssu
 	}
 	for _, other := range all.Items {
 		// The exchange picks the first with the token's iss: two would make the choice arbitrary.
-		if other.Name != ti.Name && other.Spec.IssuerURL == ti.Spec.IssuerURL && other.CreationTimestamp.Before(&ti.CreationTimestamp) {
+		if other.Name != ti.Name && other.Spec.IssuerURL == ti.Spec.IssuerURL && precedes(&other, ti) {
 			return status.WaitsForPerson(ReasonDuplicateIssuer, fmt.Sprintf(
 				"TrustedIssuer %s already names issuer %s; its rules decide, this one is ignored: merge the rules into one", other.Name, ti.Spec.IssuerURL), issuerCheckEvery)
 		}
