@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"regexp"
 	"slices"
 	"strings"
@@ -58,6 +59,11 @@ type MemberTrust struct {
 	Partition, AccountID, Issuer string
 	// EKSCluster is the EKS cluster of the member's Pod Identity association.
 	EKSCluster string
+	// Owner: the member is the role's owner, and Listed the members it lists; the owner's
+	// writes also take out the statements of every member it does not list (dropped from its
+	// list, or written by an operator that did not check it).
+	Owner  bool
+	Listed []Member
 }
 
 // SharedRoleDescription is the description a shared role's owner gives it.
@@ -101,8 +107,9 @@ func (t MemberTrust) statements(parts Parts) []trustStatement {
 
 // MergeShared returns the trust policy doc (raw or URL-encoded JSON, as IAM returns it; "" for a
 // role not made yet) with t's member's statements replaced by those admitting the mechanisms in
-// parts (none: the member leaves). Every other statement, and every other element of the
-// document, is kept as it is. A policy left without statements gets one that admits nobody.
+// parts (none: the member leaves), and, when t is the owner's, without the statements of members
+// it does not list. Every other statement, and every other element of the document, is kept as
+// it is. A policy left without statements gets one that admits nobody.
 func MergeShared(doc string, t MemberTrust, parts Parts) (string, error) {
 	d := map[string]any{"Version": "2012-10-17"}
 	if strings.TrimSpace(doc) != "" {
@@ -112,12 +119,17 @@ func MergeShared(doc string, t MemberTrust, parts Parts) (string, error) {
 		}
 	}
 	mine := []string{t.Member.sid("Irsa"), t.Member.sid("PodIdentity"), nobodySid}
+	listed := map[string]bool{}
+	for _, m := range t.Listed {
+		listed[m.sid("Irsa")], listed[m.sid("PodIdentity")] = true, true
+	}
 	var statements []any
 	if st, ok := d["Statement"]; ok {
 		statements = slices.Clone(asList(st))
 	}
 	kept := slices.DeleteFunc(statements, func(st any) bool {
-		return slices.Contains(mine, sidOf(st))
+		sid := sidOf(st)
+		return slices.Contains(mine, sid) || (t.Owner && sidPattern.MatchString(sid) && !listed[sid])
 	})
 	for _, st := range t.statements(parts) {
 		m, err := asMap(st)
@@ -214,4 +226,100 @@ func asMap(st trustStatement) (map[string]any, error) {
 		return nil, errors.New("irsa: a statement does not read back: " + err.Error())
 	}
 	return m, nil
+}
+
+// TagMemberPrefix starts the tags in which a shared role's owner lists the IAMServiceAccounts
+// that may use the role (spec.sharedRole.members): one tag per member, its key this prefix and the
+// member's digest (as in its statement IDs), its value the member as <cluster>/<namespace>/<name>.
+// Every operator reads them before it writes a member's statement into the trust policy, and
+// before it lets an IAMServiceAccount take over a role that has no owner: whoever can create an
+// IAMServiceAccount in some cluster cannot join a role whose owner did not name it.
+const TagMemberPrefix = "quartermaster.dev/member-"
+
+// MaxListedMembers bounds the members a shared role's tags list (IAM allows 50 tags on a role;
+// the trust policy's quota fits fewer members' statements than that anyway).
+const MaxListedMembers = 20
+
+// ParseMember reads <cluster>/<namespace>/<name>.
+func ParseMember(s string) (Member, error) {
+	parts := strings.Split(s, "/")
+	if len(parts) != 3 || parts[0] == "" || parts[1] == "" || parts[2] == "" {
+		return Member{}, fmt.Errorf("member %q is not <cluster>/<namespace>/<name>", s)
+	}
+	if err := ValidClusterName(parts[0]); err != nil {
+		return Member{}, fmt.Errorf("member %q: %w", s, err)
+	}
+	return Member{Cluster: parts[0], Namespace: parts[1], Name: parts[2]}, nil
+}
+
+// memberTagKey is the key of m's tag in a shared role's member list.
+func (m Member) memberTagKey() string {
+	sum := sha256.Sum256([]byte(m.String()))
+	return TagMemberPrefix + hex.EncodeToString(sum[:8])
+}
+
+// MemberTags are the tags listing members on a shared role.
+func MemberTags(members []Member) map[string]string {
+	tags := make(map[string]string, len(members))
+	for _, m := range members {
+		tags[m.memberTagKey()] = m.String()
+	}
+	return tags
+}
+
+// ListedMembers are the members a shared role's tags list, sorted.
+func ListedMembers(tags map[string]string) []string {
+	var out []string
+	for k, v := range tags {
+		if strings.HasPrefix(k, TagMemberPrefix) {
+			out = append(out, v)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// Admits reports whether a shared role's tags list m among its members: the tag under m's key
+// naming m exactly (a tag written by hand under another key admits nobody).
+func Admits(tags map[string]string, m Member) bool {
+	return tags[m.memberTagKey()] == m.String()
+}
+
+// MemberTagsDiff is what to tag and what to untag so that tags list exactly want.
+func MemberTagsDiff(tags map[string]string, want []Member) (set map[string]string, unset []string) {
+	wanted := MemberTags(want)
+	set = map[string]string{}
+	for k, v := range wanted {
+		if tags[k] != v {
+			set[k] = v
+		}
+	}
+	for k := range tags {
+		if _, ok := wanted[k]; !ok && strings.HasPrefix(k, TagMemberPrefix) {
+			unset = append(unset, k)
+		}
+	}
+	slices.Sort(unset)
+	return set, unset
+}
+
+// ForeignStatements are the statement IDs (or "a statement without Sid") of the statements in a
+// shared role's trust policy that no member wrote: someone's own, written by hand. A role holding
+// any is never deleted by its last member.
+func ForeignStatements(doc string) ([]string, error) {
+	d, err := parseDocument(doc)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, st := range asList(d["Statement"]) {
+		switch sid := sidOf(st); {
+		case sid == nobodySid || sidPattern.MatchString(sid):
+		case sid == "":
+			out = append(out, "a statement without Sid")
+		default:
+			out = append(out, sid)
+		}
+	}
+	return out, nil
 }

@@ -170,3 +170,79 @@ func TestSharedMembersDescribeWhomTheyAdmit(t *testing.T) {
 		t.Errorf("members seen by west = %q", got)
 	}
 }
+
+// TestOwnersWritesKeepOnlyListedMembers: the owner's merge drops the statements of members it does
+// not list (and keeps its own, the listed ones' and hand-written ones); a member's merge drops no
+// one else's.
+func TestOwnersWritesKeepOnlyListedMembers(t *testing.T) {
+	owner, listed, dropped := sharedTrust("west", "team"), sharedTrust("east", "team"), sharedTrust("east", "rogue")
+	doc, _ := MergeShared("", owner, Parts{Annotation: true})
+	doc, _ = MergeShared(doc, listed, Parts{Association: true})
+	doc, _ = MergeShared(doc, dropped, Parts{Annotation: true, Association: true})
+	doc = strings.Replace(doc, `"Statement":[`, `"Statement":[{"Sid":"BreakGlass","Effect":"Allow","Principal":{"AWS":"arn:aws:iam::123456789012:root"},"Action":"sts:AssumeRole"},`, 1)
+	if n := len(sids(t, doc)); n != 5 {
+		t.Fatalf("%d statements before the owner's write: %s", n, doc)
+	}
+	// A member's write leaves the others alone, listed or not.
+	if same, _ := MergeShared(doc, listed, Parts{Association: true}); !slices.Equal(slices.Sorted(slices.Values(sids(t, same))), slices.Sorted(slices.Values(sids(t, doc)))) {
+		t.Errorf("a member's write changed others' statements: %s", same)
+	}
+	owner.Owner, owner.Listed = true, []Member{listed.Member}
+	if holds, err := SharedTrustHolds(doc, owner, Parts{Annotation: true}); err != nil || holds {
+		t.Errorf("the owner's trust holds with an unlisted member's statements in it (err %v)", err)
+	}
+	pruned, err := MergeShared(doc, owner, Parts{Annotation: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"BreakGlass", listed.Member.sid("PodIdentity"), owner.Member.sid("Irsa")}
+	if got := sids(t, pruned); !slices.Equal(got, want) {
+		t.Errorf("after the owner's write: %q, want %q", got, want)
+	}
+	if holds, _ := SharedTrustHolds(pruned, owner, Parts{Annotation: true}); !holds {
+		t.Error("the owner's trust does not hold after its own write")
+	}
+	foreign, err := ForeignStatements(pruned)
+	if err != nil || !slices.Equal(foreign, []string{"BreakGlass"}) {
+		t.Errorf("foreign statements = %q (%v), want BreakGlass", foreign, err)
+	}
+	if f, _ := ForeignStatements(strings.Replace(pruned, `,"Sid":"BreakGlass"`, "", 1)); !slices.Equal(f, []string{"a statement without Sid"}) {
+		t.Errorf("a statement without Sid: %q", f)
+	}
+}
+
+// TestMemberTags: the owner's list as tags, one per member under its digest; only the tag under a
+// member's own key, naming it exactly, admits it.
+func TestMemberTags(t *testing.T) {
+	a, b := Member{"prod-eu", "payments", "app"}, Member{"prod-us", "payments", "app"}
+	tags := MemberTags([]Member{a, b})
+	if len(tags) != 2 || !Admits(tags, a) || !Admits(tags, b) || Admits(tags, Member{"prod-eu", "payments", "other"}) {
+		t.Errorf("tags %v", tags)
+	}
+	for k, v := range tags {
+		if !strings.HasPrefix(k, TagMemberPrefix) || len(k) > 128 || len(v) > 256 {
+			t.Errorf("tag %s=%s does not fit IAM", k, v)
+		}
+	}
+	if got := ListedMembers(map[string]string{TagSharedRole: "x", TagMemberPrefix + "1": "b/c/d", TagMemberPrefix + "0": "a/b/c"}); !slices.Equal(got, []string{"a/b/c", "b/c/d"}) {
+		t.Errorf("listed = %q", got)
+	}
+	// A hand-written tag naming a member under another key admits nobody.
+	if Admits(map[string]string{TagMemberPrefix + "0000000000000000": a.String()}, a) {
+		t.Error("a tag under another key admitted its member")
+	}
+	with := MemberTags([]Member{a, b})
+	with["Team"] = "payments"
+	set, unset := MemberTagsDiff(with, []Member{b, {"prod-ap", "payments", "app"}})
+	if len(set) != 1 || set[Member{"prod-ap", "payments", "app"}.memberTagKey()] != "prod-ap/payments/app" || !slices.Equal(unset, []string{a.memberTagKey()}) {
+		t.Errorf("diff: set %v, unset %v", set, unset)
+	}
+	for _, bad := range []string{"a/b", "a/b/c/d", "/b/c", "a b/c/d"} {
+		if _, err := ParseMember(bad); err == nil {
+			t.Errorf("ParseMember(%q) accepted", bad)
+		}
+	}
+	if m, err := ParseMember("eu_2:x+y@z=w/team-a/app.v2"); err != nil || m.Cluster != "eu_2:x+y@z=w" {
+		t.Errorf("ParseMember: %+v %v", m, err)
+	}
+}

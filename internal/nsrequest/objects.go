@@ -2,7 +2,9 @@ package nsrequest
 
 import (
 	"fmt"
+	"maps"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -25,7 +27,10 @@ const (
 )
 
 // Defaults are the optional objects every requested namespace gets, read from the file given by
-// --namespace-defaults. Example:
+// --namespace-defaults: the top level is the profile every request gets, and profiles are named
+// alternatives that a TrustedIssuer rule may give the namespaces its jobs ask for
+// (spec.rules[].defaults; the exchange records the choice in the request's AnnotationDefaults).
+// Example:
 //
 //	resourceQuota:
 //	  hard: {requests.cpu: "4", requests.memory: 8Gi, pods: "50"}
@@ -38,7 +43,19 @@ const (
 //	copy:
 //	  secrets: [registry-pull]
 //	  configMaps: [corporate-ca]
+//	profiles:
+//	  pull-requests:
+//	    resourceQuota: {hard: {requests.cpu: "1", pods: "10"}}
+//	    isolateNetwork: true
 type Defaults struct {
+	Profile `json:",inline"`
+	// Profiles are the named alternatives to the top level (a profile holds what it names and
+	// nothing of the top level).
+	Profiles map[string]Profile `json:"profiles,omitempty"`
+}
+
+// Profile is one set of defaults.
+type Profile struct {
 	ResourceQuota *corev1.ResourceQuotaSpec `json:"resourceQuota,omitempty"`
 	LimitRange    *corev1.LimitRangeSpec    `json:"limitRange,omitempty"`
 	// IsolateNetwork adds a NetworkPolicy that admits ingress only from pods of the same namespace.
@@ -46,6 +63,63 @@ type Defaults struct {
 	// Copy names Secrets and ConfigMaps of the --copy-from-namespace that every namespace gets a copy
 	// of, kept as their source is and removed when dropped from this list.
 	Copy Copies `json:"copy,omitempty"`
+}
+
+// AnnotationDefaults on a request names the profile of the defaults its namespace gets (absent:
+// the top level). Only the exchange writes it (the admission policy
+// quartermaster-exchange-requests keeps it from everyone else).
+const AnnotationDefaults = "quartermaster.dev/defaults"
+
+// maxProfiles bounds the profiles of a defaults file.
+const maxProfiles = 20
+
+// ProfileNamed returns the profile named name ("" is the top level), or an error naming the ones
+// there are.
+func (d *Defaults) ProfileNamed(name string) (*Profile, error) {
+	if name == "" {
+		return &d.Profile, nil
+	}
+	if p, ok := d.Profiles[name]; ok {
+		return &p, nil
+	}
+	names := slices.Sorted(maps.Keys(d.Profiles))
+	if len(names) == 0 {
+		return nil, fmt.Errorf("defaults profile %q is not defined: --namespace-defaults defines no profiles", name)
+	}
+	return nil, fmt.Errorf("defaults profile %q is not defined in --namespace-defaults (profiles: %s)", name, strings.Join(names, ", "))
+}
+
+// Copying says whether any profile copies objects.
+func (d *Defaults) Copying() bool {
+	if !d.Copy.Empty() {
+		return true
+	}
+	for _, p := range d.Profiles {
+		if !p.Copy.Empty() {
+			return true
+		}
+	}
+	return false
+}
+
+// validate checks the profiles' names and what they copy.
+func (d *Defaults) validate() error {
+	if err := d.Copy.validate(); err != nil {
+		return err
+	}
+	if len(d.Profiles) > maxProfiles {
+		return fmt.Errorf("%d profiles, at most %d", len(d.Profiles), maxProfiles)
+	}
+	for _, name := range slices.Sorted(maps.Keys(d.Profiles)) {
+		if errs := validation.IsDNS1123Label(name); len(errs) > 0 {
+			return fmt.Errorf("profiles: %q is no profile name (a DNS label): %s", name, strings.Join(errs, "; "))
+		}
+		p := d.Profiles[name]
+		if err := p.Copy.validate(); err != nil {
+			return fmt.Errorf("profiles.%s: %w", name, err)
+		}
+	}
+	return nil
 }
 
 // Copies are the shared objects every requested namespace gets a copy of, by name.
@@ -114,7 +188,7 @@ func LoadDefaults(path string) (*Defaults, error) {
 	if err := yaml.UnmarshalStrict(data, d); err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
-	if err := d.Copy.validate(); err != nil {
+	if err := d.validate(); err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	return d, nil
@@ -147,8 +221,8 @@ func Namespace(requestsNamespace string, req *Request, requestUID types.UID, now
 }
 
 // NamespaceObjects returns what the operator keeps inside a requested namespace: the admin
-// ServiceAccount and its bindings, then the configured defaults.
-func NamespaceObjects(requestsNamespace, name string, d *Defaults) []client.Object {
+// ServiceAccount and its bindings, then the defaults of its profile d.
+func NamespaceObjects(requestsNamespace, name string, d *Profile) []client.Object {
 	objs := []client.Object{
 		&corev1.ServiceAccount{ObjectMeta: meta(requestsNamespace, name, ServiceAccountName)},
 		&rbacv1.RoleBinding{

@@ -100,6 +100,9 @@ type Request struct {
 	TokenTTL time.Duration
 	// Notes are adjustments the user should know about (a capped ttl, …).
 	Notes []string
+	// Profile is the defaults the namespace gets (Defaults.ProfileNamed of the request's
+	// AnnotationDefaults), set by whoever serves the request.
+	Profile *Profile
 }
 
 // Rejection explains why a request is refused; Reason is a CamelCase Event reason.

@@ -2,6 +2,8 @@ package nsrequest
 
 import (
 	"encoding/base64"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -157,5 +159,56 @@ func TestTokenTimesReadsTheServersClock(t *testing.T) {
 		if _, _, ok := TokenTimes(bad); ok {
 			t.Errorf("TokenTimes(%q) ok", bad)
 		}
+	}
+}
+
+// TestLoadDefaultsProfiles: the top level is the profile every request gets; named profiles hold
+// only what they name; a bad profile name, an unknown key or a bad copy list inside a profile stops
+// the file, naming where.
+func TestLoadDefaultsProfiles(t *testing.T) {
+	write := func(body string) string {
+		p := filepath.Join(t.TempDir(), "defaults.yaml")
+		if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	d, err := LoadDefaults(write(`
+isolateNetwork: true
+resourceQuota: {hard: {pods: "50"}}
+profiles:
+  pull-requests:
+    resourceQuota: {hard: {pods: "5"}}
+    copy: {secrets: [registry-pull]}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	top, err := d.ProfileNamed("")
+	if err != nil || !top.IsolateNetwork || top.ResourceQuota.Hard.Pods().String() != "50" {
+		t.Errorf("top level = %+v, %v", top, err)
+	}
+	pr, err := d.ProfileNamed("pull-requests")
+	if err != nil || pr.IsolateNetwork || pr.ResourceQuota.Hard.Pods().String() != "5" || len(pr.Copy.Secrets) != 1 {
+		t.Errorf("profile = %+v, %v", pr, err)
+	}
+	if !d.Copying() {
+		t.Error("a profile copies, Copying says none does")
+	}
+	if _, err := d.ProfileNamed("large"); err == nil || !strings.Contains(err.Error(), `"large" is not defined in --namespace-defaults (profiles: pull-requests)`) {
+		t.Errorf("unknown profile: %v", err)
+	}
+	for body, want := range map[string]string{
+		"profiles:\n  Big_One: {}\n":                                    `"Big_One" is no profile name`,
+		"profiles:\n  big:\n    quota: {}\n":                            `unknown field "quota"`,
+		"profiles:\n  big:\n    copy: {secrets: [a, a]}\n":              `profiles.big: copy.secrets names "a" twice`,
+		"profiles:\n  big:\n    copy: {configMaps: [\"not a name\"]}\n": `profiles.big: copy.configMaps: "not a name" is no object name`,
+	} {
+		if _, err := LoadDefaults(write(body)); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: %v, want %q", body, err, want)
+		}
+	}
+	if d, _ := LoadDefaults(""); d.Copying() {
+		t.Error("no defaults copy something")
 	}
 }

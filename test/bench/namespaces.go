@@ -259,7 +259,7 @@ func bareNamespaceWrites(ctx context.Context, e *env, requestsNS string, n, writ
 			return err
 		}
 		var sa *corev1.ServiceAccount
-		for _, obj := range nsrequest.NamespaceObjects("bare", name, defaults) {
+		for _, obj := range nsrequest.NamespaceObjects("bare", name, &defaults.Profile) {
 			obj.SetLabels(nil) // not the controller's
 			if err := e.client.Create(ctx, obj); err != nil {
 				return err

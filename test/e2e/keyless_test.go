@@ -5,6 +5,7 @@ package e2e
 import (
 	"context"
 	"errors"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -35,10 +36,20 @@ func TestKeylessPipelineStepWithOnlyItsToken(t *testing.T) {
 	certDir := filepath.Join(dir, "exchange-tls")
 	must(t, os.Mkdir(certDir, 0o700))
 	testenv.ServingCert(t, certDir)
-	addr := freeAddr(t)
+	addr, probeAddr := freeAddr(t), freeAddr(t)
 	// The manager trusts the loopback issuer's certificate as it would a public CA's.
 	mgr := startAs(t, "manager", managerNamespace, "quartermaster-manager", []string{"SSL_CERT_FILE=" + issuerCA},
-		"--controllers=namespaces", "--health-probe-bind-address=0", "--exchange-bind-address="+addr, "--exchange-cert-dir="+certDir)
+		"--controllers=namespaces", "--health-probe-bind-address="+probeAddr, "--exchange-bind-address="+addr, "--exchange-cert-dir="+certDir)
+	// As a Service would: the step is sent to the manager once its readiness (which includes the
+	// exchange listening) says so.
+	eventually(t, "the manager's /readyz to answer 200", func() bool {
+		resp, err := http.Get("http://" + probeAddr + "/readyz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
 
 	c, err := client.New(cluster.Config, client.Options{Scheme: manager.Scheme(nsv1alpha1.AddToScheme)})
 	must(t, err)

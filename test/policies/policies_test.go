@@ -202,6 +202,11 @@ func TestExchangeRequestsPolicyIsEnforced(t *testing.T) {
 	if _, err := asAdmin.CoreV1().ConfigMaps(ns).Create(ctx, plain, metav1.CreateOptions{}); err != nil {
 		t.Errorf("a request of the ConfigMap path: %v, want allowed", err)
 	}
+	// A request of the ConfigMap path choosing a profile (a bigger quota) a TrustedIssuer rule gives.
+	profiled := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "ci-profiled", Annotations: map[string]string{"quartermaster.dev/defaults": "large"}}}
+	if _, err := asAdmin.CoreV1().ConfigMaps(ns).Create(ctx, profiled, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}); err == nil || !strings.Contains(err.Error(), refusal) {
+		t.Errorf("a request of the ConfigMap path naming a defaults profile: %v, want refused with %q", err, refusal)
+	}
 	if _, err := asManager.CoreV1().ConfigMaps(ns).Create(ctx, forged, metav1.CreateOptions{}); err != nil {
 		t.Fatalf("the exchange's request, made by the manager: %v, want allowed", err)
 	}
@@ -214,6 +219,7 @@ func TestExchangeRequestsPolicyIsEnforced(t *testing.T) {
 		"the identity removed":      `{"metadata":{"annotations":{"quartermaster.dev/identity":null}}}`,
 		"another identity's digest": `{"metadata":{"labels":{"quartermaster.dev/identity":"fedcba9876543210"}}}`,
 		"an earlier requested-at":   `{"metadata":{"annotations":{"quartermaster.dev/requested-at":"2000-01-01T00:00:00.000000000Z"}}}`,
+		"a defaults profile":        `{"metadata":{"annotations":{"quartermaster.dev/defaults":"large"}}}`,
 	} {
 		if err := patch(body); err == nil || !strings.Contains(err.Error(), refusal) {
 			t.Errorf("an administrator writing %s: %v, want refused with %q", what, err, refusal)

@@ -123,6 +123,7 @@ type IAMServiceAccountSpec struct {
 }
 
 // SharedRole names a role several clusters use.
+// +kubebuilder:validation:XValidation:rule="self.owner || !has(self.members)",message="only the owner (sharedRole.owner: true) lists the members of a shared role"
 type SharedRole struct {
 	// Name is the role's name in IAM (the account's role names are one namespace, whatever
 	// their path); names starting eks-sa- are the per-ServiceAccount roles'.
@@ -138,6 +139,18 @@ type SharedRole struct {
 	// statement, and waits for the owner to create the role.
 	// +optional
 	Owner bool `json:"owner,omitempty"`
+	// Members, on the owner only, are the other IAMServiceAccounts that may use the role, each
+	// as <cluster>/<namespace>/<name> (the --cluster-name of its operator). The owner writes the
+	// list on the role (tags quartermaster.dev/member-*); every operator checks it before it
+	// writes a member's statement into the role's trust policy, removes the statements of a
+	// member dropped from it, and admits only a listed member as the next owner of a role its
+	// owner left. An IAMServiceAccount the owner does not list never gets the role.
+	// +optional
+	// +listType=set
+	// +kubebuilder:validation:MaxItems=20
+	// +kubebuilder:validation:items:MaxLength=256
+	// +kubebuilder:validation:items:Pattern=`^[A-Za-z0-9_.:=+@-]+/[a-z0-9]([-a-z0-9]*[a-z0-9])?/[a-z0-9]([-.a-z0-9]*[a-z0-9])?$`
+	Members []string `json:"members,omitempty"`
 }
 
 // InlinePolicy is a policy embedded in the role.
@@ -272,6 +285,10 @@ type SharedRoleStatus struct {
 	// +optional
 	// +listType=atomic
 	TrustedBy []string `json:"trustedBy,omitempty"`
+	// Members are the IAMServiceAccounts the owner lists on the role as allowed to use it.
+	// +optional
+	// +listType=atomic
+	Members []string `json:"members,omitempty"`
 }
 
 // IAMServiceAccount is an IAM role for one ServiceAccount, owned by this object, that its pods get

@@ -88,6 +88,15 @@ type IssuerRule struct {
 	// for less. Unset: the operator's --token-ttl.
 	// +optional
 	TokenTTL *metav1.Duration `json:"tokenTTL,omitempty"`
+
+	// Defaults names the profile of the operator's namespace defaults (--namespace-defaults,
+	// profiles.<name>) that the rule's namespaces get: their quota, limits, network isolation and
+	// copies. Unset: the defaults' top level, as every ConfigMap request gets. A profile the
+	// defaults do not define makes the issuer not Ready and the exchange refuse the rule's jobs.
+	// +optional
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
+	Defaults string `json:"defaults,omitempty"`
 }
 
 // TrustedIssuerStatus is what the operator last saw of the issuer.

@@ -38,6 +38,9 @@ type Options struct {
 	// UnusedAfter is how long a granted service or action may go unused before an
 	// IAMServiceAccount's status lists it (0: no access report).
 	UnusedAfter time.Duration
+	// SharedRoleNamespaces are the namespaces (comma list, * globs) whose IAMServiceAccounts may
+	// use spec.sharedRole.
+	SharedRoleNamespaces string
 }
 
 // AddFlags registers the controller's flags on fs.
@@ -60,11 +63,15 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.Concurrency, "iam-concurrency", 8, "IAMPolicies and IAMServiceAccounts reconciled in parallel (each).")
 	fs.DurationVar(&o.UnusedAfter, "iam-unused-after", 0,
 		"Report in each IAMServiceAccount's status.accessReport the granted services and actions its role has not used for this long, from IAM's last-accessed information (read at most once per --iam-resync), e.g. 2160h for 90 days. 0: off.")
+	fs.StringVar(&o.SharedRoleNamespaces, "iam-shared-role-namespaces", "",
+		"Comma list of the namespaces (* matches any part of a name, e.g. platform-*) whose IAMServiceAccounts may use spec.sharedRole: a role shared with other clusters, reached by whoever its owner lists. Empty: none; an IAMServiceAccount elsewhere stalls (SharedRoleNotAllowed) and its statements are taken out of the role.")
 }
 
 var (
 	accountIDPattern = regexp.MustCompile(`^[0-9]{12}$`)
 	policyARNPattern = regexp.MustCompile(`^arn:aws[a-z-]*:iam::(aws|[0-9]{12}):policy/.+$`)
+	// sharedNamespacePattern is a namespace name with * anywhere.
+	sharedNamespacePattern = regexp.MustCompile(`^[a-z0-9*-]{1,63}$`)
 )
 
 // config is the validated form of the flags.
@@ -84,6 +91,8 @@ type config struct {
 	unusedAfter   time.Duration
 	compat        bool
 	concurrency   int
+	// sharedNamespaces are --iam-shared-role-namespaces' patterns.
+	sharedNamespaces []string
 }
 
 // validate reports, naming the flag, why the controller cannot run.
@@ -134,6 +143,16 @@ func (o *Options) validate() (config, error) {
 	if o.PermissionsBoundary != "" && !policyARNPattern.MatchString(o.PermissionsBoundary) {
 		return config{}, fmt.Errorf("--permissions-boundary %q is not a policy ARN", o.PermissionsBoundary)
 	}
+	var sharedNamespaces []string
+	for p := range strings.SplitSeq(o.SharedRoleNamespaces, ",") {
+		if p = strings.TrimSpace(p); p == "" {
+			continue
+		}
+		if !sharedNamespacePattern.MatchString(p) {
+			return config{}, fmt.Errorf("--iam-shared-role-namespaces: %q is not a namespace name or a pattern of one (lower-case letters, digits, - and *)", p)
+		}
+		sharedNamespaces = append(sharedNamespaces, p)
+	}
 	switch {
 	case o.Resync <= 0:
 		return config{}, errors.New("--iam-resync must be positive")
@@ -145,7 +164,7 @@ func (o *Options) validate() (config, error) {
 	return config{
 		cluster: o.ClusterName, eksCluster: eksCluster, eksClusterErr: eksClusterErr, issuer: issuer, accountID: o.AccountID, partition: o.Partition,
 		allowed: allowed, boundary: o.PermissionsBoundary, resync: o.Resync, unusedAfter: o.UnusedAfter, compat: o.ConfigMapCompat,
-		concurrency: o.Concurrency,
+		concurrency: o.Concurrency, sharedNamespaces: sharedNamespaces,
 	}, nil
 }
 

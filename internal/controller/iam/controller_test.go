@@ -1,6 +1,7 @@
 package iam
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -64,6 +65,33 @@ func TestOIDCIssuerFlag(t *testing.T) {
 			}
 		case err != nil || cfg.issuer != tc.want:
 			t.Errorf("%q: issuer %q, error %v; want %q", tc.issuer, cfg.issuer, err, tc.want)
+		}
+	}
+}
+
+// TestSharedRoleNamespacesFlag: --iam-shared-role-namespaces is a comma list of namespace names
+// and * patterns; anything else stops the controller naming the flag and the value.
+func TestSharedRoleNamespacesFlag(t *testing.T) {
+	for _, tc := range []struct {
+		value    string
+		want     []string
+		startErr string
+	}{
+		{value: "", want: nil},
+		{value: "platform, team-*, *-shared", want: []string{"platform", "team-*", "*-shared"}},
+		{value: "team/a", startErr: `--iam-shared-role-namespaces: "team/a" is not a namespace name`},
+		{value: "Team", startErr: `"Team" is not a namespace name`},
+		{value: "team-[ab]", startErr: `"team-[ab]" is not a namespace name`},
+	} {
+		o := Options{ClusterName: "prod", Partition: "aws", Resync: time.Hour, Concurrency: 1, SharedRoleNamespaces: tc.value}
+		cfg, err := o.validate()
+		switch {
+		case tc.startErr != "":
+			if err == nil || !strings.Contains(err.Error(), tc.startErr) {
+				t.Errorf("%q: error %v, want %q", tc.value, err, tc.startErr)
+			}
+		case err != nil || !slices.Equal(cfg.sharedNamespaces, tc.want):
+			t.Errorf("%q: %q, error %v; want %q", tc.value, cfg.sharedNamespaces, err, tc.want)
 		}
 	}
 }

@@ -3,6 +3,7 @@ package iam
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -307,7 +308,7 @@ func describeParts(sa *iamv1alpha1.IAMServiceAccount, p irsa.Parts) string {
 // for a role not made yet) with this member's statements in it.
 func (r *ServiceAccountReconciler) trustPolicy(ctx context.Context, sa *iamv1alpha1.IAMServiceAccount, current string, trust irsa.Parts) (string, error) {
 	if isShared(sa) {
-		t, err := r.memberTrust(ctx, sa)
+		t, err := r.memberTrust(ctx, sa, nil)
 		if err != nil {
 			return "", err
 		}
@@ -353,6 +354,11 @@ func (r *ServiceAccountReconciler) ensureRole(ctx context.Context, sa *iamv1alph
 	want := r.desiredRole(sa, trust)
 	sa.Status.RoleName = want.Name
 	role, err := r.aws.GetRole(ctx, want.Name)
+	if awsiam.IsNotFound(err) && isShared(sa) {
+		if o := r.sharedNamespace(sa); o != nil {
+			return nil, *o
+		}
+	}
 	if awsiam.IsNotFound(err) && isMember(sa) {
 		return nil, status.Progressing(ReasonSharedRoleNotFound, fmt.Sprintf(
 			"shared role %s does not exist yet: its owner (the IAMServiceAccount with sharedRole.owner: true, in any cluster) creates it", want.Name), r.WaitRetry)
@@ -418,6 +424,9 @@ func (r *ServiceAccountReconciler) desiredRole(sa *iamv1alpha1.IAMServiceAccount
 		role.Path = irsa.SharedPath
 		role.Description = irsa.SharedRoleDescription(r.member(sa))
 		role.Tags[irsa.TagSharedRole] = sa.Spec.SharedRole.Name
+		if members, err := ownerMembers(sa); err == nil {
+			maps.Copy(role.Tags, irsa.MemberTags(members))
+		}
 	}
 	return role
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"path"
 	"slices"
 	"strings"
 	"sync"
@@ -30,6 +31,14 @@ const (
 	ReasonSharedRoleNotFound = "SharedRoleNotFound"
 	// ReasonSharedRoleTrustFull: the member's statement does not fit IAM's trust policy quota.
 	ReasonSharedRoleTrustFull = "SharedRoleTrustFull"
+	// ReasonSharedRoleNotAllowed: the object's namespace may not use shared roles
+	// (--iam-shared-role-namespaces).
+	ReasonSharedRoleNotAllowed = "SharedRoleNotAllowed"
+	// ReasonSharedRoleNotListed: the role's owner does not list the object among its members.
+	ReasonSharedRoleNotListed = "SharedRoleNotListed"
+	// ReasonSharedRoleTakingOver: the object took over a role without owner and confirms it is
+	// the only one before it writes the role's permissions.
+	ReasonSharedRoleTakingOver = "SharedRoleTakingOver"
 )
 
 // maxTrustedBy is how many other members status.sharedRole.trustedBy lists.
@@ -59,16 +68,72 @@ func (r *ServiceAccountReconciler) member(sa *iamv1alpha1.IAMServiceAccount) irs
 	return irsa.Member{Cluster: r.cfg.cluster, Namespace: sa.Namespace, Name: sa.Name}
 }
 
-// memberTrust is what sa's statements in a shared role's trust policy admit.
-func (r *ServiceAccountReconciler) memberTrust(ctx context.Context, sa *iamv1alpha1.IAMServiceAccount) (irsa.MemberTrust, error) {
+// memberTrust is what sa's statements in a shared role's trust policy admit (role: as read; nil
+// when sa is about to create it).
+func (r *ServiceAccountReconciler) memberTrust(ctx context.Context, sa *iamv1alpha1.IAMServiceAccount, role *awsiam.Role) (irsa.MemberTrust, error) {
 	account, err := r.accountID(ctx)
 	if err != nil {
 		return irsa.MemberTrust{}, err
 	}
-	return irsa.MemberTrust{
+	t := irsa.MemberTrust{
 		Member: r.member(sa), ServiceAccount: sa.Spec.ServiceAccountName,
 		Partition: r.cfg.partition, AccountID: account, Issuer: r.cfg.issuer, EKSCluster: r.cfg.eksCluster,
-	}, nil
+	}
+	// The owner's list prunes the trust policy of the role it owns (or creates: role nil), never
+	// of one another object owns.
+	if sa.Spec.SharedRole.Owner && (role == nil || irsa.OwnedBy(role.Tags, r.cfg.cluster, sa.Namespace, sa.Name)) {
+		t.Owner = true
+		if t.Listed, err = ownerMembers(sa); err != nil {
+			return irsa.MemberTrust{}, err
+		}
+	}
+	return t, nil
+}
+
+// sharedNamespace refuses an object whose namespace --iam-shared-role-namespaces leaves out.
+func (r *ServiceAccountReconciler) sharedNamespace(sa *iamv1alpha1.IAMServiceAccount) *status.Outcome {
+	for _, p := range r.cfg.sharedNamespaces {
+		if ok, _ := path.Match(p, sa.Namespace); ok {
+			return nil
+		}
+	}
+	allowed := strings.Join(r.cfg.sharedNamespaces, ", ")
+	if allowed == "" {
+		allowed = "none"
+	}
+	return ptr.To(status.WaitsForPerson(ReasonSharedRoleNotAllowed, fmt.Sprintf(
+		"this cluster's operator lets only the IAMServiceAccounts of some namespaces use shared roles (--iam-shared-role-namespaces, chart value iam.sharedRoleNamespaces: %s), and not namespace %s: ask the platform team, or use a role of this object's own (no sharedRole)",
+		allowed, sa.Namespace), r.SlowRetry))
+}
+
+// ownerMembers are the members the owner sa lists (spec.sharedRole.members, validated by the API
+// server as <cluster>/<namespace>/<name>).
+func ownerMembers(sa *iamv1alpha1.IAMServiceAccount) ([]irsa.Member, error) {
+	var out []irsa.Member
+	for _, s := range sa.Spec.SharedRole.Members {
+		m, err := irsa.ParseMember(s)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, m)
+	}
+	return out, nil
+}
+
+// revoke takes sa's statements out of the shared role's trust policy (when they are there) and
+// returns the outcome o that refused it, saying so: an object that may no longer use the role
+// loses it at once, not at its deletion.
+func (r *ServiceAccountReconciler) revoke(ctx context.Context, sa *iamv1alpha1.IAMServiceAccount, role *awsiam.Role, o status.Outcome, ch *changes) status.Outcome {
+	wrote, err := r.ensureSharedTrust(ctx, sa, role, irsa.Parts{})
+	if err != nil {
+		return r.roleFailure(sa, err)
+	}
+	if wrote {
+		ch.trustWritten = true
+		ch.add("removed this IAMServiceAccount's statements from the trust policy of shared role %s", role.ARN)
+		o.Message += "; its statements were taken out of the role's trust policy"
+	}
+	return o
 }
 
 // ownerOf names the owner of a shared role from its tags ("" when it has none).
@@ -79,9 +144,12 @@ func ownerOf(tags map[string]string) string {
 	return irsa.Member{Cluster: tags[irsa.TagCluster], Namespace: tags[irsa.TagNamespace], Name: tags[irsa.TagName]}.String()
 }
 
-// sharedOwnership checks that an existing role is the shared role sa names, and makes its
-// ownership what sa's spec says: an owner takes over a role without one, a former owner that is now
-// a member releases it. Another object's ownership is a conflict for an owner, nothing for a member.
+// sharedOwnership checks that an existing role is the shared role sa names and that sa may use
+// it, and makes its ownership what sa's spec says: an owner takes over a role without one when
+// the last owner listed it, a former owner that is now a member releases it (listing itself),
+// the owner keeps the role's member list as its spec says. Another object's ownership is a
+// conflict for an owner; a member its owner does not list is refused, and its statements leave
+// the trust policy.
 func (r *ServiceAccountReconciler) sharedOwnership(ctx context.Context, sa *iamv1alpha1.IAMServiceAccount, role *awsiam.Role, ch *changes) *status.Outcome {
 	name := sa.Spec.SharedRole.Name
 	if role.Tags[irsa.TagSharedRole] != name {
@@ -89,14 +157,29 @@ func (r *ServiceAccountReconciler) sharedOwnership(ctx context.Context, sa *iamv
 			"IAM role %s exists and is not a Quartermaster shared role (tag %s=%s); it is left alone: name another role",
 			name, irsa.TagSharedRole, name), r.SlowRetry))
 	}
+	if o := r.sharedNamespace(sa); o != nil {
+		return ptr.To(r.revoke(ctx, sa, role, *o, ch))
+	}
+	me := r.member(sa)
 	ours := irsa.OwnedBy(role.Tags, r.cfg.cluster, sa.Namespace, sa.Name)
 	owner := ownerOf(role.Tags)
+	listed := func() string {
+		if l := irsa.ListedMembers(role.Tags); len(l) > 0 {
+			return strings.Join(l, ", ")
+		}
+		return "none"
+	}
 	switch {
 	case sa.Spec.SharedRole.Owner && !ours && owner != "":
 		return ptr.To(status.WaitsForPerson(ReasonConflict, fmt.Sprintf(
 			"shared role %s is owned by %s: one IAMServiceAccount writes a shared role's permissions; set sharedRole.owner: false here, or release it there (owner: false, or delete it)",
 			name, owner), r.SlowRetry))
 	case sa.Spec.SharedRole.Owner && !ours:
+		if !irsa.Admits(role.Tags, me) {
+			return ptr.To(r.revoke(ctx, sa, role, status.WaitsForPerson(ReasonSharedRoleNotListed, fmt.Sprintf(
+				"shared role %s has no owner, and only a member its last owner listed may take it over (listed: %s); this IAMServiceAccount is %s",
+				name, listed(), me), r.SlowRetry), ch))
+		}
 		// The new owner's spec becomes the role's permissions: what the last owner attached is
 		// detached unless the spec names it, and its inline policies are taken as this object's
 		// (deleted unless the spec names them), as if this object had put them.
@@ -111,11 +194,62 @@ func (r *ServiceAccountReconciler) sharedOwnership(ctx context.Context, sa *iamv
 		maps.Copy(role.Tags, tags)
 		sa.Status.InlinePolicies = slices.Compact(slices.Sorted(slices.Values(append(sa.Status.InlinePolicies, inline...))))
 		ch.add("took ownership of shared role %s", role.ARN)
+		// Another listed member may have taken it over at the same moment (IAM has no
+		// conditional write; the last tags written win): the permissions are written once a
+		// read a settle time later still names this object.
+		return ptr.To(status.Progressing(ReasonSharedRoleTakingOver, fmt.Sprintf(
+			"took ownership of shared role %s, which had no owner; its permissions are written once a read %s later still names this object its owner",
+			role.ARN, r.sharedSettle), r.sharedSettle))
 	case !sa.Spec.SharedRole.Owner && ours:
+		// The former owner stays a member: it lists itself as it leaves the list to whoever owns
+		// the role next.
+		if err := r.aws.TagRole(ctx, name, irsa.MemberTags([]irsa.Member{me})); err != nil {
+			return ptr.To(awsFailure(err, r.SlowRetry))
+		}
+		maps.Copy(role.Tags, irsa.MemberTags([]irsa.Member{me}))
 		if err := r.releaseRole(ctx, role); err != nil {
 			return ptr.To(awsFailure(err, r.SlowRetry))
 		}
 		ch.add("released ownership of shared role %s (its permissions stay as they are)", role.ARN)
+	case !sa.Spec.SharedRole.Owner && !irsa.Admits(role.Tags, me):
+		owned := "has no owner"
+		if owner != "" {
+			owned = "is owned by " + owner
+		}
+		return ptr.To(r.revoke(ctx, sa, role, status.WaitsForPerson(ReasonSharedRoleNotListed, fmt.Sprintf(
+			"shared role %s %s, whose sharedRole.members does not name this IAMServiceAccount (%s; listed: %s): only the members its owner lists get the role",
+			name, owned, me, listed()), r.SlowRetry), ch))
+	case sa.Spec.SharedRole.Owner:
+		if err := r.ensureMemberTags(ctx, sa, role, ch); err != nil {
+			return ptr.To(awsFailure(err, r.SlowRetry))
+		}
+	}
+	return nil
+}
+
+// ensureMemberTags makes the member list on the role the owner sa's spec.sharedRole.members.
+func (r *ServiceAccountReconciler) ensureMemberTags(ctx context.Context, sa *iamv1alpha1.IAMServiceAccount, role *awsiam.Role, ch *changes) error {
+	members, err := ownerMembers(sa)
+	if err != nil {
+		return err
+	}
+	set, unset := irsa.MemberTagsDiff(role.Tags, members)
+	if len(set) > 0 {
+		if err := r.aws.TagRole(ctx, role.Name, set); err != nil {
+			return err
+		}
+		maps.Copy(role.Tags, set)
+	}
+	if len(unset) > 0 {
+		if err := r.aws.UntagRole(ctx, role.Name, unset); err != nil {
+			return err
+		}
+		for _, k := range unset {
+			delete(role.Tags, k)
+		}
+	}
+	if len(set)+len(unset) > 0 {
+		ch.add("shared role %s lists %d members", role.ARN, len(members))
 	}
 	return nil
 }
@@ -159,7 +293,7 @@ func (k *keyedMutex) lock(key string) (unlock func()) {
 // written again at the next attempt); the caller reads again after sharedSettle (a write that
 // could still drop them lands before that).
 func (r *ServiceAccountReconciler) ensureSharedTrust(ctx context.Context, sa *iamv1alpha1.IAMServiceAccount, role *awsiam.Role, trust irsa.Parts) (bool, error) {
-	t, err := r.memberTrust(ctx, sa)
+	t, err := r.memberTrust(ctx, sa, role)
 	if err != nil {
 		return false, err
 	}
@@ -222,7 +356,7 @@ func (r *ServiceAccountReconciler) observeShared(sa *iamv1alpha1.IAMServiceAccou
 	if len(others) > maxTrustedBy {
 		others = append(others[:maxTrustedBy], fmt.Sprintf("and %d more", len(others)-maxTrustedBy))
 	}
-	sa.Status.SharedRole = &iamv1alpha1.SharedRoleStatus{Owner: ownerOf(role.Tags), TrustedBy: others}
+	sa.Status.SharedRole = &iamv1alpha1.SharedRoleStatus{Owner: ownerOf(role.Tags), TrustedBy: others, Members: irsa.ListedMembers(role.Tags)}
 }
 
 // sharedReadyNote completes the Ready message of a shared role's member.
@@ -278,8 +412,24 @@ func (r *ServiceAccountReconciler) deleteShared(ctx context.Context, sa *iamv1al
 		r.recorder.Eventf(sa, nil, corev1.EventTypeNormal, "SharedRoleLeft", "Delete", "removed this member's statements from the trust policy of shared role %s", role.ARN)
 		return nil
 	}
-	// No member left, and the role is ours or nobody's: it goes, with the permissions on it
-	// (the owner's inline policies, which a role without owner no longer records).
+	// No member left, and the role is ours or nobody's. Statements someone wrote by hand still
+	// admit someone: the role stays for them, released.
+	foreign, err := irsa.ForeignStatements(role.TrustPolicy)
+	if err != nil {
+		return ptr.To(status.Transient(ReasonDeleting, err.Error(), err))
+	}
+	if len(foreign) > 0 {
+		if ours {
+			if err := r.releaseRole(ctx, role); err != nil {
+				return ptr.To(awsFailure(err, r.SlowRetry))
+			}
+		}
+		r.recorder.Eventf(sa, nil, corev1.EventTypeWarning, "SharedRoleKept", "Delete",
+			"shared role %s kept, without owner and with its permissions: no member uses it, but its trust policy holds statements Quartermaster did not write (%s); delete the role by hand once they are not needed", role.ARN, strings.Join(foreign, ", "))
+		return nil
+	}
+	// Nothing admits anyone any more: the role goes, with the permissions on it (the owner's
+	// inline policies, which a role without owner no longer records).
 	inline, err := r.aws.ListInlinePolicies(ctx, name)
 	if err != nil && !awsiam.IsNotFound(err) {
 		return ptr.To(awsFailure(err, r.SlowRetry))

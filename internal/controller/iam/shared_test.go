@@ -77,6 +77,7 @@ func sharedSpec(owner bool, m iamv1alpha1.Mechanism) iamv1alpha1.IAMServiceAccou
 func TestSharedRoleAcrossClusters(t *testing.T) {
 	ctx := context.Background()
 	west := start(t)
+	west.opts.SharedRoleNamespaces = "team*,outsider"
 	east := west.otherCluster(t, eastCluster, eastIssuer)
 	west.run(t, west.opts)
 	east.run(t, east.opts)
@@ -91,6 +92,10 @@ func TestSharedRoleAcrossClusters(t *testing.T) {
 	eastApp := east.iamsa(t, "team", "app", sharedSpec(false, iamv1alpha1.MechanismPodIdentity))
 	waitCondition(t, east, eastApp, ReasonSharedRoleNotFound)
 	ownerSpec := sharedSpec(true, iamv1alpha1.MechanismIRSA)
+	ownerSpec.SharedRole.Members = []string{"other/team/app", "test/team2/app", "other/team2/app"}
+	for i := 3; i <= 8; i++ {
+		ownerSpec.SharedRole.Members = append(ownerSpec.SharedRole.Members, fmt.Sprintf("test/team%d/app", i))
+	}
 	ownerSpec.InlinePolicies = []iamv1alpha1.InlinePolicy{{Name: "read", Document: document("s3:GetObject")}}
 	owner := west.iamsa(t, "team", "owner", ownerSpec)
 	owner = waitReady(t, west, owner)
@@ -157,6 +162,66 @@ func TestSharedRoleAcrossClusters(t *testing.T) {
 		}
 		if s := owner.Status.SharedRole; s == nil || !slices.Equal(s.TrustedBy, []string{"team/app in EKS cluster other (Pod Identity)"}) {
 			t.Errorf("the owner's status.sharedRole = %+v", s)
+		}
+	})
+
+	t.Run("only the members the owner lists get the role", func(t *testing.T) {
+		before, _, _ := west.sharedTrust(t)
+		west.namespace(t, "outsider")
+		west.serviceAccount(t, "outsider", "app")
+		outsider := west.iamsa(t, "outsider", "app", sharedSpec(false, iamv1alpha1.MechanismIRSA))
+		outsider = waitCondition(t, west, outsider, ReasonSharedRoleNotListed)
+		c := meta.FindStatusCondition(outsider.Status.Conditions, iamv1alpha1.ConditionReady)
+		if !strings.Contains(c.Message, "test/outsider/app") || !strings.Contains(c.Message, "owned by test/team/owner") || !strings.Contains(c.Message, "other/team/app") {
+			t.Errorf("message = %q, want this member, the owner and the listed members named", c.Message)
+		}
+		if s := meta.FindStatusCondition(outsider.Status.Conditions, status.Stalled); s == nil || s.Status != "True" {
+			t.Errorf("a member its owner does not list is not Stalled: %+v", outsider.Status.Conditions)
+		}
+		if n, _, doc := west.sharedTrust(t); n != before {
+			t.Errorf("an unlisted member's statement reached the trust policy: %s", doc)
+		}
+
+		// A namespace the operator does not let use shared roles: refused before any write.
+		west.namespace(t, "elsewhere")
+		west.serviceAccount(t, "elsewhere", "app")
+		elsewhere := west.iamsa(t, "elsewhere", "app", sharedSpec(false, iamv1alpha1.MechanismIRSA))
+		elsewhere = waitCondition(t, west, elsewhere, ReasonSharedRoleNotAllowed)
+		if c := meta.FindStatusCondition(elsewhere.Status.Conditions, iamv1alpha1.ConditionReady); !strings.Contains(c.Message, "--iam-shared-role-namespaces") || !strings.Contains(c.Message, "team*, outsider") {
+			t.Errorf("message = %q, want the flag and its namespaces named", c.Message)
+		}
+
+		// The owner lists it: it joins.
+		update(t, west, owner, func(s *iamv1alpha1.IAMServiceAccount) {
+			s.Spec.SharedRole.Members = append(s.Spec.SharedRole.Members, "test/outsider/app")
+		})
+		outsider = waitReady(t, west, outsider)
+		if n, _, doc := west.sharedTrust(t); n != before+1 {
+			t.Errorf("the listed member's statement is not in the trust policy: %s", doc)
+		}
+		if s := outsider.Status.SharedRole; s == nil || !slices.Contains(s.Members, "test/outsider/app") {
+			t.Errorf("status.sharedRole = %+v, want the listed members", s)
+		}
+
+		// The owner drops it: the owner's operator takes its statement out at once, whatever the
+		// member's operator does (an operator that did not check the list is no way in).
+		update(t, west, owner, func(s *iamv1alpha1.IAMServiceAccount) {
+			s.Spec.SharedRole.Members = slices.DeleteFunc(s.Spec.SharedRole.Members, func(m string) bool { return m == "test/outsider/app" })
+		})
+		owner = waitReady(t, west, owner)
+		if n, _, doc := west.sharedTrust(t); n != before {
+			t.Errorf("the dropped member's statement is still in the trust policy: %s", doc)
+		}
+		if tags := tagsOf(west.role(sharedName).Tags); slices.Contains(irsa.ListedMembers(tags), "test/outsider/app") {
+			t.Errorf("the role still lists the dropped member: %v", tags)
+		}
+		waitCondition(t, west, outsider, ReasonSharedRoleNotListed)
+		for _, o := range []*iamv1alpha1.IAMServiceAccount{outsider, elsewhere} {
+			must(t, west.c.Delete(ctx, o))
+			west.waitGone(t, o)
+		}
+		if n, _, doc := west.sharedTrust(t); n != before {
+			t.Errorf("after the refused members left: %s", doc)
 		}
 	})
 
@@ -256,11 +321,27 @@ func TestSharedRoleAcrossClusters(t *testing.T) {
 		}
 		testenv.WaitForEvent(t, west.c, owner, "SharedRoleKept")
 
-		// A member takes over: its spec becomes the role's permissions.
+		// Only a member the last owner listed may take over a role without owner (namespace
+		// outsider and its ServiceAccount are the earlier subtest's).
+		usurper := west.iamsa(t, "outsider", "app", sharedSpec(true, iamv1alpha1.MechanismIRSA))
+		usurper = waitCondition(t, west, usurper, ReasonSharedRoleNotListed)
+		if c := meta.FindStatusCondition(usurper.Status.Conditions, iamv1alpha1.ConditionReady); !strings.Contains(c.Message, "has no owner") || !strings.Contains(c.Message, "test/outsider/app") {
+			t.Errorf("message = %q", c.Message)
+		}
+		if tags := tagsOf(west.role(sharedName).Tags); tags[irsa.TagCluster] != "" {
+			t.Errorf("an unlisted owner took the role: %v", tags)
+		}
+		must(t, west.c.Delete(ctx, usurper))
+		west.waitGone(t, usurper)
+
+		// A listed member takes over: its spec becomes the role's permissions and its list the
+		// members', once a read a settle time later still names it.
 		update(t, east, eastApp, func(s *iamv1alpha1.IAMServiceAccount) {
 			s.Spec.SharedRole.Owner = true
+			s.Spec.SharedRole.Members = []string{"test/team2/app", "other/team2/app"}
 			s.Spec.InlinePolicies = []iamv1alpha1.InlinePolicy{{Name: "list", Document: document("s3:ListBucket")}}
 		})
+		waitCondition(t, east, eastApp, ReasonSharedRoleTakingOver)
 		eastApp = waitReady(t, east, eastApp)
 		r = west.role(sharedName)
 		if tags := tagsOf(r.Tags); !irsa.OwnedBy(tags, eastCluster, "team", "app") {
@@ -288,8 +369,32 @@ func TestSharedRoleAcrossClusters(t *testing.T) {
 				t.Errorf("after %s left: %d members' statements (want %d): %s", m.ns, n, m.want, doc)
 			}
 		}
+		// The last member leaves, but a statement written by hand still admits someone: the role
+		// stays for it, released, its permissions kept.
 		must(t, east.c.Delete(ctx, eastApp))
 		east.waitGone(t, eastApp)
+		r := west.role(sharedName)
+		if r == nil {
+			t.Fatal("the last member deleted a role whose trust policy holds a statement written by hand")
+		}
+		if tags := tagsOf(r.Tags); tags[irsa.TagCluster] != "" || len(r.InlinePolicies) != 1 {
+			t.Errorf("kept role: tags %v, inline policies %v; want released with its permissions", tags, r.InlinePolicies)
+		}
+		if e := testenv.WaitForEvent(t, east.c, eastApp, "SharedRoleKept"); !strings.Contains(e.Note, breakGlass) {
+			t.Errorf("Event = %q, want the hand-written statement named", e.Note)
+		}
+
+		// Once that statement is gone (the policy left admitting nobody, as the operators leave
+		// one), a listed member that takes the role over and leaves deletes it.
+		if _, hand, doc := west.sharedTrust(t); !hand || len(trustSids(t, doc)) != 1 {
+			t.Fatalf("trust policy of the kept role: %s", doc)
+		}
+		must(t, west.aws.UpdateTrustPolicy(ctx, sharedName,
+			`{"Version":"2012-10-17","Statement":[{"Sid":"QuartermasterNobody","Effect":"Deny","Principal":{"AWS":"*"},"Action":"sts:*"}]}`))
+		last := west.iamsa(t, "team2", "app", sharedSpec(true, iamv1alpha1.MechanismIRSA))
+		last = waitReady(t, west, last)
+		must(t, west.c.Delete(ctx, last))
+		west.waitGone(t, last)
 		if r := west.role(sharedName); r != nil {
 			t.Errorf("the role outlived its last member: %+v", r)
 		}

@@ -153,6 +153,22 @@ func testValidation(t *testing.T, f *fixture) {
 			s["sharedRole"] = map[string]any{"name": "payments", "owner": true}
 			s["mechanism"], s["disableSessionTags"] = "PodIdentity", true
 		}), reject: "disableSessionTags cannot be used with sharedRole"},
+		{name: "shared role owner listing members", obj: sa(func(s map[string]any) {
+			s["sharedRole"] = map[string]any{"name": "payments", "owner": true, "members": []any{"prod-us/payments/app", "eu_2:x+y@z=w/team-a/app.v2"}}
+		})},
+		{name: "shared role member listing members", obj: sa(func(s map[string]any) {
+			delete(s, "policies")
+			s["sharedRole"] = map[string]any{"name": "payments", "members": []any{"prod-us/payments/app"}}
+		}), reject: "only the owner (sharedRole.owner: true) lists the members of a shared role"},
+		{name: "shared role member not cluster/namespace/name", obj: sa(func(s map[string]any) {
+			s["sharedRole"] = map[string]any{"name": "payments", "owner": true, "members": []any{"payments/app"}}
+		}), reject: "spec.sharedRole.members[0] in body should match"},
+		{name: "shared role member as a glob", obj: sa(func(s map[string]any) {
+			s["sharedRole"] = map[string]any{"name": "payments", "owner": true, "members": []any{"prod/*/app"}}
+		}), reject: "spec.sharedRole.members[0] in body should match"},
+		{name: "shared role listing a member twice", obj: sa(func(s map[string]any) {
+			s["sharedRole"] = map[string]any{"name": "payments", "owner": true, "members": []any{"prod/a/app", "prod/a/app"}}
+		}), reject: `spec.sharedRole.members[1]: Duplicate value: "prod/a/app"`},
 		{name: "boundary not a policy ARN", obj: sa(func(s map[string]any) { s["permissionsBoundaryArn"] = "boundary" }), reject: "spec.permissionsBoundaryArn in body should match"},
 	}
 	for _, c := range cases {

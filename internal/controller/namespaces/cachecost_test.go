@@ -160,7 +160,7 @@ func servedObjects(requestsNS string, i int, d *nsrequest.Defaults) []client.Obj
 	}
 	stamp(secret)
 	objs := []client.Object{cm, ns, secret}
-	for _, o := range nsrequest.NamespaceObjects(requestsNS, name, d) {
+	for _, o := range nsrequest.NamespaceObjects(requestsNS, name, &d.Profile) {
 		if err := drift.Stamp(o); err != nil { // written by owned.Writer.Ensure
 			panic(err)
 		}

@@ -111,7 +111,7 @@ func (o *Options) policy() (*nsrequest.Policy, *nsrequest.Defaults, error) {
 		return nil, nil, fmt.Errorf("--requests-namespace must not be empty")
 	}
 	switch {
-	case !defaults.Copy.Empty() && o.CopyFromNamespace == "":
+	case defaults.Copying() && o.CopyFromNamespace == "":
 		return nil, nil, fmt.Errorf("--namespace-defaults names objects to copy: set --copy-from-namespace to the namespace that holds them")
 	case o.CopyFromNamespace != "" && o.CopyFromNamespace == o.RequestsNamespace:
 		return nil, nil, fmt.Errorf("--copy-from-namespace must not be the requests namespace (pipelines read Secrets there)")
@@ -166,7 +166,7 @@ func (o *Options) controller() controllers.Controller {
 				if client == nil {
 					client = &http.Client{Timeout: 10 * time.Second}
 				}
-				if err := addExchange(mgr, o, policy, &pipelineid.Verifier{Client: client}); err != nil {
+				if err := addExchange(mgr, o, policy, defaults, &pipelineid.Verifier{Client: client}); err != nil {
 					return err
 				}
 			}

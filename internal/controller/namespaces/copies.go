@@ -29,14 +29,20 @@ import (
 // ReasonCopySource is the reason of a request waiting for a source to copy that is missing or not marked.
 const ReasonCopySource = "CopySourceNotReady"
 
+// ReasonUnknownDefaults is the reason of a request whose defaults profile (nsrequest.AnnotationDefaults)
+// the operator's defaults file does not define.
+const ReasonUnknownDefaults = "UnknownDefaults"
+
 // errCopySource is a source that cannot be copied as it stands (said in the request's status).
 type errCopySource struct{ msg string }
 
 func (e *errCopySource) Error() string { return e.msg }
 
 // ensureCopies makes the namespace's copies equal to their sources and removes the copies of
-// objects the defaults no longer name. secret is the request's credentials (its token writes).
-func (r *Reconciler) ensureCopies(ctx context.Context, name string, secret *corev1.Secret) error {
+// objects the request's defaults profile no longer names. secret is the request's credentials
+// (its token writes).
+func (r *Reconciler) ensureCopies(ctx context.Context, req *nsrequest.Request, secret *corev1.Secret) error {
+	name := req.Namespace
 	if r.Policy.CopyFrom == "" {
 		return nil
 	}
@@ -46,7 +52,7 @@ func (r *Reconciler) ensureCopies(ctx context.Context, name string, secret *core
 	}
 	w := owned.Writer{Client: c, Reader: c, APIReader: c}
 	var missing []string
-	for _, src := range r.sources() {
+	for _, src := range sources(req.Profile.Copy) {
 		if err := r.Client.Get(ctx, client.ObjectKey{Namespace: r.Policy.CopyFrom, Name: src.GetName()}, src); apierrors.IsNotFound(err) {
 			missing = append(missing, fmt.Sprintf("%s %s/%s does not exist (or lacks the label %s=true)", kindOf(src), r.Policy.CopyFrom, src.GetName(), nsrequest.LabelCopySource))
 			continue
@@ -61,7 +67,7 @@ func (r *Reconciler) ensureCopies(ctx context.Context, name string, secret *core
 			return fmt.Errorf("copying %s %s: %w", kindOf(src), src.GetName(), err)
 		}
 	}
-	if err := r.removeDroppedCopies(ctx, c, name); err != nil {
+	if err := r.removeDroppedCopies(ctx, c, name, req.Profile.Copy); err != nil {
 		return err
 	}
 	if len(missing) > 0 {
@@ -70,15 +76,15 @@ func (r *Reconciler) ensureCopies(ctx context.Context, name string, secret *core
 	return nil
 }
 
-// sources are empty objects of each kind and name the defaults copy.
-func (r *Reconciler) sources() []client.Object {
+// sources are empty objects of each kind and name copied.
+func sources(copied nsrequest.Copies) []client.Object {
 	var out []client.Object
-	for _, n := range r.Defaults.Copy.Secrets {
+	for _, n := range copied.Secrets {
 		s := &corev1.Secret{}
 		s.Name = n
 		out = append(out, s)
 	}
-	for _, n := range r.Defaults.Copy.ConfigMaps {
+	for _, n := range copied.ConfigMaps {
 		cm := &corev1.ConfigMap{}
 		cm.Name = n
 		out = append(out, cm)
@@ -93,15 +99,15 @@ func kindOf(obj client.Object) string {
 	return "ConfigMap"
 }
 
-// removeDroppedCopies deletes the copies (LabelCopyOf) of objects the defaults no longer name.
-func (r *Reconciler) removeDroppedCopies(ctx context.Context, c client.Client, name string) error {
+// removeDroppedCopies deletes the copies (LabelCopyOf) of objects copied no longer names.
+func (r *Reconciler) removeDroppedCopies(ctx context.Context, c client.Client, name string, copied nsrequest.Copies) error {
 	var errs []error
 	var secrets corev1.SecretList
 	if err := c.List(ctx, &secrets, client.InNamespace(name), client.HasLabels{nsrequest.LabelCopyOf}); err != nil {
 		return err
 	}
 	for i := range secrets.Items {
-		if s := &secrets.Items[i]; !slices.Contains(r.Defaults.Copy.Secrets, s.Name) && nsrequest.IsOurs(s.Labels, r.Policy.RequestsNamespace, name) {
+		if s := &secrets.Items[i]; !slices.Contains(copied.Secrets, s.Name) && nsrequest.IsOurs(s.Labels, r.Policy.RequestsNamespace, name) {
 			errs = append(errs, client.IgnoreNotFound(c.Delete(ctx, s)))
 		}
 	}
@@ -110,7 +116,7 @@ func (r *Reconciler) removeDroppedCopies(ctx context.Context, c client.Client, n
 		return err
 	}
 	for i := range cms.Items {
-		if cm := &cms.Items[i]; !slices.Contains(r.Defaults.Copy.ConfigMaps, cm.Name) && nsrequest.IsOurs(cm.Labels, r.Policy.RequestsNamespace, name) {
+		if cm := &cms.Items[i]; !slices.Contains(copied.ConfigMaps, cm.Name) && nsrequest.IsOurs(cm.Labels, r.Policy.RequestsNamespace, name) {
 			errs = append(errs, client.IgnoreNotFound(c.Delete(ctx, cm)))
 		}
 	}
@@ -130,7 +136,8 @@ func (r *Reconciler) adminClient(ctx context.Context, secret *corev1.Secret) (cl
 	}
 	cfg := rest.AnonymousClientConfig(r.RestConfig)
 	cfg.BearerToken = token
-	return client.New(cfg, client.Options{Scheme: r.Client.Scheme()})
+	// The manager's mapper: a client of its own would discover the API server's groups at each call.
+	return client.New(cfg, client.Options{Scheme: r.Client.Scheme(), Mapper: r.Client.RESTMapper()})
 }
 
 // requestsOfCopySources wakes every request when a source of the copies changes.

@@ -75,6 +75,7 @@ type exchanger struct {
 	recorder  events.EventRecorder
 	verifier  *pipelineid.Verifier
 	policy    *nsrequest.Policy
+	defaults  *nsrequest.Defaults
 	// wait bounds how long an exchange waits for the namespace to be Ready; poll, how often it looks.
 	wait, poll time.Duration
 }
@@ -171,11 +172,15 @@ func (e *exchanger) exchange(r *http.Request) (*nsrequest.ExchangeResponse, *ref
 	if _, rej := e.policy.Parse(name, data); rej != nil {
 		return nil, refused(http.StatusForbidden, pipelineid.CheckName, "namespace %s (rule %s of TrustedIssuer %s): %s", name, rule.Name, ti.Name, rej.Message)
 	}
+	if _, err := e.defaults.ProfileNamed(rule.Defaults); err != nil {
+		// The platform's configuration, not the job's: the token is not used up.
+		return nil, refused(http.StatusServiceUnavailable, "defaults", "TrustedIssuer %s rule %s: %v", ti.Name, rule.Name, err)
+	}
 	who := ti.Name + ":" + identity
 	if ref := e.markUsed(ctx, ti, tok, who); ref != nil {
 		return nil, ref
 	}
-	cm, ref := e.request(ctx, ti, rule.Name, tok, who, name, data)
+	cm, ref := e.request(ctx, ti, rule, tok, who, name, data)
 	if ref != nil {
 		return nil, ref
 	}
@@ -277,7 +282,7 @@ func (e *exchanger) markUsed(ctx context.Context, ti *nsv1alpha1.TrustedIssuer, 
 // request makes the request ConfigMap of namespace name for the identity, or finds the one it made
 // before; one made by another identity, or not by the exchange, is refused. At most
 // MaxNamespacesPerIdentity requests per identity.
-func (e *exchanger) request(ctx context.Context, ti *nsv1alpha1.TrustedIssuer, rule string, tok *pipelineid.Verified, who, name string, data map[string]string) (*corev1.ConfigMap, *refusal) {
+func (e *exchanger) request(ctx context.Context, ti *nsv1alpha1.TrustedIssuer, rule nsv1alpha1.IssuerRule, tok *pipelineid.Verified, who, name string, data map[string]string) (*corev1.ConfigMap, *refusal) {
 	cm := &corev1.ConfigMap{}
 	err := e.client.Get(ctx, client.ObjectKey{Namespace: e.policy.RequestsNamespace, Name: name}, cm)
 	switch {
@@ -323,6 +328,9 @@ func (e *exchanger) request(ctx context.Context, ti *nsv1alpha1.TrustedIssuer, r
 		},
 		Data: data,
 	}
+	if rule.Defaults != "" {
+		cm.Annotations[nsrequest.AnnotationDefaults] = rule.Defaults
+	}
 	if err := e.client.Create(ctx, cm); apierrors.IsAlreadyExists(err) {
 		// Made since the cache was read: by this identity's previous job, or by another.
 		if err := e.apiReader.Get(ctx, client.ObjectKeyFromObject(cm), cm); err != nil {
@@ -335,7 +343,7 @@ func (e *exchanger) request(ctx context.Context, ti *nsv1alpha1.TrustedIssuer, r
 	} else if err != nil {
 		return nil, refused(http.StatusServiceUnavailable, "internal", "creating request %s: %v", name, err)
 	}
-	e.recorder.Eventf(cm, nil, corev1.EventTypeNormal, "Exchanged", "Exchange", "requested by %s through TrustedIssuer %s, rule %s (%s)", who, ti.Name, rule, string(claims))
+	e.recorder.Eventf(cm, nil, corev1.EventTypeNormal, "Exchanged", "Exchange", "requested by %s through TrustedIssuer %s, rule %s (%s)", who, ti.Name, rule.Name, string(claims))
 	return cm, nil
 }
 

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"path/filepath"
+	"sync/atomic"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -30,6 +31,17 @@ type exchangeServer struct {
 	handler       http.Handler
 	// listening, when set, is told the address the server listens on (tests bind port 0).
 	listening func(net.Addr)
+	// ready is set once the server listens: the manager's /readyz fails until then, so that a
+	// Service sends no exchange to a replica that would refuse the connection.
+	ready atomic.Bool
+}
+
+// readyz is the manager's readiness check of the exchange.
+func (s *exchangeServer) readyz(*http.Request) error {
+	if !s.ready.Load() {
+		return errors.New("the exchange is not listening yet")
+	}
+	return nil
 }
 
 func (s *exchangeServer) NeedLeaderElection() bool { return false }
@@ -63,6 +75,8 @@ func (s *exchangeServer) Start(ctx context.Context) error {
 	}
 	done := make(chan error, 1)
 	go func() { done <- srv.ServeTLS(ln, "", "") }()
+	s.ready.Store(true)
+	defer s.ready.Store(false)
 	log.Info("serving token exchanges", "address", ln.Addr().String(), "path", nsrequest.ExchangePath)
 	select {
 	case err := <-done:
@@ -126,21 +140,25 @@ func (s *usedTokenSweeper) sweep(ctx context.Context) error {
 }
 
 // addExchange adds the exchange's server and sweeper to the manager.
-func addExchange(mgr ctrl.Manager, o *Options, policy *nsrequest.Policy, verifier *pipelineid.Verifier) error {
+func addExchange(mgr ctrl.Manager, o *Options, policy *nsrequest.Policy, defaults *nsrequest.Defaults, verifier *pipelineid.Verifier) error {
 	e := &exchanger{
 		client: mgr.GetClient(), apiReader: mgr.GetAPIReader(),
-		recorder: status.NewRecorder(mgr, "quartermaster-namespaces"), verifier: verifier, policy: policy,
+		recorder: status.NewRecorder(mgr, "quartermaster-namespaces"), verifier: verifier, policy: policy, defaults: defaults,
 		wait: exchangeWait, poll: 200 * time.Millisecond,
 	}
 	issuers := &issuerReconciler{
 		client:   status.NewClient(mgr.GetClient(), &nsv1alpha1.TrustedIssuer{}),
-		verifier: verifier,
+		verifier: verifier, defaults: defaults,
 	}
 	issuers.step = status.Step{Client: issuers.client, Recorder: e.recorder}
 	if err := issuers.setupWithManager(mgr); err != nil {
 		return err
 	}
-	if err := mgr.Add(&exchangeServer{addr: o.ExchangeAddress, certDir: o.ExchangeCertDir, handler: e, listening: o.exchangeListening}); err != nil {
+	srv := &exchangeServer{addr: o.ExchangeAddress, certDir: o.ExchangeCertDir, handler: e, listening: o.exchangeListening}
+	if err := mgr.Add(srv); err != nil {
+		return err
+	}
+	if err := mgr.AddReadyzCheck("exchange", srv.readyz); err != nil {
 		return err
 	}
 	return mgr.Add(&usedTokenSweeper{client: mgr.GetClient(), namespace: policy.RequestsNamespace, every: time.Minute, now: time.Now})

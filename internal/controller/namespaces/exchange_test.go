@@ -18,6 +18,8 @@ import (
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/client-go/tools/clientcmd"
@@ -82,7 +84,7 @@ func startExchange(t *testing.T) *exchangeFixture {
 		ObjectMeta: metav1.ObjectMeta{Name: "gitlab"},
 		Spec: nsv1alpha1.TrustedIssuerSpec{
 			IssuerURL: gl.URL, Audience: exchangeAudience, IdentityClaim: "project_path",
-			Rules: []nsv1alpha1.IssuerRule{{Name: "group", Claims: map[string][]string{"project_path": {"group/*"}}, Namespace: "gl-{project_path|last}-{ref|last}"}},
+			Rules: []nsv1alpha1.IssuerRule{{Name: "group", Claims: map[string][]string{"project_path": {"group/*"}}, Namespace: "gl-{project_path|last}-{ref|last}", Defaults: "small"}},
 		},
 	}))
 	for _, name := range []string{"github", "gitlab"} {
@@ -197,6 +199,52 @@ func TestExchange(t *testing.T) {
 		r := x.exchange(t, x.gitlab.Token(t, oidcissuer.GitLabClaims(exchangeAudience, "group/api", "main", "push")), "")
 		if r.status != http.StatusOK || r.ok.Namespace != "gl-api-main" {
 			t.Fatalf("status %d: %+v %+v", r.status, r.ok, r.err)
+		}
+	})
+
+	t.Run("a rule's defaults profile", func(t *testing.T) {
+		// The GitLab rule names profile small: a quota of its own, and nothing of the top level.
+		cm := &corev1.ConfigMap{}
+		must(t, x.c.Get(ctx, client.ObjectKey{Namespace: requestsNS, Name: "gl-api-main"}, cm))
+		if cm.Annotations[nsrequest.AnnotationDefaults] != "small" {
+			t.Errorf("request annotations = %v", cm.Annotations)
+		}
+		quota := &corev1.ResourceQuota{}
+		must(t, x.c.Get(ctx, client.ObjectKey{Namespace: "gl-api-main", Name: nsrequest.DefaultsObjectsName}, quota))
+		if got := quota.Spec.Hard[corev1.ResourcePods]; got.String() != "5" || len(quota.Spec.Hard) != 1 {
+			t.Errorf("quota = %v, want the profile's pods: 5 alone", quota.Spec.Hard)
+		}
+		for _, obj := range []client.Object{&corev1.LimitRange{}, &networkingv1.NetworkPolicy{}} {
+			if err := x.c.Get(ctx, client.ObjectKey{Namespace: "gl-api-main", Name: nsrequest.DefaultsObjectsName}, obj); !apierrors.IsNotFound(err) {
+				t.Errorf("%T of the top level in a namespace of profile small: %v", obj, err)
+			}
+		}
+
+		// A rule naming a profile the defaults lack: the issuer says so, and the exchange refuses
+		// without using the token up (the platform's mistake, not the job's).
+		ti := &nsv1alpha1.TrustedIssuer{}
+		must(t, x.c.Get(ctx, client.ObjectKey{Name: "gitlab"}, ti))
+		ti.Spec.Rules[0].Defaults = "huge"
+		must(t, x.c.Update(ctx, ti))
+		if msg := x.waitIssuer(t, "gitlab", ReasonUnknownDefaults); !strings.Contains(msg, `profile "huge" is not defined`) || !strings.Contains(msg, "profiles: small") {
+			t.Errorf("issuer message = %q", msg)
+		}
+		tok := x.gitlab.Token(t, oidcissuer.GitLabClaims(exchangeAudience, "group/docs", "main", "push"))
+		x.wantRefused(t, x.exchange(t, tok, ""), http.StatusServiceUnavailable, "defaults", `rule group: defaults profile "huge" is not defined`)
+		must(t, x.c.Get(ctx, client.ObjectKey{Name: "gitlab"}, ti))
+		ti.Spec.Rules[0].Defaults = "small"
+		must(t, x.c.Update(ctx, ti))
+		x.waitIssuer(t, "gitlab", ReasonIssuerReady)
+		if r := x.exchange(t, tok, ""); r.status != http.StatusOK || r.ok.Namespace != "gl-docs-main" {
+			t.Errorf("the same token once the rule is right: %d %+v", r.status, r.err)
+		}
+
+		// A request whose profile went from the defaults file is Invalid, naming it.
+		must(t, x.c.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: requestsNS, Name: "direct-huge",
+			Annotations: map[string]string{nsrequest.AnnotationDefaults: "huge"}}}))
+		got := x.waitStatus(t, "direct-huge", nsrequest.StatusInvalid)
+		if got.Annotations[nsrequest.AnnotationReason] != ReasonUnknownDefaults || !strings.Contains(got.Annotations[nsrequest.AnnotationMessage], `"huge"`) {
+			t.Errorf("status = %v", got.Annotations)
 		}
 	})
 

@@ -13,6 +13,7 @@ import (
 
 	nsv1alpha1 "github.com/quartermaster-dev/quartermaster/api/namespaces/v1alpha1"
 	"github.com/quartermaster-dev/quartermaster/internal/controller/status"
+	"github.com/quartermaster-dev/quartermaster/internal/nsrequest"
 	"github.com/quartermaster-dev/quartermaster/internal/pipelineid"
 )
 
@@ -34,6 +35,8 @@ type issuerReconciler struct {
 	client   client.Client
 	step     status.Step
 	verifier *pipelineid.Verifier
+	// defaults are the operator's namespace defaults, whose profiles the rules name.
+	defaults *nsrequest.Defaults
 }
 
 func (r *issuerReconciler) setupWithManager(mgr ctrl.Manager) error {
@@ -78,6 +81,9 @@ func (r *issuerReconciler) check(ctx context.Context, ti *nsv1alpha1.TrustedIssu
 	for _, rule := range ti.Spec.Rules {
 		if err := pipelineid.ValidateTemplate(rule.Namespace); err != nil {
 			return status.WaitsForPerson("InvalidRule", fmt.Sprintf("rule %s: %v", rule.Name, err), issuerCheckEvery)
+		}
+		if _, err := r.defaults.ProfileNamed(rule.Defaults); err != nil {
+			return status.WaitsForPerson(ReasonUnknownDefaults, fmt.Sprintf("rule %s: %v; the exchange refuses its jobs until the operator's defaults file defines it", rule.Name, err), issuerCheckEvery)
 		}
 	}
 	keys, err := r.verifier.Check(ctx, ti.Spec.IssuerURL)

@@ -261,6 +261,13 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 // serve does the work of a request and returns the outcome to show.
 func (r *Reconciler) serve(ctx context.Context, cm *corev1.ConfigMap) (outcome, error) {
 	req, rej := r.Policy.Parse(cm.Name, cm.Data)
+	if rej == nil {
+		var err error
+		if req.Profile, err = r.Defaults.ProfileNamed(cm.Annotations[nsrequest.AnnotationDefaults]); err != nil {
+			// The exchange refuses a profile the defaults lack; this one went from the file since.
+			rej = &nsrequest.Rejection{Reason: ReasonUnknownDefaults, Message: err.Error() + ", which the request's " + nsrequest.AnnotationDefaults + " annotation names: the operator's defaults file must define it"}
+		}
+	}
 	if rej != nil {
 		out := outcome{status: nsrequest.StatusInvalid, reason: rej.Reason, message: rej.Message}
 		// A ttl granted before the request became invalid (edited data, new operator policy) still holds.
@@ -307,7 +314,7 @@ func (r *Reconciler) serveIn(ctx context.Context, req *nsrequest.Request, ns *co
 	if secret == nil || err != nil {
 		return out, err
 	}
-	if err := r.ensureCopies(ctx, req.Namespace, secret); err != nil {
+	if err := r.ensureCopies(ctx, req, secret); err != nil {
 		var waiting *errCopySource
 		if errors.As(err, &waiting) {
 			// Woken when a source appears or changes (requestsOfCopySources); looked at again anyway.
@@ -343,7 +350,7 @@ func (r *Reconciler) ensureContents(ctx context.Context, req *nsrequest.Request,
 	)
 	var first []client.Object                  // made at once
 	bindingsOf := map[string][]client.Object{} // made after the Role they refer to, by name
-	for _, obj := range nsrequest.NamespaceObjects(r.Policy.RequestsNamespace, req.Namespace, r.Defaults) {
+	for _, obj := range nsrequest.NamespaceObjects(r.Policy.RequestsNamespace, req.Namespace, req.Profile) {
 		if rb, ok := obj.(*rbacv1.RoleBinding); ok && rb.RoleRef.Kind == "Role" {
 			bindingsOf[rb.RoleRef.Name] = append(bindingsOf[rb.RoleRef.Name], rb)
 		} else {
@@ -371,7 +378,7 @@ func (r *Reconciler) ensureContents(ctx context.Context, req *nsrequest.Request,
 			return nil
 		})
 	}
-	g.Go(func() error { return r.removeUnwantedDefaults(gctx, req.Namespace) })
+	g.Go(func() error { return r.removeUnwantedDefaults(gctx, req) })
 	return secret, out, g.Wait()
 }
 
@@ -539,11 +546,12 @@ func (r *Reconciler) annotateExpiry(ctx context.Context, ns *corev1.Namespace, e
 	return r.Client.Patch(ctx, ns, patch)
 }
 
-// removeUnwantedDefaults deletes the defaults no longer configured from the namespace: removed
-// from the operator's configuration, they are removed from the namespaces too.
-func (r *Reconciler) removeUnwantedDefaults(ctx context.Context, name string) error {
+// removeUnwantedDefaults deletes the defaults the request's profile no longer has from the
+// namespace: removed from the operator's configuration, they are removed from the namespaces too.
+func (r *Reconciler) removeUnwantedDefaults(ctx context.Context, req *nsrequest.Request) error {
+	name := req.Namespace
 	for _, obj := range []client.Object{&corev1.ResourceQuota{}, &corev1.LimitRange{}, &networkingv1.NetworkPolicy{}} {
-		if wanted(obj, r.Defaults) {
+		if wanted(obj, req.Profile) {
 			continue
 		}
 		err := r.Client.Get(ctx, client.ObjectKey{Namespace: name, Name: nsrequest.DefaultsObjectsName}, obj)
@@ -562,7 +570,7 @@ func (r *Reconciler) removeUnwantedDefaults(ctx context.Context, name string) er
 	return nil
 }
 
-func wanted(obj client.Object, d *nsrequest.Defaults) bool {
+func wanted(obj client.Object, d *nsrequest.Profile) bool {
 	switch obj.(type) {
 	case *corev1.ResourceQuota:
 		return d.ResourceQuota != nil

@@ -55,6 +55,10 @@ limitRange:
     - type: Container
       default: {cpu: 500m, memory: 256Mi}
 isolateNetwork: true
+profiles:
+  small:
+    resourceQuota:
+      hard: {pods: "5"}
 `
 
 // start runs the controller; tweak adjusts its options before it starts.
@@ -113,7 +117,7 @@ func runController(t *testing.T, env *testenv.Env, tweak func(*Options)) *fixtur
 		t.Fatal(err)
 	}
 	if o.ExchangeAddress != "" {
-		if err := addExchange(mgr, o, policy, &pipelineid.Verifier{Client: o.ExchangeClient}); err != nil {
+		if err := addExchange(mgr, o, policy, d, &pipelineid.Verifier{Client: o.ExchangeClient}); err != nil {
 			t.Fatal(err)
 		}
 	}
