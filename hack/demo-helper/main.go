@@ -10,6 +10,9 @@
 //	demo-helper registry-pull CACHE IMAGE         pull IMAGE's manifest, config and layers from the registry at CACHE
 //	                                              (host:port, plain HTTP) instead of IMAGE's host, as containerd's
 //	                                              hosts.toml makes it do (for machines where containerd cannot run)
+//	demo-helper ci-issuer DIR                     stand in for a CI system until SIGTERM: a loopback OIDC issuer and
+//	                                              its token endpoint for jobs, a serving certificate for the exchange
+//	                                              (ciissuer.go says what it writes into DIR)
 package main
 
 import (
@@ -38,7 +41,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fail(errors.New("usage: demo-helper free-addrs|kubearmor-crds|kyverno|cri-pull|registry-pull ARGS"))
+		fail(errors.New("usage: demo-helper free-addrs|kubearmor-crds|kyverno|cri-pull|registry-pull|ci-issuer ARGS"))
 	}
 	args := os.Args[2:]
 	need := func(n int) {
@@ -63,6 +66,9 @@ func main() {
 	case "registry-pull":
 		need(2)
 		err = registryPull(args[0], args[1])
+	case "ci-issuer":
+		need(1)
+		err = runCIIssuer(args[0])
 	default:
 		err = fmt.Errorf("unknown command %q", os.Args[1])
 	}

@@ -58,6 +58,7 @@ var cases = []benchCase{
 	{name: "namespaces/latency-and-memory", run: namespacesProcessBench},
 	{name: "namespaces/1000-requests", run: namespacesBench},
 	{name: "namespaces/keyless-exchange", run: keylessBench},
+	{name: "namespaces/keyless-memory", run: keylessMemoryBench},
 	{name: "vmgroups/50-replicas", run: vmgroupsBench},
 	{name: "iam/500-serviceaccounts", run: iamBench},
 	{name: "iam/500-podidentity-serviceaccounts", run: iamPodIdentityBench},

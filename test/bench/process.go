@@ -65,6 +65,11 @@ func syncFile(path string) error {
 
 // startProcess runs the manager binary with args as the cluster's admin.
 func startProcess(e *env, args ...string) (*managerProcess, error) {
+	return startProcessWithEnv(e, nil, args...)
+}
+
+// startProcessWithEnv is startProcess with variables added to the process's environment.
+func startProcessWithEnv(e *env, environ []string, args ...string) (*managerProcess, error) {
 	bin, err := managerBinary()
 	if err != nil {
 		return nil, err
@@ -80,7 +85,7 @@ func startProcess(e *env, args ...string) (*managerProcess, error) {
 		flags = append(flags, "--pprof-bind-address="+p.pprof)
 	}
 	p.cmd = exec.Command(bin, append(flags, args...)...)
-	p.cmd.Env = append(os.Environ(), "KUBECONFIG="+e.cluster.Kubeconfig)
+	p.cmd.Env = append(append(os.Environ(), "KUBECONFIG="+e.cluster.Kubeconfig), environ...)
 	p.cmd.Stdout, p.cmd.Stderr = p.logs, p.logs
 	if err := p.cmd.Start(); err != nil {
 		return nil, err

@@ -19,7 +19,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/yaml"
 
 	registryv1alpha1 "github.com/quartermaster-dev/quartermaster/api/registry/v1alpha1"
@@ -210,7 +209,6 @@ func testValidation(t *testing.T, f *fixture) {
 }
 
 func testObjects(t *testing.T, f *fixture) {
-	ctx := context.Background()
 	rm := mirrorOf("hub", f.open, "docker.io")
 	f.create(t, rm)
 	got := f.waitReason(t, "hub", ReasonStarting)
@@ -295,18 +293,13 @@ func testObjects(t *testing.T, f *fixture) {
 	})
 
 	t.Run("a reconcile of a ready mirror writes nothing", func(t *testing.T) {
-		before := f.api.Writes()
-		if _, err := f.r.Reconcile(ctx, reconcile.Request{NamespacedName: client.ObjectKey{Name: "hub"}}); err != nil {
-			t.Fatal(err)
-		}
-		if n := f.api.Writes() - before; n != 0 {
-			t.Errorf("%d writes: %v", n, f.api.Log()[len(f.api.Log())-n:])
+		if w := f.reconcileWrites(t, "hub"); len(w) != 0 {
+			t.Errorf("%d writes: %v", len(w), w)
 		}
 	})
 }
 
 func testUpdates(t *testing.T, f *fixture) {
-	ctx := context.Background()
 	rm := mirrorOf("quay", f.open, "quay.io")
 	rm.Spec.DeletionPolicy = registryv1alpha1.DeletionPolicyDelete
 	f.create(t, rm)
@@ -346,12 +339,8 @@ func testUpdates(t *testing.T, f *fixture) {
 			return len(p.NodeSelector) == 1 && len(p.Tolerations) == 0, fmt.Sprint(p.NodeSelector, p.Tolerations)
 		})
 		f.waitReason(t, "quay", ReasonStarting)
-		before := f.api.Writes()
-		if _, err := f.r.Reconcile(ctx, reconcile.Request{NamespacedName: client.ObjectKey{Name: "quay"}}); err != nil {
-			t.Fatal(err)
-		}
-		if n := f.api.Writes() - before; n != 0 {
-			t.Errorf("%d writes by a reconcile of a mirror with a node selector", n)
+		if w := f.reconcileWrites(t, "quay"); len(w) != 0 {
+			t.Errorf("%d writes by a reconcile of a mirror with a node selector: %v", len(w), w)
 		}
 	})
 
@@ -510,7 +499,6 @@ func testNameTaken(t *testing.T, f *fixture) {
 }
 
 func testNodePort(t *testing.T, f *fixture) {
-	ctx := context.Background()
 	rm := mirrorOf("nodeport", f.open, "nodeport.example")
 	rm.Spec.ServiceType = corev1.ServiceTypeNodePort
 	f.create(t, rm)
@@ -522,12 +510,8 @@ func testNodePort(t *testing.T, f *fixture) {
 	}
 	f.becomeReady(t, "nodeport", 1)
 	f.waitReason(t, "nodeport", ReasonReady)
-	before := f.api.Writes()
-	if _, err := f.r.Reconcile(ctx, reconcile.Request{NamespacedName: client.ObjectKey{Name: "nodeport"}}); err != nil {
-		t.Fatal(err)
-	}
-	if n := f.api.Writes() - before; n != 0 {
-		t.Errorf("%d writes: the allocated node port must not count as a difference", n)
+	if w := f.reconcileWrites(t, "nodeport"); len(w) != 0 {
+		t.Errorf("%d writes: the allocated node port must not count as a difference: %v", len(w), w)
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -20,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/config"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	ctrl "sigs.k8s.io/controller-runtime/pkg/manager"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
@@ -230,4 +232,43 @@ func must(t testing.TB, err error) {
 	if err != nil {
 		t.Fatal(err)
 	}
+}
+
+// reconcileWrites runs one reconcile of the mirror name (as the worker would, on the running
+// manager's cache) and returns the API writes made meanwhile to that mirror and its objects: its
+// status, its Events, its cache and agent objects. The count is scoped because the manager's
+// workers keep serving the other mirrors of the suite meanwhile (a stalled one retries and repeats
+// its Event); those writes are logged, not counted.
+func (f *fixture) reconcileWrites(t *testing.T, name string) []string {
+	t.Helper()
+	before := len(f.api.WriteLog())
+	if _, err := f.r.Reconcile(context.Background(), reconcile.Request{NamespacedName: client.ObjectKey{Name: name}}); err != nil {
+		t.Fatal(err)
+	}
+	var mine, others []string
+	for _, w := range f.api.WriteLog()[before:] {
+		if writesTo(w, name) {
+			mine = append(mine, w)
+		} else {
+			others = append(others, w)
+		}
+	}
+	if len(others) > 0 {
+		t.Logf("writes to other objects meanwhile (other workers): %v", others)
+	}
+	return mine
+}
+
+// writesTo says whether a logged write ("METHOD /path") is to the mirror name or one of its
+// objects: a path segment that is its name, names one of its objects (mirror-<name>…), or an
+// Event about either (<object>.<suffix>).
+func writesTo(w, name string) bool {
+	_, path, _ := strings.Cut(w, " ")
+	for _, seg := range strings.Split(path, "/") {
+		base, _, _ := strings.Cut(seg, ".")
+		if seg == name || base == name || strings.HasPrefix(base, mirror.CacheName(name)) || strings.HasPrefix(base, mirror.AgentName(name)) {
+			return true
+		}
+	}
+	return false
 }

@@ -343,8 +343,47 @@ func (e *exchanger) request(ctx context.Context, ti *nsv1alpha1.TrustedIssuer, r
 	} else if err != nil {
 		return nil, refused(http.StatusServiceUnavailable, "internal", "creating request %s: %v", name, err)
 	}
+	if max := ti.Spec.MaxNamespacesPerIdentity; max != nil {
+		if ref := e.withinLimit(ctx, ti, cm, who, label, int(*max)); ref != nil {
+			return nil, ref
+		}
+	}
 	e.recorder.Eventf(cm, nil, corev1.EventTypeNormal, "Exchanged", "Exchange", "requested by %s through TrustedIssuer %s, rule %s (%s)", who, ti.Name, rule.Name, string(claims))
 	return cm, nil
+}
+
+// withinLimit counts the identity's requests again, from the API server, once cm is made: the
+// count before it came from the cache, and jobs of one identity exchanging at the same moment (on
+// several replicas, or several workers of one) each passed it. The requests beyond the limit, in
+// the order all of them agree on (requested-at, then name), withdraw: cm is deleted, with the
+// namespace the controller may already have made for it, and the job refused as over its limit.
+func (e *exchanger) withinLimit(ctx context.Context, ti *nsv1alpha1.TrustedIssuer, cm *corev1.ConfigMap, who, label string, max int) *refusal {
+	var held corev1.ConfigMapList
+	if err := e.apiReader.List(ctx, &held, client.InNamespace(e.policy.RequestsNamespace), client.MatchingLabels{LabelIdentity: label}); err != nil {
+		return nil // the cached count passed; the next exchange counts again
+	}
+	if len(held.Items) <= max {
+		return nil
+	}
+	slices.SortFunc(held.Items, func(a, b corev1.ConfigMap) int {
+		if c := strings.Compare(a.Annotations[AnnotationRequestedAt], b.Annotations[AnnotationRequestedAt]); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Name, b.Name)
+	})
+	if !slices.ContainsFunc(held.Items[max:], func(h corev1.ConfigMap) bool { return h.UID == cm.UID }) {
+		return nil // one of the first max: another request withdraws
+	}
+	if err := e.client.Delete(ctx, cm, client.Preconditions{UID: &cm.UID}); client.IgnoreNotFound(err) != nil {
+		return refused(http.StatusServiceUnavailable, "internal", "withdrawing request %s over the identity's limit: %v", cm.Name, err)
+	}
+	ns := &corev1.Namespace{}
+	if err := e.apiReader.Get(ctx, client.ObjectKey{Name: cm.Name}, ns); err == nil && ns.Annotations[nsrequest.AnnotationRequestUID] == string(cm.UID) {
+		_ = e.client.Delete(ctx, ns, client.Preconditions{UID: &ns.UID})
+	}
+	oldest := held.Items[0]
+	return refused(http.StatusForbidden, "limit", "%s holds %d namespaces, the most TrustedIssuer %s allows (another of its jobs asked at the same moment); the oldest is %s (requested %s): delete its request ConfigMap, or let its ttl end",
+		who, max, ti.Name, oldest.Name, oldest.Annotations[AnnotationRequestedAt])
 }
 
 // await waits for the controller's answer to the request and returns the kubeconfig it handed out.

@@ -261,6 +261,28 @@ func TestExchange(t *testing.T) {
 			t.Fatalf("status %d: %+v %+v", r.status, r.ok, r.err)
 		}
 		x.wantRefused(t, x.exchange(t, x.github.Token(t, pr("acme/web", "43")), ""), http.StatusForbidden, "limit", "the oldest is ci-web-pr-42")
+
+		// Two jobs of the identity exchanging at the same moment (on two replicas) both passed the
+		// cached count: the recount from the API server withdraws the newer one.
+		late := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: requestsNS, Name: "ci-web-pr-44",
+			Labels:      map[string]string{LabelIdentity: identityLabel("github:acme/web")},
+			Annotations: map[string]string{AnnotationIdentity: "github:acme/web", AnnotationRequestedAt: time.Now().UTC().Add(time.Hour).Format("2006-01-02T15:04:05.000000000Z07:00")}}}
+		must(t, x.c.Create(ctx, late))
+		e := &exchanger{client: x.c, apiReader: x.c, policy: &nsrequest.Policy{RequestsNamespace: requestsNS}}
+		ti := &nsv1alpha1.TrustedIssuer{}
+		must(t, x.c.Get(ctx, client.ObjectKey{Name: "github"}, ti))
+		main := &corev1.ConfigMap{}
+		must(t, x.c.Get(ctx, client.ObjectKey{Namespace: requestsNS, Name: "ci-web-main"}, main))
+		if ref := e.withinLimit(ctx, ti, main, "github:acme/web", identityLabel("github:acme/web"), 2); ref != nil {
+			t.Errorf("the older request was withdrawn: %+v", ref)
+		}
+		ref := e.withinLimit(ctx, ti, late, "github:acme/web", identityLabel("github:acme/web"), 2)
+		if ref == nil || ref.Check != "limit" || !strings.Contains(ref.Message, "at the same moment") || !strings.Contains(ref.Message, "the oldest is ci-web-pr-42") {
+			t.Errorf("the newer request over the limit: %+v", ref)
+		}
+		if err := x.c.Get(ctx, client.ObjectKeyFromObject(late), &corev1.ConfigMap{}); !apierrors.IsNotFound(err) {
+			t.Errorf("the withdrawn request is still there: %v", err)
+		}
 	})
 
 	t.Run("the request command's keyless path", func(t *testing.T) {
