@@ -18,8 +18,8 @@ import (
 // helperT is what oidcissuer and testenv need of their caller, outside a test.
 type helperT struct{ cleanups []func() }
 
-func (*helperT) Helper()           {}
-func (*helperT) Fatal(args ...any) { fail(fmt.Errorf("%s", fmt.Sprint(args...))) }
+func (*helperT) Helper()            {}
+func (*helperT) Fatal(args ...any)  { fail(fmt.Errorf("%s", fmt.Sprint(args...))) }
 func (h *helperT) Cleanup(f func()) { h.cleanups = append(h.cleanups, f) }
 
 // runCIIssuer stands in for a CI system (GitHub Actions) until SIGTERM: its OIDC issuer on a
