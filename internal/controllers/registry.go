@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"maps"
+	"net/http"
 	"reflect"
 	"slices"
 	"strings"
@@ -46,6 +47,11 @@ type Controller struct {
 	NoNamespaceIndex []client.Object
 	// Setup registers the controller with the manager. It runs once, after Requires are served.
 	Setup func(mgr ctrl.Manager) error
+	// Readyz, when set, is part of the manager's /readyz (as check Name): whether what the
+	// controller serves to clients (not to the API server) answers yet. It is registered before
+	// the manager starts (Setup runs after, when no check can be added any more) and must say
+	// "not ready" until Setup has started what it checks.
+	Readyz func(*http.Request) error
 }
 
 // Selection is the outcome of choosing controllers: the ones to run, and the ones left off with why.

@@ -230,6 +230,13 @@ func Run(ctx context.Context, args []string, all []controllers.Controller, schem
 	if err := mgr.AddReadyzCheck("readyz", healthz.Ping); err != nil {
 		return err
 	}
+	for _, c := range sel.Enabled {
+		if c.Readyz != nil {
+			if err := mgr.AddReadyzCheck(c.Name, c.Readyz); err != nil {
+				return err
+			}
+		}
+	}
 
 	disco, err := discovery.NewDiscoveryClientForConfig(restConfig)
 	if err != nil {

@@ -4,12 +4,14 @@
 package namespaces
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"net"
 	"net/http"
 	"os"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -53,6 +55,8 @@ type Options struct {
 	ExchangeClient *http.Client
 	// exchangeListening is told the exchange's address (tests bind port 0).
 	exchangeListening func(net.Addr)
+	// exchangeUp is set while the exchange listens.
+	exchangeUp atomic.Bool
 }
 
 // AddFlags registers the controller's flags on fs.
@@ -151,6 +155,7 @@ func (o *Options) controller() controllers.Controller {
 			return err
 		},
 		CacheByObject:    o.cacheByObject,
+		Readyz:           o.readyz,
 		NoNamespaceIndex: noNamespaceIndex,
 		Setup: func(mgr ctrl.Manager) error {
 			policy, defaults, err := o.policy()
@@ -173,6 +178,15 @@ func (o *Options) controller() controllers.Controller {
 			return r.SetupWithManager(mgr, o.Concurrency)
 		},
 	}
+}
+
+// readyz is the controller's part of the manager's /readyz: with the exchange on, ready once it
+// listens.
+func (o *Options) readyz(*http.Request) error {
+	if o.ExchangeAddress != "" && !o.exchangeUp.Load() {
+		return errors.New("the token exchange is not listening yet")
+	}
+	return nil
 }
 
 // noNamespaceIndex are the kinds the controller caches per requested namespace and reads by name

@@ -31,17 +31,9 @@ type exchangeServer struct {
 	handler       http.Handler
 	// listening, when set, is told the address the server listens on (tests bind port 0).
 	listening func(net.Addr)
-	// ready is set once the server listens: the manager's /readyz fails until then, so that a
-	// Service sends no exchange to a replica that would refuse the connection.
-	ready atomic.Bool
-}
-
-// readyz is the manager's readiness check of the exchange.
-func (s *exchangeServer) readyz(*http.Request) error {
-	if !s.ready.Load() {
-		return errors.New("the exchange is not listening yet")
-	}
-	return nil
+	// ready is set while the server listens (Options.readyz reads it for the manager's /readyz,
+	// so that a Service sends no exchange to a replica that would refuse the connection).
+	ready *atomic.Bool
 }
 
 func (s *exchangeServer) NeedLeaderElection() bool { return false }
@@ -154,11 +146,8 @@ func addExchange(mgr ctrl.Manager, o *Options, policy *nsrequest.Policy, default
 	if err := issuers.setupWithManager(mgr); err != nil {
 		return err
 	}
-	srv := &exchangeServer{addr: o.ExchangeAddress, certDir: o.ExchangeCertDir, handler: e, listening: o.exchangeListening}
+	srv := &exchangeServer{addr: o.ExchangeAddress, certDir: o.ExchangeCertDir, handler: e, listening: o.exchangeListening, ready: &o.exchangeUp}
 	if err := mgr.Add(srv); err != nil {
-		return err
-	}
-	if err := mgr.AddReadyzCheck("exchange", srv.readyz); err != nil {
 		return err
 	}
 	return mgr.Add(&usedTokenSweeper{client: mgr.GetClient(), namespace: policy.RequestsNamespace, every: time.Minute, now: time.Now})

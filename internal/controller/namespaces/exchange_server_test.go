@@ -9,15 +9,17 @@ import (
 	"github.com/quartermaster-dev/quartermaster/internal/testing/testenv"
 )
 
-// TestExchangeReadiness: the manager's /readyz fails until the exchange listens and again once it
-// has stopped, so that a Service never sends a CI job to a replica that refuses the connection (an
-// e2e step once raced the listener this way).
+// TestExchangeReadiness: the controller's part of the manager's /readyz (registered before the
+// manager starts: a check cannot be added once its probe server runs) fails until the exchange
+// listens and again once it has stopped, so that a Service never sends a CI job to a replica that
+// refuses the connection (an e2e step once raced the listener this way).
 func TestExchangeReadiness(t *testing.T) {
 	certDir := t.TempDir()
 	testenv.ServingCert(t, certDir)
 	listening := make(chan net.Addr, 1)
-	s := &exchangeServer{addr: "127.0.0.1:0", certDir: certDir, listening: func(a net.Addr) { listening <- a }}
-	if err := s.readyz(nil); err == nil {
+	o := &Options{ExchangeAddress: "127.0.0.1:0"}
+	s := &exchangeServer{addr: o.ExchangeAddress, certDir: certDir, listening: func(a net.Addr) { listening <- a }, ready: &o.exchangeUp}
+	if err := o.readyz(nil); err == nil {
 		t.Fatal("ready before the exchange was started")
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -32,7 +34,7 @@ func TestExchangeReadiness(t *testing.T) {
 		t.Fatal("the exchange did not listen")
 	}
 	// Start marks readiness right after it starts serving on the listener it announced.
-	eventually(t, "the exchange to be ready", func() bool { return s.readyz(nil) == nil }, func() string { return "" })
+	eventually(t, "the exchange to be ready", func() bool { return o.readyz(nil) == nil }, func() string { return "" })
 	conn, err := net.Dial("tcp", addr.String())
 	if err != nil {
 		t.Fatalf("ready but not accepting connections: %v", err)
@@ -42,7 +44,10 @@ func TestExchangeReadiness(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatalf("the exchange's shutdown: %v", err)
 	}
-	if err := s.readyz(nil); err == nil {
+	if err := o.readyz(nil); err == nil {
 		t.Error("still ready after the exchange stopped")
+	}
+	if err := (&Options{}).readyz(nil); err != nil {
+		t.Errorf("without the exchange: %v, want ready", err)
 	}
 }
