@@ -10,7 +10,9 @@
 #          mirror at work (an upstream that needs credentials, cmd/upstream-registry; the cache
 #          and the node agent run as the StatefulSet and DaemonSet would; a containerd pulls
 #          through it) and security intents (KubeArmor's and Kyverno's CRDs, a real Kyverno
-#          refusing a privileged Pod).
+#          refusing a privileged Pod), and a pipeline step that holds nothing but its CI job's
+#          identity token getting its namespace through the exchange (keyless; hack/demo-helper
+#          ci-issuer stands in for GitHub Actions' token service).
 #   check: the same steps without the printing, failing at the first that does not hold
 #          (test/e2e/demo_test.go runs it, so the demo cannot rot).
 #   down:  stop everything up started, delete Kyverno's webhooks and the cluster, remove the folder.
@@ -32,7 +34,7 @@ mirrors_ns=quartermaster-mirrors
 mirror=demo-upstream
 intents_ns=demo-intents
 # Every process up starts, in the order down stops them.
-processes=(kyverno node-agent mirror-cache containerd manager upstream-registry vcenter-sim iam-emulator)
+processes=(kyverno node-agent mirror-cache containerd manager ci-issuer upstream-registry vcenter-sim iam-emulator)
 
 log() { echo "demo: [${SECONDS}s] $*" >&2; }
 # say: the one line telling the user what the next output shows; show: output for the user.
@@ -158,9 +160,9 @@ go build -o bin/ ./cmd/quartermaster ./cmd/vcenter-sim ./cmd/iam-emulator ./cmd/
 kyverno_bin="$("${here}/kyverno-bin.sh" | tail -n1)"
 containerd_bin=""
 if ${as_root}; then containerd_bin="$("${here}/containerd-bin.sh" | tail -n1)/containerd"; fi
-# Loopback addresses for the manager's probes and metrics and the cache's two ports.
-mapfile -t addrs < <(bin/demo-helper free-addrs 4)
-probe_addr=${addrs[0]} metrics_addr=${addrs[1]} cache_addr=${addrs[2]} cache_debug_addr=${addrs[3]}
+# Loopback addresses for the manager's probes, metrics and token exchange and the cache's two ports.
+mapfile -t addrs < <(bin/demo-helper free-addrs 5)
+probe_addr=${addrs[0]} metrics_addr=${addrs[1]} cache_addr=${addrs[2]} cache_debug_addr=${addrs[3]} exchange_addr=${addrs[4]}
 echo "${probe_addr}" >"${state}/probe.addr"
 
 log "installing CRDs, RBAC and the namespace (config/local), and KubeArmor's and Kyverno's CRDs"
@@ -179,6 +181,11 @@ start vcenter-sim bin/vcenter-sim --env-file "${state}/vcenter.env"
 start iam-emulator bin/iam-emulator --listen 127.0.0.1:0
 # The registry a mirror pulls through from: it needs credentials and holds one small image.
 start upstream-registry bin/upstream-registry --env-file "${state}/upstream.env"
+# A CI system's identity tokens (GitHub Actions' shape): its OIDC issuer and the endpoint a job gets
+# its token from, and a serving certificate for the manager's exchange.
+ci="${state}/ci"
+mkdir -p "${ci}"
+start ci-issuer bin/demo-helper ci-issuer "${ci}"
 # Kyverno, as the e2e tests run it: its admission and background controllers as processes, under
 # the RBAC its chart installs, webhooks registered by URL. Ready in about 10 s.
 start kyverno bin/demo-helper kyverno "${kubeconfig}" "${state}/kyverno" "${state}/kyverno.ready"
@@ -232,16 +239,28 @@ sa_kubeconfig() {
 manager_kubeconfig="${state}/manager.kubeconfig"
 sa_kubeconfig quartermaster-system quartermaster-manager "${manager_kubeconfig}"
 
+# The shipped defaults, and a smaller profile that the keyless pull-request rule gives its namespaces.
+cat config/manager/namespace-defaults.yaml - >"${state}/namespace-defaults.yaml" <<'YAML'
+profiles:
+  pull-requests:
+    resourceQuota: {hard: {requests.cpu: "1", requests.memory: 2Gi, pods: "10"}}
+    isolateNetwork: true
+YAML
+until_ok 20 "the CI system's issuer" test -e "${ci}/ready" || { alive ci-issuer; die "the CI system's issuer did not start"; }
+
 log "starting the manager (logs: ${state}/manager.log)"
 # The manager's AWS SDK finds the IAM emulator through the standard AWS_ENDPOINT_URL_IAM /
-# AWS_ENDPOINT_URL_STS variables and signs with dummy keys (the emulator accepts any signature).
+# AWS_ENDPOINT_URL_STS variables and signs with dummy keys (the emulator accepts any signature). It
+# trusts the CI system's issuer's certificate as it would a public CA's (SSL_CERT_FILE).
 # shellcheck disable=SC2086 # QM_DEMO_ARGS is a list of flags
 AWS_ENDPOINT_URL_IAM="${iam_url}" AWS_ENDPOINT_URL_STS="${iam_url}" AWS_REGION=us-east-1 \
 	AWS_ACCESS_KEY_ID=AKIDDEMOEXAMPLE AWS_SECRET_ACCESS_KEY=demo-not-a-secret AWS_EC2_METADATA_DISABLED=true \
+	SSL_CERT_FILE="${ci}/ca.pem" \
 	start manager "${root}/bin/quartermaster" --kubeconfig="${manager_kubeconfig}" \
 	--leader-elect --leader-election-namespace=quartermaster-system \
 	--health-probe-bind-address="${probe_addr}" --metrics-bind-address="${metrics_addr}" \
-	--namespace-defaults="${root}/config/manager/namespace-defaults.yaml" \
+	--namespace-defaults="${state}/namespace-defaults.yaml" \
+	--exchange-bind-address="${exchange_addr}" --exchange-cert-dir="${ci}/exchange-tls" \
 	--vsphere-secret=quartermaster-system/vcenter --vsphere-insecure \
 	--cluster-name=demo --oidc-issuer=https://oidc.eks.us-east-1.amazonaws.com/id/DEMO \
 	--allowed-policy-arns='arn:aws:iam::aws:policy/ReadOnlyAccess' \
@@ -355,6 +374,69 @@ if [[ "${mode}" != check ]]; then
 			"in default: $("${bin_dir}/kubectl" --kubeconfig "${state}/demo-ci-branch.kubeconfig" auth can-i create deployments -n default || true)"
 	fi
 fi
+
+header "Keyless pipelines: a CI job's identity token instead of a stored credential (namespaces controller; docs/namespaces.md)"
+audience=https://quartermaster.demo
+kubectl apply --server-side -f - >/dev/null <<YAML
+apiVersion: namespaces.quartermaster.dev/v1alpha1
+kind: TrustedIssuer
+metadata: {name: demo-github}
+spec:
+  issuerURL: $(cat "${ci}/issuer.url")
+  audience: ${audience}
+  identityClaim: repository
+  maxNamespacesPerIdentity: 3
+  rules:
+    - name: pull-requests
+      claims: {repository: ["acme/*"], event_name: [pull_request]}
+      namespace: demo-{repository|last}-pr-{ref|pull}
+      ttl: 2h
+      defaults: pull-requests
+YAML
+kubectl wait tiss/demo-github --for=condition=Ready --timeout=60s >/dev/null || fail "TrustedIssuer demo-github is not Ready"
+say "the platform trusts one CI issuer (hack/demo-helper ci-issuer, shaped as GitHub Actions'); Ready once its signing keys were read:"
+show kubectl get tiss
+# job_token REPOSITORY: the identity token a job of REPOSITORY's pull request 7 gets from its CI system
+# (as a GitHub job calls \$ACTIONS_ID_TOKEN_REQUEST_URL), for the exchange's audience.
+job_token() {
+	curl -fsS "$(cat "${ci}/token.url")?audience=${audience}&repository=$1&ref=refs/pull/7/merge&event_name=pull_request" | jq -r .value
+}
+# job_step TOKEN: a pipeline step holding nothing but its token (no kubeconfig, no HOME with one)
+# asks the exchange for its namespace; prints what it said and returns its exit status.
+mkdir -p "${ci}/job"
+job_step() {
+	env -i PATH=/usr/bin:/bin HOME="${ci}/job" QM_ID_TOKEN="$1" "${root}/bin/quartermaster" request \
+		--exchange-url "https://${exchange_addr}" --exchange-ca-file "${ci}/exchange-tls/tls.crt" \
+		--id-token-env QM_ID_TOKEN --kubeconfig-out "${ci}/job/kubeconfig" 2>&1
+}
+token="$(job_token acme/web)"
+out="$(job_step "${token}")" || fail "the pipeline step of acme/web's pull request 7 failed: ${out}"
+[[ "${out}" == *"namespace demo-web-pr-7 is ready"* ]] || fail "the pipeline step did not get demo-web-pr-7: ${out}"
+say "a job of acme/web's pull request 7, holding only its identity token, runs: quartermaster request --exchange-url https://${exchange_addr} --id-token-env QM_ID_TOKEN"
+show sed 's/^/  /' <<<"${out}"
+job_kubectl() { "${bin_dir}/kubectl" --kubeconfig "${ci}/job/kubeconfig" "$@"; }
+[[ "$(job_kubectl auth can-i create deployments)" == yes ]] || fail "the handed-out kubeconfig may not create deployments in demo-web-pr-7"
+[[ "$(job_kubectl auth can-i create deployments -n default 2>/dev/null)" == no ]] || fail "the handed-out kubeconfig may create deployments in default"
+say "the kubeconfig it got works in its namespace and nowhere else:"
+show echo "  authenticates as $(job_kubectl auth whoami -o jsonpath='{.status.userInfo.username}'); create deployments in demo-web-pr-7: $(job_kubectl auth can-i create deployments), in default: $(job_kubectl auth can-i create deployments -n default 2>/dev/null || true)"
+recorded="$(kubectl -n namespace-requests get configmap demo-web-pr-7 -o jsonpath='{.metadata.annotations.quartermaster\.dev/identity} {.metadata.annotations.quartermaster\.dev/defaults}')"
+[[ "${recorded}" == "demo-github:acme/web pull-requests" ]] || fail "the request records ${recorded:-nothing}, want the identity demo-github:acme/web and the profile pull-requests"
+quota="$(kubectl -n demo-web-pr-7 get resourcequota quartermaster-defaults -o jsonpath='{.spec.hard.pods}')"
+[[ "${quota}" == 10 ]] || fail "demo-web-pr-7's quota allows ${quota:-no} pods, want the pull-requests profile's 10"
+say "the request records which identity asked (never the token) and the rule's defaults profile, whose quota the namespace got:"
+show kubectl -n namespace-requests get configmap demo-web-pr-7 \
+	-o custom-columns='REQUEST:.metadata.name,STATUS:.metadata.annotations.quartermaster\.dev/status,IDENTITY:.metadata.annotations.quartermaster\.dev/identity,DEFAULTS:.metadata.annotations.quartermaster\.dev/defaults'
+show kubectl -n demo-web-pr-7 get resourcequota
+code=0
+out="$(job_step "${token}")" || code=$?
+[[ "${code}" == 2 && "${out}" == *replay* ]] || fail "the same token again: exit ${code}, ${out}; want exit 2 naming the replay"
+say "the same token again (a stolen copy): refused, exit ${code}"
+show sed 's/^/  /' <<<"${out}"
+code=0
+out="$(job_step "$(job_token evil/web)")" || code=$?
+[[ "${code}" == 2 && "${out}" == *claims* ]] || fail "a fork's token: exit ${code}, ${out}; want exit 2 naming the claims"
+say "a fork's job (repository evil/web) asks: no rule admits its claims, exit ${code}"
+show sed 's/^/  /' <<<"${out}"
 
 header "A registry mirror at work (mirrors controller; docs/mirrors.md)"
 say "the upstream: a private registry (cmd/upstream-registry, distribution with htpasswd) holding ${IMAGE}; anonymous pulls are refused:"
