@@ -97,7 +97,8 @@ func TestHelmUpgradeAndRollbackLoseNothing(t *testing.T) {
 	// The CRDs are the release's (crds.enabled, the default): each install, upgrade and rollback
 	// applies its chart's. config/local installed them with kubectl; the release adopts them, as
 	// Helm adopts objects that carry its ownership metadata. Afterwards they are config/local's again.
-	crds := adoptCRDs(t, h, filepath.Join(prev.dir, chart.Dir))
+	// A kind this commit adds (its CRD installed by config/local too) is adopted the same way.
+	crds := adoptCRDs(t, h, filepath.Join(prev.dir, chart.Dir), filepath.Join(testenv.RepoRoot(), chart.Dir))
 	helm("install", upRelease, filepath.Join(prev.dir, chart.Dir), "--create-namespace", "-f", valuesFile, "--wait", "--timeout", "3m")
 	t.Cleanup(func() {
 		_, _ = h.Run("uninstall", upRelease, "--namespace", upNamespace, "--kubeconfig", cluster.Kubeconfig, "--wait")
@@ -288,18 +289,20 @@ func previousRelease(t *testing.T) release {
 	return r
 }
 
-// adoptCRDs marks the cluster's CRDs of the chart at dir as the release's, and when the test ends
+// adoptCRDs marks the cluster's CRDs of the charts at dirs as the release's, and when the test ends
 // applies config/crd/bases again and takes the marks off. It returns their names.
-func adoptCRDs(t *testing.T, h testenv.Helm, dir string) []string {
+func adoptCRDs(t *testing.T, h testenv.Helm, dirs ...string) []string {
 	t.Helper()
-	out, err := h.Run("template", upRelease, dir, "--namespace", upNamespace)
-	must(t, err)
-	objs, err := chart.Objects(out)
-	must(t, err)
 	var names []string
-	for _, o := range objs {
-		if o.GetKind() == "CustomResourceDefinition" {
-			names = append(names, o.GetName())
+	for _, dir := range dirs {
+		out, err := h.Run("template", upRelease, dir, "--namespace", upNamespace)
+		must(t, err)
+		objs, err := chart.Objects(out)
+		must(t, err)
+		for _, o := range objs {
+			if o.GetKind() == "CustomResourceDefinition" && !slices.Contains(names, o.GetName()) {
+				names = append(names, o.GetName())
+			}
 		}
 	}
 	mark := func(label string, annotations ...string) {
