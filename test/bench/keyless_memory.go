@@ -14,8 +14,10 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	nsv1alpha1 "github.com/quartermaster-dev/quartermaster/api/namespaces/v1alpha1"
+	"github.com/quartermaster-dev/quartermaster/internal/manager"
 	"github.com/quartermaster-dev/quartermaster/internal/nsrequest"
 	"github.com/quartermaster-dev/quartermaster/internal/testing/oidcissuer"
 	"github.com/quartermaster-dev/quartermaster/internal/testing/testenv"
@@ -73,7 +75,11 @@ func keylessMemoryBench(ctx context.Context, e *env) (results []result, err erro
 	defer func() { _ = p.stop() }()
 
 	const aud = "https://quartermaster.bench"
-	if err := e.client.Create(ctx, &nsv1alpha1.TrustedIssuer{
+	admin, err := client.New(e.cluster.Config, client.Options{Scheme: manager.Scheme(nsv1alpha1.AddToScheme)})
+	if err != nil {
+		return nil, err
+	}
+	if err := admin.Create(ctx, &nsv1alpha1.TrustedIssuer{
 		ObjectMeta: metav1.ObjectMeta{Name: "bench-memory-github"},
 		Spec: nsv1alpha1.TrustedIssuerSpec{IssuerURL: gh.URL, Audience: aud, IdentityClaim: "repository",
 			Rules: []nsv1alpha1.IssuerRule{{Name: "prs", Claims: map[string][]string{"repository": {"acme/*"}}, Namespace: "bm-{repository|last}-pr-{ref|pull}"}}},
@@ -81,7 +87,7 @@ func keylessMemoryBench(ctx context.Context, e *env) (results []result, err erro
 		return nil, err
 	}
 	defer func() {
-		_ = e.client.Delete(context.Background(), &nsv1alpha1.TrustedIssuer{ObjectMeta: metav1.ObjectMeta{Name: "bench-memory-github"}})
+		_ = admin.Delete(context.Background(), &nsv1alpha1.TrustedIssuer{ObjectMeta: metav1.ObjectMeta{Name: "bench-memory-github"}})
 	}()
 	tokens := make([]string, keylessNamespaces+1)
 	for i := range tokens {
