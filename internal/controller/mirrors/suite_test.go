@@ -5,7 +5,8 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"strings"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -234,41 +236,149 @@ func must(t testing.TB, err error) {
 	}
 }
 
-// reconcileWrites runs one reconcile of the mirror name (as the worker would, on the running
-// manager's cache) and returns the API writes made meanwhile to that mirror and its objects: its
-// status, its Events, its cache and agent objects. The count is scoped because the manager's
-// workers keep serving the other mirrors of the suite meanwhile (a stalled one retries and repeats
-// its Event); those writes are logged, not counted.
+// reconcileWrites runs one reconcile of the mirror name, as the worker would on the running
+// manager's caches, and returns the writes that reconcile made: its API writes and its Events.
+// They are counted on the reconcile's own clients and recorder, not on the manager's API traffic:
+// the workers keep serving the suite's mirrors meanwhile, this one included, and a worker that
+// had just written this mirror's status was counted as this reconcile's writes (its Event landing
+// in the window), which made these tests flaky.
 func (f *fixture) reconcileWrites(t *testing.T, name string) []string {
 	t.Helper()
-	before := len(f.api.WriteLog())
-	if _, err := f.r.Reconcile(context.Background(), reconcile.Request{NamespacedName: client.ObjectKey{Name: name}}); err != nil {
+	// As the worker does: the reconcile reads the mirror as stored. The test may see a worker's
+	// status write on the API server before the reconciler's cache does (and before the
+	// reconciler records it as its own write), and would then reconcile an older mirror.
+	stored, cached := &registryv1alpha1.RegistryMirror{}, &registryv1alpha1.RegistryMirror{}
+	testenv.Eventually(t, "the reconciler to read mirror "+name+" as stored", func() (bool, string) {
+		if err := f.c.Get(context.Background(), client.ObjectKey{Name: name}, stored); err != nil {
+			return false, err.Error()
+		}
+		if err := f.r.client.Get(context.Background(), client.ObjectKey{Name: name}, cached); err != nil {
+			return false, err.Error()
+		}
+		return cached.ResourceVersion == stored.ResourceVersion, "stored " + stored.ResourceVersion + ", read " + cached.ResourceVersion
+	})
+	var w writeLog
+	r := *f.r
+	r.client = &countingClient{Client: f.r.client, log: &w}
+	r.objects = &countingClient{Client: f.r.objects, log: &w}
+	r.recorder = &countingRecorder{EventRecorder: f.r.recorder, log: &w}
+	if _, err := r.Reconcile(context.Background(), reconcile.Request{NamespacedName: client.ObjectKey{Name: name}}); err != nil {
 		t.Fatal(err)
 	}
-	var mine, others []string
-	for _, w := range f.api.WriteLog()[before:] {
-		if writesTo(w, name) {
-			mine = append(mine, w)
-		} else {
-			others = append(others, w)
-		}
-	}
-	if len(others) > 0 {
-		t.Logf("writes to other objects meanwhile (other workers): %v", others)
-	}
-	return mine
+	return w.entries()
 }
 
-// writesTo says whether a logged write ("METHOD /path") is to the mirror name or one of its
-// objects: a path segment that is its name, names one of its objects (mirror-<name>…), or an
-// Event about either (<object>.<suffix>).
-func writesTo(w, name string) bool {
-	_, path, _ := strings.Cut(w, " ")
-	for _, seg := range strings.Split(path, "/") {
-		base, _, _ := strings.Cut(seg, ".")
-		if seg == name || base == name || strings.HasPrefix(base, mirror.CacheName(name)) || strings.HasPrefix(base, mirror.AgentName(name)) {
-			return true
-		}
-	}
-	return false
+// writeLog is what a reconcile wrote.
+type writeLog struct {
+	mu  sync.Mutex
+	log []string
+}
+
+func (w *writeLog) add(format string, args ...any) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.log = append(w.log, fmt.Sprintf(format, args...))
+}
+
+func (w *writeLog) entries() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return slices.Clone(w.log)
+}
+
+// countingClient logs every write made through it.
+type countingClient struct {
+	client.Client
+	log *writeLog
+}
+
+func (c *countingClient) Create(ctx context.Context, obj client.Object, opts ...client.CreateOption) error {
+	c.log.add("create %T %s", obj, obj.GetName())
+	return c.Client.Create(ctx, obj, opts...)
+}
+
+func (c *countingClient) Update(ctx context.Context, obj client.Object, opts ...client.UpdateOption) error {
+	c.log.add("update %T %s", obj, obj.GetName())
+	return c.Client.Update(ctx, obj, opts...)
+}
+
+func (c *countingClient) Patch(ctx context.Context, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
+	c.log.add("patch %T %s", obj, obj.GetName())
+	return c.Client.Patch(ctx, obj, patch, opts...)
+}
+
+func (c *countingClient) Apply(ctx context.Context, obj runtime.ApplyConfiguration, opts ...client.ApplyOption) error {
+	c.log.add("apply %T", obj)
+	return c.Client.Apply(ctx, obj, opts...)
+}
+
+func (c *countingClient) Delete(ctx context.Context, obj client.Object, opts ...client.DeleteOption) error {
+	c.log.add("delete %T %s", obj, obj.GetName())
+	return c.Client.Delete(ctx, obj, opts...)
+}
+
+func (c *countingClient) DeleteAllOf(ctx context.Context, obj client.Object, opts ...client.DeleteAllOfOption) error {
+	c.log.add("delete all %T", obj)
+	return c.Client.DeleteAllOf(ctx, obj, opts...)
+}
+
+func (c *countingClient) Status() client.SubResourceWriter {
+	return &countingSubResource{SubResourceWriter: c.Client.Status(), log: c.log, name: "status"}
+}
+
+func (c *countingClient) SubResource(sub string) client.SubResourceClient {
+	return &countingSubResourceClient{SubResourceClient: c.Client.SubResource(sub), log: c.log, name: sub}
+}
+
+type countingSubResource struct {
+	client.SubResourceWriter
+	log  *writeLog
+	name string
+}
+
+func (c *countingSubResource) Create(ctx context.Context, obj, sub client.Object, opts ...client.SubResourceCreateOption) error {
+	c.log.add("create %s of %T %s", c.name, obj, obj.GetName())
+	return c.SubResourceWriter.Create(ctx, obj, sub, opts...)
+}
+
+func (c *countingSubResource) Update(ctx context.Context, obj client.Object, opts ...client.SubResourceUpdateOption) error {
+	c.log.add("update %s of %T %s", c.name, obj, obj.GetName())
+	return c.SubResourceWriter.Update(ctx, obj, opts...)
+}
+
+func (c *countingSubResource) Patch(ctx context.Context, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
+	c.log.add("patch %s of %T %s", c.name, obj, obj.GetName())
+	return c.SubResourceWriter.Patch(ctx, obj, patch, opts...)
+}
+
+type countingSubResourceClient struct {
+	client.SubResourceClient
+	log  *writeLog
+	name string
+}
+
+func (c *countingSubResourceClient) Create(ctx context.Context, obj, sub client.Object, opts ...client.SubResourceCreateOption) error {
+	c.log.add("create %s of %T %s", c.name, obj, obj.GetName())
+	return c.SubResourceClient.Create(ctx, obj, sub, opts...)
+}
+
+func (c *countingSubResourceClient) Update(ctx context.Context, obj client.Object, opts ...client.SubResourceUpdateOption) error {
+	c.log.add("update %s of %T %s", c.name, obj, obj.GetName())
+	return c.SubResourceClient.Update(ctx, obj, opts...)
+}
+
+func (c *countingSubResourceClient) Patch(ctx context.Context, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
+	c.log.add("patch %s of %T %s", c.name, obj, obj.GetName())
+	return c.SubResourceClient.Patch(ctx, obj, patch, opts...)
+}
+
+// countingRecorder logs every Event recorded through it.
+type countingRecorder struct {
+	events.EventRecorder
+	log *writeLog
+}
+
+func (r *countingRecorder) Eventf(regarding, related runtime.Object, eventtype, reason, action, note string, args ...any) {
+	r.log.add("event %s %s: %s", eventtype, reason, fmt.Sprintf(note, args...))
+	r.EventRecorder.Eventf(regarding, related, eventtype, reason, action, note, args...)
 }

@@ -2,7 +2,6 @@ package testenv
 
 import (
 	"net/http"
-	"strings"
 	"sync"
 
 	"k8s.io/client-go/rest"
@@ -58,21 +57,6 @@ func (c *RequestCounter) Log() []string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return append([]string(nil), c.log...)
-}
-
-// WriteLog is the method and path of every write (POST, PUT, PATCH, DELETE), in order.
-func (c *RequestCounter) WriteLog() []string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	var out []string
-	for _, l := range c.log {
-		method, _, _ := strings.Cut(l, " ")
-		switch method {
-		case http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete:
-			out = append(out, l)
-		}
-	}
-	return out
 }
 
 // Reset forgets the counts.
