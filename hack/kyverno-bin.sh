@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds Kyverno's admission controller and background controller (v1.19.1, the newest the Go
+# Builds Kyverno's admission, background and reports controllers (v1.19.1, the newest the Go
 # module proxy serves) from source into a cache folder outside the repository, keyed by version, as
 # hack/k8s-bin.sh does for Kubernetes. `go install kyverno@version` refuses (Kyverno's go.mod has a
 # replace), so hack/kyverno-bin/go.mod is a wrapper module that copies that replace.
@@ -19,7 +19,7 @@ log() { echo "kyverno-bin: $*" >&2; }
 exec 9>"${cache_root}/.kyverno-bin.lock"
 flock 9
 
-for cmd in kyverno background-controller; do
+for cmd in kyverno background-controller reports-controller; do
 	if [[ -x "${bin_dir}/${cmd}" ]]; then continue; fi
 	log "building ${cmd} ${KYVERNO_VERSION}; the first build takes about 5 minutes on 2 cores"
 	(cd "${here}/kyverno-bin" && CGO_ENABLED=0 GOWORK=off GOFLAGS=-mod=mod go build -trimpath -ldflags "-s -w" \

@@ -6,4 +6,5 @@ package tools
 import (
 	_ "github.com/kyverno/kyverno/cmd/background-controller"
 	_ "github.com/kyverno/kyverno/cmd/kyverno"
+	_ "github.com/kyverno/kyverno/cmd/reports-controller"
 )

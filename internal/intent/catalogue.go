@@ -78,6 +78,12 @@ var ClusterImplementations = map[string][]Engine{
 	AssessTLS:    {K8TLS},
 }
 
+// Scanned lists, per intent id, the engine whose policies for it are checked against the existing
+// workloads and reported on: Kyverno's background scans of its validate rules (escapeToHost's pod
+// security standard). Its mutate and generate rules (cocoWorkload, virtualPatch) find nothing to
+// report, and KubeArmor and NetworkPolicy act on what runs from now on without a report.
+var Scanned = map[string]Engine{EscapeToHost: Kyverno}
+
 // Policy is one generated engine object.
 type Policy struct {
 	Engine Engine

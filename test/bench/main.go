@@ -64,6 +64,7 @@ var cases = []benchCase{
 	{name: "iam/500-podidentity-serviceaccounts", run: iamPodIdentityBench},
 	{name: "intents/1000-bindings", run: intentsBench},
 	{name: "intents/cluster-binding-500-namespaces", run: clusterBindingBench},
+	{name: "intents/impact-500-namespaces", run: impactBench},
 	{name: "mirrors/50-mirrors", run: mirrorsBench},
 	{name: "mirrors/cache-data-path", run: cacheDataPathBench},
 	{name: "mirrors/cache-replicas", run: cacheReplicasBench},

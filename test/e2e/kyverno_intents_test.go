@@ -14,6 +14,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -399,30 +400,14 @@ func object(apiVersion, kind, ns, name string) *unstructured.Unstructured {
 }
 
 // waitKyvernoAuditReport waits until Kyverno has reported that the Pod it admitted fails the audit
-// policy, in the two ways Kyverno 1.19's admission controller does without its reports controller:
-// an EphemeralReport for the Pod (source admission, result fail, the policy named) and a
-// PolicyViolation Event on the Pod from kyverno-admission. (Kyverno's reports controller, not run
-// here, would aggregate the EphemeralReports into a PolicyReport.)
+// policy, in the two ways Kyverno 1.19 does: the PolicyReport its reports controller keeps for the
+// Pod (named by the Pod's UID, the result fail for the policy) and the PolicyViolation Event on
+// the Pod from kyverno-admission.
 func waitKyvernoAuditReport(t *testing.T, ns string, pod *corev1.Pod, policy string) {
 	t.Helper()
 	ctx := context.Background()
-	eventually(t, "Kyverno's EphemeralReport of "+pod.Name+" failing "+policy, func() bool {
-		list := &unstructured.UnstructuredList{}
-		list.SetAPIVersion("reports.kyverno.io/v1")
-		list.SetKind("EphemeralReportList")
-		if err := admin.List(ctx, list, client.InNamespace(ns), client.MatchingLabels{"audit.kyverno.io/resource.uid": string(pod.UID)}); err != nil {
-			return false
-		}
-		for _, r := range list.Items {
-			results, _, _ := unstructured.NestedSlice(r.Object, "spec", "results")
-			for _, res := range results {
-				m, _ := res.(map[string]any)
-				if m["policy"] == ns+"/"+policy && m["result"] == "fail" && r.GetLabels()["audit.kyverno.io/source"] == "admission" {
-					return true
-				}
-			}
-		}
-		return false
+	eventually(t, "Kyverno's PolicyReport of "+pod.Name+" failing "+policy, func() bool {
+		return policyReportFails(ctx, ns, pod.UID, ns+"/"+policy)
 	})
 	eventually(t, "Kyverno's PolicyViolation Event on "+pod.Name, func() bool {
 		events := &corev1.EventList{}
@@ -437,4 +422,22 @@ func waitKyvernoAuditReport(t *testing.T, ns string, pod *corev1.Pod, policy str
 		}
 		return false
 	})
+}
+
+// policyReportFails reports whether the PolicyReport Kyverno's reports controller keeps for the
+// resource (in its namespace, named by its UID) has a fail result for the policy ("namespace/name"
+// for a Policy, "name" for a ClusterPolicy).
+func policyReportFails(ctx context.Context, ns string, uid types.UID, policy string) bool {
+	report := object("wgpolicyk8s.io/v1alpha2", "PolicyReport", ns, string(uid))
+	if err := admin.Get(ctx, client.ObjectKeyFromObject(report), report); err != nil {
+		return false
+	}
+	results, _, _ := unstructured.NestedSlice(report.Object, "results")
+	for _, res := range results {
+		m, _ := res.(map[string]any)
+		if m["policy"] == policy && m["result"] == "fail" {
+			return true
+		}
+	}
+	return false
 }

@@ -83,6 +83,9 @@ type SecurityIntentBindingStatus struct {
 	// +listMapKey=type
 	// +optional
 	Conditions []metav1.Condition `json:"conditions,omitempty"`
+	// Impact is what the engines' scans found against the binding's policies.
+	// +optional
+	Impact *Impact `json:"impact,omitempty"`
 }
 
 // SecurityIntentBinding applies intents to the workloads of its namespace.
@@ -93,6 +96,7 @@ type SecurityIntentBindingStatus struct {
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 // +kubebuilder:printcolumn:name="Intents",type=integer,JSONPath=`.status.numberOfBoundIntents`
 // +kubebuilder:printcolumn:name="NimbusPolicy",type=string,JSONPath=`.status.nimbusPolicy`
+// +kubebuilder:printcolumn:name="Violations",type=integer,JSONPath=`.status.impact.violations`
 type SecurityIntentBinding struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`
@@ -145,6 +149,9 @@ type ClusterSecurityIntentBindingStatus struct {
 	// +listMapKey=type
 	// +optional
 	Conditions []metav1.Condition `json:"conditions,omitempty"`
+	// Impact is what the engines' scans found against the binding's policies.
+	// +optional
+	Impact *Impact `json:"impact,omitempty"`
 }
 
 // ClusterSecurityIntentBinding applies intents to workloads across namespaces.
@@ -156,6 +163,7 @@ type ClusterSecurityIntentBindingStatus struct {
 // +kubebuilder:printcolumn:name="Intents",type=integer,JSONPath=`.status.numberOfBoundIntents`
 // +kubebuilder:printcolumn:name="NimbusPolicies",type=integer,JSONPath=`.status.numberOfNimbusPolicies`
 // +kubebuilder:printcolumn:name="ClusterNimbusPolicy",type=string,JSONPath=`.status.clusterNimbusPolicy`
+// +kubebuilder:printcolumn:name="Violations",type=integer,JSONPath=`.status.impact.violations`
 type ClusterSecurityIntentBinding struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`

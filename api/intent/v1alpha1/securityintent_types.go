@@ -66,6 +66,10 @@ type SecurityIntentStatus struct {
 	// +listMapKey=type
 	// +optional
 	Conditions []metav1.Condition `json:"conditions,omitempty"`
+	// Impact is what the engines' scans found against the intent's policies, across all its
+	// bindings.
+	// +optional
+	Impact *Impact `json:"impact,omitempty"`
 }
 
 // SecurityIntent states what must not happen; bindings apply it to workloads.
@@ -74,6 +78,7 @@ type SecurityIntentStatus struct {
 // +kubebuilder:resource:scope=Cluster,shortName=si
 // +kubebuilder:printcolumn:name="Status",type=string,JSONPath=`.status.status`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+// +kubebuilder:printcolumn:name="Violations",type=integer,JSONPath=`.status.impact.violations`
 // +kubebuilder:printcolumn:name="ID",type=string,JSONPath=`.spec.intent.id`,priority=1
 // +kubebuilder:printcolumn:name="Action",type=string,JSONPath=`.spec.intent.action`,priority=1
 type SecurityIntent struct {

@@ -20,6 +20,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	intentv1alpha1 "github.com/quartermaster-dev/quartermaster/api/intent/v1alpha1"
 	"github.com/quartermaster-dev/quartermaster/internal/controller/owned"
@@ -36,8 +37,12 @@ func specOrLabels() predicate.Predicate {
 // intentReconciler shows each SecurityIntent's id and action in its status, as Nimbus does.
 type intentReconciler struct{ *base }
 
-func (r *intentReconciler) setup(mgr ctrl.Manager, opts controller.Options) error {
-	return builder.ControllerManagedBy(mgr).
+func (r *intentReconciler) setup(mgr ctrl.Manager, opts controller.Options, impact []source.Source) (controller.Controller, error) {
+	b := builder.ControllerManagedBy(mgr)
+	for _, src := range impact {
+		b = b.WatchesRawSource(src)
+	}
+	return b.
 		Named("securityintent").
 		For(&intentv1alpha1.SecurityIntent{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		// An intent is in force when the bindings naming it are: their readiness changes coalesce.
@@ -46,7 +51,7 @@ func (r *intentReconciler) setup(mgr ctrl.Manager, opts controller.Options) erro
 		Watches(&intentv1alpha1.ClusterSecurityIntentBinding{}, readinessCoalesced(intentsNamed),
 			builder.WithPredicates(predicate.Or[client.Object](status.ReadyChanged(), createOrDelete(), predicate.GenerationChangedPredicate{}))).
 		WithOptions(opts).
-		Complete(r)
+		Build(r)
 }
 
 // intentsNamed maps a binding to the SecurityIntents it names.
@@ -76,6 +81,9 @@ func (r *intentReconciler) Reconcile(ctx context.Context, req reconcile.Request)
 	in := si.Spec.Intent
 	si.Status.ID, si.Status.Action, si.Status.Status = in.ID, in.Action, intentv1alpha1.StatusCreated
 	o, err := r.intentOutcome(ctx, si)
+	if err == nil {
+		err = keepImpact(&si.Status.Impact)(r.intentImpact(ctx, si))
+	}
 	if err != nil {
 		o = status.Transient("Error", err.Error(), err)
 	}
@@ -227,8 +235,12 @@ func (b *base) ensurePolicy(ctx context.Context, want client.Object, made bool) 
 // the binding's labels, one rule per existing intent in binding order.
 type bindingReconciler struct{ *base }
 
-func (r *bindingReconciler) setup(mgr ctrl.Manager, opts controller.Options) error {
-	return builder.ControllerManagedBy(mgr).
+func (r *bindingReconciler) setup(mgr ctrl.Manager, opts controller.Options, impact []source.Source) (controller.Controller, error) {
+	b := builder.ControllerManagedBy(mgr)
+	for _, src := range impact {
+		b = b.WatchesRawSource(src)
+	}
+	return b.
 		Named("securityintentbinding").
 		For(&intentv1alpha1.SecurityIntentBinding{}, builder.WithPredicates(specOrLabels())).
 		Owns(&intentv1alpha1.NimbusPolicy{}, builder.WithPredicates(specOrLabels(), notCreated())).
@@ -237,7 +249,7 @@ func (r *bindingReconciler) setup(mgr ctrl.Manager, opts controller.Options) err
 		Watches(&intentv1alpha1.SecurityIntent{}, handler.EnqueueRequestsFromMapFunc(r.bindingsOf(&intentv1alpha1.SecurityIntentBindingList{})),
 			builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		WithOptions(opts).
-		Complete(r)
+		Build(r)
 }
 
 // Reconcile brings one binding's NimbusPolicy to its intents.
@@ -256,6 +268,9 @@ func (r *bindingReconciler) Reconcile(ctx context.Context, req reconcile.Request
 		// binding (readyChanged), whose status is then written once, with what it says. A
 		// status saying "waiting" now would be a second write per binding, outdated at once.
 		return reconcile.Result{}, nil
+	}
+	if err == nil {
+		err = keepImpact(&sib.Status.Impact)(r.bindingImpact(ctx, sib.Namespace, sib.Name, sib.Spec.Intents))
 	}
 	return r.reportBinding(ctx, sib, before, status.Reported{Conditions: &sib.Status.Conditions, ObservedGeneration: &sib.Status.ObservedGeneration}, o, err)
 }

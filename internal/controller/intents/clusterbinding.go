@@ -31,8 +31,12 @@ import (
 // name) and a NimbusPolicy nimbus-ctlr-gen-<binding> in every namespace it selects.
 type clusterBindingReconciler struct{ *base }
 
-func (r *clusterBindingReconciler) setup(mgr ctrl.Manager, opts controller.Options) error {
-	return builder.ControllerManagedBy(mgr).
+func (r *clusterBindingReconciler) setup(mgr ctrl.Manager, opts controller.Options, impact []source.Source) (controller.Controller, error) {
+	b := builder.ControllerManagedBy(mgr)
+	for _, src := range impact {
+		b = b.WatchesRawSource(src)
+	}
+	return b.
 		Named("clustersecurityintentbinding").
 		For(&intentv1alpha1.ClusterSecurityIntentBinding{}, builder.WithPredicates(specOrLabels())).
 		Owns(&intentv1alpha1.ClusterNimbusPolicy{}, builder.WithPredicates(predicate.Or(specOrLabels(), status.ReadyChanged()), notCreated())).
@@ -46,7 +50,7 @@ func (r *clusterBindingReconciler) setup(mgr ctrl.Manager, opts controller.Optio
 		WatchesRawSource(source.Kind[client.Object](r.namespaces, namespaceMetadata(),
 			handler.EnqueueRequestsFromMapFunc(r.selecting), namespaceLifecycle())).
 		WithOptions(opts).
-		Complete(r)
+		Build(r)
 }
 
 // controllingClusterBinding maps a NimbusPolicy to the ClusterSecurityIntentBinding that controls
@@ -91,6 +95,9 @@ func (r *clusterBindingReconciler) Reconcile(ctx context.Context, req reconcile.
 	}
 	before := csib.DeepCopy()
 	o, err := r.bind(ctx, csib)
+	if err == nil {
+		err = keepImpact(&csib.Status.Impact)(r.bindingImpact(ctx, "", csib.Name, csib.Spec.Intents))
+	}
 	return r.reportBinding(ctx, csib, before, status.Reported{Conditions: &csib.Status.Conditions, ObservedGeneration: &csib.Status.ObservedGeneration}, o, err)
 }
 

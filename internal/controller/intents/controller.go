@@ -26,6 +26,8 @@ type Options struct {
 	Concurrency int
 	// Engines is --intents-engines: "all", "none" or a comma list of EngineNames.
 	Engines string
+	// KyvernoNamespace is Kyverno's namespace, where its reports controller's Lease is.
+	KyvernoNamespace string
 }
 
 // EngineNames are --intents-engines' names of the engines.
@@ -59,11 +61,16 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.Engines, "intents-engines", "all",
 		"The policy engines the intents controller writes for: all, none (only (Cluster)NimbusPolicies, as Nimbus's core alone), or a comma list of kubearmor, kyverno, networkpolicy, k8tls. "+
 			"Each is used once it is detected; a left-out engine is neither watched nor written, and its existing objects are left alone.")
+	fs.StringVar(&o.KyvernoNamespace, "intents-kyverno-namespace", "kyverno",
+		"Kyverno's namespace: the intents' impact on existing workloads is read from Kyverno's PolicyReports while the reports controller's Lease there is renewed, and is Unknown otherwise.")
 }
 
 func (o *Options) validate() error {
 	if o.Concurrency < 1 {
 		return errors.New("--intents-concurrency must be at least 1")
+	}
+	if o.KyvernoNamespace == "" {
+		return errors.New("--intents-kyverno-namespace must name Kyverno's namespace")
 	}
 	_, err := o.engines()
 	return err

@@ -15,8 +15,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	ctrl "sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	intentv1alpha1 "github.com/quartermaster-dev/quartermaster/api/intent/v1alpha1"
 	"github.com/quartermaster-dev/quartermaster/internal/cachemeta"
@@ -62,6 +64,7 @@ type base struct {
 	recorder    events.EventRecorder
 	engines     *engines
 	deferred    *deferredReports // NimbusPolicies' status reports, after their enforcement
+	reports     *reports         // Kyverno's reports of existing workloads (impact.go)
 	now         func() metav1.Time
 }
 
@@ -84,7 +87,8 @@ func Setup(mgr ctrl.Manager, o Options) error {
 	return err
 }
 
-// setup is Setup with the interval at which engines are looked for (tests shorten it); it returns
+// setup is Setup with the interval at which engines, and Kyverno's reports, are looked for (tests
+// shorten it); it returns
 // what the reconcilers share, for tests.
 func setup(mgr ctrl.Manager, o Options, engineInterval time.Duration) (*base, error) {
 	if _, _, err := mgr.GetScheme().ObjectKinds(&intentv1alpha1.NimbusPolicy{}); err != nil {
@@ -141,7 +145,32 @@ func setup(mgr ctrl.Manager, o Options, engineInterval time.Duration) (*base, er
 		MaxConcurrentReconciles: o.Concurrency,
 		RateLimiter:             workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](200*time.Millisecond, 2*time.Minute),
 	}
-	if err := (&intentReconciler{base: b}).setup(mgr, opts); err != nil {
+	// Kyverno's reports: looked at now, so that a report kind served at start is watched from the
+	// start (see the engines' watches below for why), and later by the reports runnable.
+	reportCache, err := newReportCache(mgr)
+	if err != nil {
+		return nil, err
+	}
+	kyvernoNamespace := o.KyvernoNamespace
+	if kyvernoNamespace == "" {
+		kyvernoNamespace = "kyverno"
+	}
+	b.reports = &reports{cache: reportCache, reader: mgr.GetAPIReader(), discovery: dc, engines: b.engines,
+		namespace: kyvernoNamespace, interval: engineInterval, now: time.Now, log: mgr.GetLogger().WithName("intents")}
+	b.reports.state = b.reports.look(context.Background())
+	b.reports.watched = b.reports.state.readable
+	wake := impactWake{si: make(chan event.GenericEvent, 64), sib: make(chan event.GenericEvent, 64), csib: make(chan event.GenericEvent, 64)}
+	var impact [3][]source.Source
+	for i, w := range []struct {
+		wake chan event.GenericEvent
+		pick picker
+	}{{wake.si, b.reportsForIntents}, {wake.sib, b.reportsForBindings}, {wake.csib, b.reportsForClusterBindings}} {
+		if impact[i], err = b.impactSources(w.wake, w.pick); err != nil {
+			return nil, err
+		}
+	}
+	siCtrl, err := (&intentReconciler{base: b}).setup(mgr, opts, impact[0])
+	if err != nil {
 		return nil, err
 	}
 	// A binding's reconcile has one request in flight at a time, a policy's up to policyWriters:
@@ -149,10 +178,17 @@ func setup(mgr ctrl.Manager, o Options, engineInterval time.Duration) (*base, er
 	// NimbusPolicies would appear only as fast as their engine policies do.
 	bindingOpts := opts
 	bindingOpts.MaxConcurrentReconciles = o.Concurrency * bindingWorkers
-	if err := (&bindingReconciler{base: b}).setup(mgr, bindingOpts); err != nil {
+	sibCtrl, err := (&bindingReconciler{base: b}).setup(mgr, bindingOpts, impact[1])
+	if err != nil {
 		return nil, err
 	}
-	if err := (&clusterBindingReconciler{base: b}).setup(mgr, bindingOpts); err != nil {
+	csibCtrl, err := (&clusterBindingReconciler{base: b}).setup(mgr, bindingOpts, impact[2])
+	if err != nil {
+		return nil, err
+	}
+	b.reports.watch = b.watchReports(siCtrl, sibCtrl, csibCtrl)
+	b.reports.wake = b.wakeScanned(wake.si, wake.sib, wake.csib)
+	if err := mgr.Add(b.reports); err != nil {
 		return nil, err
 	}
 	// The watches of the engines there now (NetworkPolicy always; the others looked for above) are

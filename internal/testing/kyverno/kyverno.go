@@ -1,9 +1,9 @@
 // Package kyverno runs a real Kyverno (v1.19.1, built from source by hack/kyverno-bin.sh) against
-// a running test cluster: its admission controller and background controller as processes on the
-// test machine, with their webhooks registered by URL (https://127.0.0.1:PORT), each
+// a running test cluster: its admission, background and reports controllers as processes on the
+// test machine (the three the Helm chart runs by default), with their webhooks registered by URL (https://127.0.0.1:PORT), each
 // authenticated as its own ServiceAccount under the RBAC Kyverno's Helm chart installs (rbac.go).
 //
-//	k := kyverno.Start(t, cluster.Config)   // CRDs, namespace, RBAC, ConfigMaps, both processes; waits until ready
+//	k := kyverno.Start(t, cluster.Config)   // CRDs, namespace, RBAC, ConfigMaps, the processes; waits until ready
 //	k.WaitPolicyReady(t, "", "my-clusterpolicy")
 //	k.Restart(t)                            // the admission controller killed and started again
 //	kyverno.InstallCRDs(t, cluster.Config)  // only the CRDs: Kyverno's policies can be written, none acts
@@ -62,7 +62,11 @@ const WebhookLabel = "webhook.kyverno.io/managed-by"
 const (
 	admissionPod  = "kyverno-admission-controller-local"
 	backgroundPod = "kyverno-background-controller-local"
+	reportsPod    = "kyverno-reports-controller-local"
 )
+
+// ReportsLease is the leader-election Lease (in Namespace) of Kyverno's reports controller.
+const ReportsLease = "kyverno-reports-controller"
 
 // Timeouts of the condition waits (never of an assertion): a cold start on a busy 2-core machine.
 const (
@@ -76,7 +80,8 @@ var (
 	binErr  error
 )
 
-// BinDir is the folder holding the kyverno and background-controller binaries and crds/: $QM_KYVERNO_BIN
+// BinDir is the folder holding the kyverno, background-controller and reports-controller binaries
+// and crds/: $QM_KYVERNO_BIN
 // when set, otherwise what hack/kyverno-bin.sh prints (it builds Kyverno on first use, about 5
 // minutes on 2 cores, then answers at once from its cache).
 func BinDir() (string, error) {
@@ -95,7 +100,7 @@ func BinDir() (string, error) {
 			}
 			binDir = testenv.LastLine(out)
 		}
-		for _, f := range []string{"kyverno", "background-controller", "crds"} {
+		for _, f := range []string{"kyverno", "background-controller", "reports-controller", "crds"} {
 			if _, err := os.Stat(filepath.Join(binDir, f)); err != nil {
 				binErr = fmt.Errorf("%s (%s=%q): %w; run hack/kyverno-bin.sh", f, BinEnv, binDir, err)
 				return
@@ -133,13 +138,14 @@ type Kyverno struct {
 	dir        string
 	admission  *process
 	background *process
+	reports    *process
 	stopped    bool
 }
 
 // Start installs Kyverno's CRDs, namespace, ServiceAccounts, RBAC and ConfigMaps with the admin
-// configuration, starts the admission controller and the background controller, and returns once
-// Kyverno is ready: its webhooks registered and the API server getting Kyverno's answers through
-// them, the background controller leading. Stop is registered as a cleanup.
+// configuration, starts the admission, background and reports controllers, and returns once Kyverno
+// is ready: its webhooks registered and the API server getting Kyverno's answers through them, the
+// background and reports controllers leading. Stop is registered as a cleanup.
 func Start(t TB, admin *rest.Config) *Kyverno {
 	t.Helper()
 	bin, err := BinDir()
@@ -172,6 +178,7 @@ func Start(t TB, admin *rest.Config) *Kyverno {
 	k.waitAllowed(t, AdmissionServiceAccount, authorizationv1.ResourceAttributes{Namespace: Namespace, Resource: "secrets", Verb: "create"})
 	k.waitAllowed(t, BackgroundServiceAccount, authorizationv1.ResourceAttributes{Group: "kyverno.io", Resource: "updaterequests", Verb: "watch"})
 	k.waitAllowed(t, BackgroundServiceAccount, authorizationv1.ResourceAttributes{Resource: "configmaps", Verb: "create"})
+	k.waitAllowed(t, ReportsServiceAccount, authorizationv1.ResourceAttributes{Group: "wgpolicyk8s.io", Resource: "policyreports", Verb: "create"})
 
 	k.admission = k.newProcess(t, "kyverno", AdmissionServiceAccount, admissionPod, AdmissionDeployment,
 		"--caSecretName="+CASecretName,
@@ -188,10 +195,18 @@ func Start(t TB, admin *rest.Config) *Kyverno {
 		"--metricsHost=127.0.0.1", "--metricsPort="+port(freeAddr(t)),
 		"--controllerRuntimeMetricsAddress="+freeAddr(t),
 	)
+	// The chart's defaults: background scans, admission reports and their aggregation into
+	// PolicyReports (wgpolicyk8s.io; openreports off), events other than violations omitted.
+	k.reports = k.newProcess(t, "reports-controller", ReportsServiceAccount, reportsPod, ReportsDeployment,
+		"--metricsHost=127.0.0.1", "--metricsPort="+port(freeAddr(t)),
+		"--omitEvents=PolicyApplied,PolicySkipped",
+	)
 	k.admission.start(t)
 	k.background.start(t)
+	k.reports.start(t)
 	k.waitReady(t)
 	k.waitLeader(t, "kyverno-background-controller", backgroundPod, k.background)
+	k.waitLeader(t, ReportsLease, reportsPod, k.reports)
 	return k
 }
 
@@ -265,14 +280,28 @@ func (k *Kyverno) StartAdmission(t TB) {
 	k.waitReady(t)
 }
 
-// Stop kills both processes and deletes the webhook configurations Kyverno registered. Safe to
+// KillReports kills the reports controller (SIGKILL) and waits until it has exited: its Lease
+// stops being renewed, as when its Pod is gone.
+func (k *Kyverno) KillReports(t TB) {
+	t.Helper()
+	k.reports.kill()
+}
+
+// StartReports starts the reports controller again after KillReports and waits until it leads.
+func (k *Kyverno) StartReports(t TB) {
+	t.Helper()
+	k.reports.start(t)
+	k.waitLeader(t, ReportsLease, reportsPod, k.reports)
+}
+
+// Stop kills the processes and deletes the webhook configurations Kyverno registered. Safe to
 // call more than once; Start registers it as a cleanup.
 func (k *Kyverno) Stop() {
 	if k.stopped {
 		return
 	}
 	k.stopped = true
-	for _, p := range []*process{k.admission, k.background} {
+	for _, p := range []*process{k.admission, k.background, k.reports} {
 		if p != nil {
 			p.kill()
 		}
@@ -291,10 +320,10 @@ func (k *Kyverno) Stop() {
 	}
 }
 
-// Logs returns the admission controller's and the background controller's logs so far.
+// Logs returns the admission, background and reports controllers' logs so far.
 func (k *Kyverno) Logs() string {
 	var b strings.Builder
-	for _, p := range []*process{k.admission, k.background} {
+	for _, p := range []*process{k.admission, k.background, k.reports} {
 		if p == nil {
 			continue
 		}
@@ -306,7 +335,7 @@ func (k *Kyverno) Logs() string {
 
 func (k *Kyverno) printLogs() {
 	const keep = 300
-	for _, p := range []*process{k.admission, k.background} {
+	for _, p := range []*process{k.admission, k.background, k.reports} {
 		if p == nil {
 			continue
 		}

@@ -10,7 +10,7 @@ import (
 // What Kyverno 1.19.1's Helm chart (charts/kyverno in its module) installs for the admission and
 // background controllers, with the chart's default values and release name "kyverno": the same
 // names, the same aggregation, the same rules. Written out here (facts from the chart's
-// templates/{admission,background}-controller/{clusterrole,role,*binding}.yaml and values.yaml),
+// templates/{admission,background,reports}-controller/{clusterrole,role,*binding}.yaml and values.yaml),
 // so that a ClusterRole labelled as the chart aggregates (AggregateToBackgroundLabel) reaches
 // Kyverno here as it does in a real install.
 
@@ -19,10 +19,12 @@ const (
 	Namespace                = "kyverno"
 	AdmissionServiceAccount  = "kyverno-admission-controller"
 	BackgroundServiceAccount = "kyverno-background-controller"
+	ReportsServiceAccount    = "kyverno-reports-controller"
 	// AdmissionDeployment and BackgroundDeployment are the Deployment names Kyverno is told it runs
 	// as (KYVERNO_DEPLOYMENT); no Deployment exists: the processes run on the test machine.
 	AdmissionDeployment  = "kyverno-admission-controller"
 	BackgroundDeployment = "kyverno-background-controller"
+	ReportsDeployment    = "kyverno-reports-controller"
 	ConfigMapName        = "kyverno"
 	MetricsConfigMapName = "kyverno-metrics"
 	// The chart's TLS Secret names (--caSecretName, --tlsSecretName); Kyverno creates them.
@@ -31,6 +33,7 @@ const (
 
 	admissionRole  = "kyverno:admission-controller"
 	backgroundRole = "kyverno:background-controller"
+	reportsRole    = "kyverno:reports-controller"
 )
 
 // Aggregation labels of the chart's ClusterRoles: a ClusterRole carrying one of these with value
@@ -38,6 +41,7 @@ const (
 const (
 	AggregateToAdmissionLabel  = "rbac.kyverno.io/aggregate-to-admission-controller"
 	AggregateToBackgroundLabel = "rbac.kyverno.io/aggregate-to-background-controller"
+	AggregateToReportsLabel    = "rbac.kyverno.io/aggregate-to-reports-controller"
 )
 
 var all = []string{"create", "delete", "get", "list", "patch", "update", "watch", "deletecollection"}
@@ -60,11 +64,12 @@ func saSubject(name string) []rbacv1.Subject {
 
 // installObjects are the namespace, ServiceAccounts, RBAC and ConfigMaps, in creation order.
 func installObjects() []client.Object {
-	admissionLabels, backgroundLabels := componentLabels("admission-controller"), componentLabels("background-controller")
+	admissionLabels, backgroundLabels, reportsLabels := componentLabels("admission-controller"), componentLabels("background-controller"), componentLabels("reports-controller")
 	objs := []client.Object{
 		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: Namespace}},
 		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: AdmissionServiceAccount, Namespace: Namespace, Labels: admissionLabels}},
 		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: BackgroundServiceAccount, Namespace: Namespace, Labels: backgroundLabels}},
+		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: ReportsServiceAccount, Namespace: Namespace, Labels: reportsLabels}},
 
 		// Admission controller.
 		&rbacv1.ClusterRole{
@@ -176,6 +181,59 @@ func installObjects() []client.Object {
 			ObjectMeta: metav1.ObjectMeta{Name: backgroundRole, Namespace: Namespace, Labels: backgroundLabels},
 			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: backgroundRole},
 			Subjects:   saSubject(BackgroundServiceAccount),
+		},
+
+		// Reports controller (the chart's features: VAP reports on, MAP reports off; no metering TLS).
+		&rbacv1.ClusterRole{
+			ObjectMeta: metav1.ObjectMeta{Name: reportsRole, Labels: reportsLabels},
+			AggregationRule: &rbacv1.AggregationRule{ClusterRoleSelectors: []metav1.LabelSelector{
+				{MatchLabels: map[string]string{AggregateToReportsLabel: "true"}},
+				{MatchLabels: reportsLabels},
+			}},
+		},
+		&rbacv1.ClusterRole{
+			ObjectMeta: metav1.ObjectMeta{Name: reportsRole + ":core", Labels: reportsLabels},
+			Rules: []rbacv1.PolicyRule{
+				rule([]string{"apiextensions.k8s.io"}, []string{"customresourcedefinitions"}, []string{"get"}),
+				rule([]string{""}, []string{"configmaps", "namespaces"}, []string{"get", "list", "watch"}),
+				rule([]string{"kyverno.io"}, []string{"globalcontextentries", "globalcontextentries/status", "policyexceptions", "policies", "clusterpolicies"}, all),
+				rule([]string{"policies.kyverno.io"}, []string{"validatingpolicies", "validatingpolicies/status", "namespacedvalidatingpolicies",
+					"namespacedvalidatingpolicies/status", "imagevalidatingpolicies", "imagevalidatingpolicies/status",
+					"namespacedimagevalidatingpolicies", "namespacedimagevalidatingpolicies/status", "generatingpolicies",
+					"namespacedgeneratingpolicies", "mutatingpolicies", "namespacedmutatingpolicies"}, all),
+				rule([]string{"policies.kyverno.io"}, []string{"policyexceptions", "policyexceptions/status"}, []string{"get", "list", "watch"}),
+				rule([]string{"admissionregistration.k8s.io"}, []string{"validatingadmissionpolicies", "validatingadmissionpolicybindings"}, []string{"get", "list", "watch"}),
+				rule([]string{"reports.kyverno.io"}, []string{"ephemeralreports", "clusterephemeralreports"}, all),
+				rule([]string{"wgpolicyk8s.io"}, []string{"policyreports", "policyreports/status", "clusterpolicyreports", "clusterpolicyreports/status"}, all),
+				rule([]string{"openreports.io"}, []string{"reports", "reports/status", "clusterreports", "clusterreports/status"}, all),
+				rule([]string{"", "events.k8s.io"}, []string{"events"}, []string{"create", "patch"}),
+			},
+		},
+		&rbacv1.ClusterRoleBinding{
+			ObjectMeta: metav1.ObjectMeta{Name: reportsRole, Labels: reportsLabels},
+			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: reportsRole},
+			Subjects:   saSubject(ReportsServiceAccount),
+		},
+		&rbacv1.ClusterRoleBinding{
+			ObjectMeta: metav1.ObjectMeta{Name: reportsRole + ":view", Labels: reportsLabels},
+			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "view"},
+			Subjects:   saSubject(ReportsServiceAccount),
+		},
+		&rbacv1.Role{
+			ObjectMeta: metav1.ObjectMeta{Name: reportsRole, Namespace: Namespace, Labels: reportsLabels},
+			Rules: []rbacv1.PolicyRule{
+				{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"get", "list", "watch"},
+					ResourceNames: []string{ConfigMapName, MetricsConfigMapName}},
+				rule([]string{""}, []string{"secrets"}, []string{"get", "list", "watch"}),
+				rule([]string{"coordination.k8s.io"}, []string{"leases"}, []string{"create"}),
+				{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"delete", "get", "patch", "update"},
+					ResourceNames: []string{"kyverno-reports-controller"}},
+			},
+		},
+		&rbacv1.RoleBinding{
+			ObjectMeta: metav1.ObjectMeta{Name: reportsRole, Namespace: Namespace, Labels: reportsLabels},
+			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: reportsRole},
+			Subjects:   saSubject(ReportsServiceAccount),
 		},
 	}
 	return append(objs, configMaps()...)

@@ -1,0 +1,758 @@
+package intents
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/util/workqueue"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	ctrl "sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
+
+	intentv1alpha1 "github.com/quartermaster-dev/quartermaster/api/intent/v1alpha1"
+	"github.com/quartermaster-dev/quartermaster/internal/controllers"
+	"github.com/quartermaster-dev/quartermaster/internal/intent"
+)
+
+// The impact of an intent on what already runs, read from the engine's own reports.
+//
+// Kyverno's reports controller scans the existing resources its policies match (background
+// scans, at a policy's or a resource's change and every hour) and keeps one PolicyReport
+// (wgpolicyk8s.io/v1alpha2, its default reporting group) per resource, in the resource's
+// namespace: its scope names the resource, each result names a policy ("namespace/name" for a
+// Policy, "name" for a ClusterPolicy), a rule and pass, fail, warn, error or skip. The intents
+// controller caches those reports compacted to what it reads (which policies have a result, the
+// failed ones with their message) and indexes them by policy, so an intent's or a binding's
+// impact is a few index lookups at the reconcile that writes its status anyway: no second
+// status writer, and a report that changes only its timestamps wakes nothing.
+//
+// A report's change wakes the intents and bindings whose policies it names, after
+// aggregateWindow, so a namespace of a thousand Pods scanned at once is a few status writes. What
+// the impact cannot be read from (Kyverno's reports not served, its reports controller not
+// running) is polled and, when it changes, wakes every intent and binding that
+// has scanned intents: the status then says the impact is unknown, never zero. It is polled as
+// often as the engines are (enginePollInterval): one discovery request and one Lease read.
+
+// PolicyReportKind is the kind Kyverno's reports controller writes by default.
+var PolicyReportKind = schema.GroupVersionKind{Group: "wgpolicyk8s.io", Version: "v1alpha2", Kind: "PolicyReport"}
+
+// ReportsControllerLease is the leader-election Lease of Kyverno's reports controller, in Kyverno's
+// namespace: held and renewed while one runs.
+const ReportsControllerLease = "kyverno-reports-controller"
+
+const (
+	// indexReportPolicies indexes compacted reports by every policy with a result in them.
+	indexReportPolicies = "qm.results.policy"
+	// indexReportFailing indexes compacted reports by the policies with a fail or error result.
+	indexReportFailing = "qm.results.failing"
+	// impactMessageMax cuts an engine's message in status.impact.violating.
+	impactMessageMax = 256
+	// leaseSlack is how long past its duration a Lease counts as held: a renewal delayed by a
+	// busy API server is not taken for a stopped controller.
+	leaseSlack = 10 * time.Second
+)
+
+// +kubebuilder:rbac:groups=wgpolicyk8s.io,resources=policyreports,verbs=get;list;watch
+// +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get,resourceNames=kyverno-reports-controller
+
+// reports follows Kyverno's reports: whether they can be read, and what they say of the policies
+// the controller generated.
+type reports struct {
+	cache     cache.Cache // PolicyReports, compacted (compactReport) and indexed
+	reader    client.Reader
+	discovery discovery.DiscoveryInterface
+	engines   *engines
+	namespace string // Kyverno's: where its reports controller's Lease is
+	interval  time.Duration
+	now       func() time.Time
+	log       logr.Logger
+
+	// wake receives what must be reconciled when the state changes; watch adds the report watch
+	// to the controllers once the kind is served.
+	wake  func(ctx context.Context)
+	watch func(ctx context.Context) error
+
+	mu      sync.Mutex
+	state   reportsState
+	watched bool
+
+	indexOnce sync.Once
+	indexErr  error
+}
+
+// reportsState is whether the impact can be read from the reports now, and if not, why.
+type reportsState struct {
+	readable bool
+	why      string // when not readable: for status.impact.message
+}
+
+// NeedLeaderElection is true: it adds watches to, and wakes, leader-elected controllers.
+func (r *reports) NeedLeaderElection() bool { return true }
+
+// Start polls the state until ctx ends.
+func (r *reports) Start(ctx context.Context) error {
+	t := time.NewTicker(r.interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+			if r.check(ctx) {
+				r.wake(ctx)
+			}
+		}
+	}
+}
+
+// current is the state as last checked.
+func (r *reports) current() reportsState {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.state
+}
+
+// check looks at the report kind and the reports controller's Lease, adds the report watch once the
+// kind is served, and reports whether the state changed.
+func (r *reports) check(ctx context.Context) bool {
+	next := r.look(ctx)
+	if next.readable {
+		r.mu.Lock()
+		watched := r.watched
+		r.mu.Unlock()
+		if !watched {
+			if err := r.watch(ctx); err != nil {
+				next = reportsState{why: "Kyverno's PolicyReports cannot be watched: " + err.Error()}
+			} else {
+				r.mu.Lock()
+				r.watched = true
+				r.mu.Unlock()
+			}
+		}
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	changed := next != r.state
+	if changed {
+		r.log.Info("Kyverno's reports", "readable", next.readable, "why", next.why)
+	}
+	r.state = next
+	return changed
+}
+
+// look reads the state: Kyverno in use, its report kind served, its reports controller's Lease
+// renewed within its duration.
+func (r *reports) look(ctx context.Context) reportsState {
+	if !r.engines.available(intent.Kyverno) {
+		if !r.engines.enabled(intent.Kyverno) {
+			return reportsState{why: "Kyverno is left out by --intents-engines, so nothing here scans existing workloads"}
+		}
+		return reportsState{why: "Kyverno is not installed, so nothing here scans existing workloads"}
+	}
+	resources, err := r.discovery.ServerResourcesForGroupVersion(PolicyReportKind.GroupVersion().String())
+	if err != nil && !apierrors.IsNotFound(err) {
+		return reportsState{why: "Kyverno's PolicyReports (" + PolicyReportKind.GroupVersion().String() + ") cannot be looked up: " + err.Error()}
+	}
+	served := false
+	if resources != nil {
+		for _, res := range resources.APIResources {
+			served = served || res.Kind == PolicyReportKind.Kind
+		}
+	}
+	if !served {
+		return reportsState{why: "Kyverno's PolicyReport kind (" + PolicyReportKind.GroupVersion().String() + ") is not served: Kyverno was installed without its report CRDs"}
+	}
+	lease := &coordinationv1.Lease{}
+	where := r.namespace + "/" + ReportsControllerLease
+	if err := r.reader.Get(ctx, client.ObjectKey{Namespace: r.namespace, Name: ReportsControllerLease}, lease); err != nil {
+		if apierrors.IsNotFound(err) {
+			return reportsState{why: "Kyverno's reports controller has never run here (no Lease " + where + "; --intents-kyverno-namespace names Kyverno's namespace)"}
+		}
+		return reportsState{why: "Kyverno's reports controller's Lease " + where + " cannot be read: " + err.Error()}
+	}
+	if lease.Spec.RenewTime == nil || lease.Spec.HolderIdentity == nil || *lease.Spec.HolderIdentity == "" {
+		return reportsState{why: "Kyverno's reports controller is not running (its Lease " + where + " has no holder)"}
+	}
+	duration := 15 * time.Second
+	if lease.Spec.LeaseDurationSeconds != nil {
+		duration = time.Duration(*lease.Spec.LeaseDurationSeconds) * time.Second
+	}
+	if renewed := lease.Spec.RenewTime.Time; r.now().After(renewed.Add(duration + leaseSlack)) {
+		return reportsState{why: fmt.Sprintf("Kyverno's reports controller is not running (its Lease %s was last renewed at %s)", where, renewed.UTC().Format(time.RFC3339))}
+	}
+	return reportsState{readable: true}
+}
+
+// compactReport is the report cache's transform: of a PolicyReport only its name, scope and
+// results are kept, and of a result only its policy, its outcome and, when it failed, its rule and
+// message (the cache holds one report per scanned resource).
+func compactReport(obj any) (any, error) {
+	u, ok := obj.(*unstructured.Unstructured)
+	if !ok || u.GroupVersionKind() != PolicyReportKind {
+		return obj, nil
+	}
+	out := &unstructured.Unstructured{Object: map[string]any{}}
+	out.SetAPIVersion(u.GetAPIVersion())
+	out.SetKind(u.GetKind())
+	out.SetNamespace(u.GetNamespace())
+	out.SetName(u.GetName())
+	out.SetUID(u.GetUID())
+	out.SetResourceVersion(u.GetResourceVersion())
+	if scope, ok := u.Object["scope"].(map[string]any); ok {
+		kept := map[string]any{}
+		for _, k := range []string{"kind", "namespace", "name", "uid"} {
+			if v, ok := scope[k].(string); ok {
+				kept[k] = v
+			}
+		}
+		out.Object["scope"] = kept
+	}
+	results, _ := u.Object["results"].([]any)
+	kept := make([]any, 0, len(results))
+	for _, res := range results {
+		m, ok := res.(map[string]any)
+		if !ok {
+			continue
+		}
+		policy, _ := m["policy"].(string)
+		outcome, _ := m["result"].(string)
+		r := map[string]any{"policy": policy, "result": outcome}
+		if failed(outcome) {
+			r["rule"], _ = m["rule"].(string)
+			msg, _ := m["message"].(string)
+			r["message"] = cut(msg, impactMessageMax)
+		}
+		kept = append(kept, r)
+	}
+	out.Object["results"] = kept
+	return out, nil
+}
+
+func failed(outcome string) bool { return outcome == "fail" || outcome == "error" }
+
+func cut(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return strings.ToValidUTF8(s[:n-3], "") + "..."
+}
+
+// reportResult is one result of a compacted report.
+type reportResult struct {
+	policy, outcome, rule, message string
+}
+
+func resultsOf(u *unstructured.Unstructured) []reportResult {
+	results, _ := u.Object["results"].([]any)
+	out := make([]reportResult, 0, len(results))
+	for _, res := range results {
+		m, _ := res.(map[string]any)
+		r := reportResult{}
+		r.policy, _ = m["policy"].(string)
+		r.outcome, _ = m["result"].(string)
+		r.rule, _ = m["rule"].(string)
+		r.message, _ = m["message"].(string)
+		out = append(out, r)
+	}
+	return out
+}
+
+// reportPolicies are the values of indexReportPolicies (failing false) or indexReportFailing.
+func reportPolicies(u *unstructured.Unstructured, failing bool) []string {
+	var out []string
+	for _, r := range resultsOf(u) {
+		if r.policy != "" && (!failing || failed(r.outcome)) && !slices.Contains(out, r.policy) {
+			out = append(out, r.policy)
+		}
+	}
+	return out
+}
+
+func newPolicyReport() *unstructured.Unstructured {
+	u := &unstructured.Unstructured{}
+	u.SetGroupVersionKind(PolicyReportKind)
+	return u
+}
+
+func newPolicyReportList() *unstructured.UnstructuredList {
+	l := &unstructured.UnstructuredList{}
+	l.SetGroupVersionKind(PolicyReportKind.GroupVersion().WithKind(PolicyReportKind.Kind + "List"))
+	return l
+}
+
+// newReportCache is the cache of PolicyReports; no informer runs in it, nor are its indexes added
+// (indexReports), before the kind is served.
+func newReportCache(mgr ctrl.Manager) (cache.Cache, error) {
+	c, err := cache.New(mgr.GetConfig(), cache.Options{
+		Scheme: mgr.GetScheme(), Mapper: mgr.GetRESTMapper(),
+		// By default, not ByObject: that resolves the kind when the cache is made, and the kind
+		// may be served only later. PolicyReports are all this cache holds.
+		DefaultTransform: compactReport,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return c, controllers.AddCache(mgr, c)
+}
+
+// indexReports adds the report cache's indexes, once the kind is served (adding them resolves it).
+func (r *reports) indexReports(ctx context.Context) error {
+	r.indexOnce.Do(func() {
+		for name, failing := range map[string]bool{indexReportPolicies: false, indexReportFailing: true} {
+			if err := r.cache.IndexField(ctx, newPolicyReport(), name, func(o client.Object) []string {
+				return reportPolicies(o.(*unstructured.Unstructured), failing)
+			}); err != nil {
+				r.indexErr = err
+				return
+			}
+		}
+	})
+	return r.indexErr
+}
+
+// scannedPolicy is one engine policy whose results make an impact: its key in the reports'
+// results and its entry as status.adapterPolicies lists it.
+type scannedPolicy struct {
+	key, entry string
+}
+
+// impactInputs is what an impact is made of: the scanned policies, the ids of intents no engine
+// scans here (with their engines), and the scanned policies not written yet.
+type impactInputs struct {
+	policies  []scannedPolicy
+	unscanned []string
+	pending   []string
+}
+
+// policyFor adds the intent id's scanned policy on the parent (a NimbusPolicy in namespace, or a
+// ClusterNimbusPolicy when namespace is ""), as the objects cache holds it.
+func (b *base) policyFor(ctx context.Context, in *impactInputs, namespace, parent, id string) error {
+	engine, ok := intent.Scanned[id]
+	if !ok {
+		engines := slices.Concat(intent.Implementations[id], intent.ClusterImplementations[id])
+		slices.Sort(engines)
+		note := id + " (" + joinEngines(slices.Compact(engines)) + ")"
+		if len(engines) == 0 {
+			note = id + " (no engine)"
+		}
+		if !slices.Contains(in.unscanned, note) {
+			in.unscanned = append(in.unscanned, note)
+		}
+		return nil
+	}
+	if engine != intent.Kyverno {
+		return fmt.Errorf("intent %s: scanned by %s, which the controller cannot read reports of", id, engine)
+	}
+	name := intent.PolicyName(parent, id)
+	gvk, key, entry := intent.KyvernoPolicyKind, namespace+"/"+name, "KyvernoPolicy/"+name
+	if namespace == "" {
+		gvk, key, entry = intent.KyvernoClusterPolicyKind, name, "KyvernoClusterPolicy/"+name
+	}
+	obj := &unstructured.Unstructured{}
+	obj.SetGroupVersionKind(gvk)
+	if !b.engines.available(intent.Kyverno) {
+		in.policies = append(in.policies, scannedPolicy{key: key, entry: entry}) // reports.current says why it is unknown
+		return nil
+	}
+	ownerKind := "NimbusPolicy"
+	if namespace == "" {
+		ownerKind = "ClusterNimbusPolicy"
+	}
+	err := b.objects.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, obj)
+	switch {
+	case apierrors.IsNotFound(err) || (err == nil && generatedBy(obj, ownerKind) != parent):
+		in.pending = append(in.pending, entry) // not written, or someone else's (the policy's status says Conflict)
+	case err != nil:
+		return err
+	default:
+		in.policies = append(in.policies, scannedPolicy{key: key, entry: entry})
+	}
+	return nil
+}
+
+// impact is the status.impact of what in names.
+func (b *base) impact(ctx context.Context, in impactInputs) (*intentv1alpha1.Impact, error) {
+	notScanned := ""
+	if len(in.unscanned) > 0 {
+		slices.Sort(in.unscanned)
+		notScanned = strings.Join(in.unscanned, ", ") + " act on what runs from now on and report nothing on existing workloads"
+	}
+	if len(in.policies) == 0 && len(in.pending) == 0 {
+		if notScanned == "" {
+			return nil, nil
+		}
+		return &intentv1alpha1.Impact{State: intentv1alpha1.ImpactNotScanned, Message: notScanned}, nil
+	}
+	suffix := ""
+	if notScanned != "" {
+		suffix = "; not scanned: " + notScanned
+	}
+	if st := b.reports.current(); !st.readable {
+		return &intentv1alpha1.Impact{State: intentv1alpha1.ImpactUnknown, Message: st.why + suffix}, nil
+	}
+	if len(in.pending) > 0 {
+		slices.Sort(in.pending)
+		return &intentv1alpha1.Impact{State: intentv1alpha1.ImpactUnknown,
+			Message: "not written yet: " + strings.Join(in.pending, ", ") + suffix}, nil
+	}
+	scanned := map[string]bool{}
+	violating := map[string]intentv1alpha1.ImpactedWorkload{}
+	entries := make([]string, 0, len(in.policies))
+	for _, p := range in.policies {
+		entries = append(entries, p.entry)
+		list := newPolicyReportList()
+		if err := b.reports.cache.List(ctx, list, client.MatchingFields{indexReportPolicies: p.key}, client.UnsafeDisableDeepCopy); err != nil {
+			return nil, err
+		}
+		for i := range list.Items {
+			u := &list.Items[i]
+			w := workloadOf(u)
+			id := w.Namespace + "/" + w.Kind + "/" + w.Name
+			scanned[id] = true
+			if _, done := violating[id]; done {
+				continue
+			}
+			for _, r := range resultsOf(u) {
+				if r.policy == p.key && failed(r.outcome) {
+					w.Policy, w.Message = p.entry, r.message
+					violating[id] = w
+					break
+				}
+			}
+		}
+	}
+	ids := slices.Sorted(maps.Keys(violating))
+	out := &intentv1alpha1.Impact{
+		State:      intentv1alpha1.ImpactCurrent,
+		Violations: ptr.To(int32(len(violating))),
+		Scanned:    ptr.To(int32(len(scanned))),
+	}
+	for _, id := range ids[:min(len(ids), intentv1alpha1.MaxImpactedWorkloads)] {
+		out.Violating = append(out.Violating, violating[id])
+	}
+	slices.Sort(entries)
+	out.Message = fmt.Sprintf("Kyverno's reports: %d of %d scanned workloads fail %s%s", len(violating), len(scanned), strings.Join(entries, ", "), suffix)
+	return out, nil
+}
+
+// generatedBy is the name of obj's controller when it is a (Cluster)NimbusPolicy (ownerKind), "" otherwise.
+func generatedBy(obj client.Object, ownerKind string) string {
+	ref := metav1.GetControllerOfNoCopy(obj)
+	if ref == nil || ref.Kind != ownerKind || ref.APIVersion != intentv1alpha1.GroupVersion.String() {
+		return ""
+	}
+	return ref.Name
+}
+
+// workloadOf is the resource a report is about (its scope).
+func workloadOf(u *unstructured.Unstructured) intentv1alpha1.ImpactedWorkload {
+	scope, _ := u.Object["scope"].(map[string]any)
+	w := intentv1alpha1.ImpactedWorkload{}
+	w.Namespace, _ = scope["namespace"].(string)
+	w.Kind, _ = scope["kind"].(string)
+	w.Name, _ = scope["name"].(string)
+	if w.Namespace == "" {
+		w.Namespace = u.GetNamespace()
+	}
+	return w
+}
+
+// bindingImpact is the impact of a SecurityIntentBinding (namespace set) or a
+// ClusterSecurityIntentBinding: the scanned policies of its intents on its (Cluster)NimbusPolicy,
+// which has the binding's name.
+func (b *base) bindingImpact(ctx context.Context, namespace, name string, names []intentv1alpha1.MatchIntent) (*intentv1alpha1.Impact, error) {
+	intents, err := b.intentsOf(ctx, names)
+	if err != nil {
+		return nil, err
+	}
+	var in impactInputs
+	for _, m := range names {
+		si, ok := intents[m.Name]
+		if !ok {
+			continue
+		}
+		if err := b.policyFor(ctx, &in, namespace, name, si.Spec.Intent.ID); err != nil {
+			return nil, err
+		}
+	}
+	return b.impact(ctx, in)
+}
+
+// intentImpact is a SecurityIntent's impact: its scanned policies in every binding naming it.
+func (b *base) intentImpact(ctx context.Context, si *intentv1alpha1.SecurityIntent) (*intentv1alpha1.Impact, error) {
+	var in impactInputs
+	id := si.Spec.Intent.ID
+	sibs := &intentv1alpha1.SecurityIntentBindingList{}
+	if err := b.client.List(ctx, sibs, client.MatchingFields{indexIntents: si.Name}, client.UnsafeDisableDeepCopy); err != nil {
+		return nil, err
+	}
+	csibs := &intentv1alpha1.ClusterSecurityIntentBindingList{}
+	if err := b.client.List(ctx, csibs, client.MatchingFields{indexIntents: si.Name}, client.UnsafeDisableDeepCopy); err != nil {
+		return nil, err
+	}
+	if _, ok := intent.Scanned[id]; !ok {
+		if err := b.policyFor(ctx, &in, "", "", id); err != nil {
+			return nil, err
+		}
+		return b.impact(ctx, in)
+	}
+	if len(sibs.Items)+len(csibs.Items) == 0 {
+		return &intentv1alpha1.Impact{State: intentv1alpha1.ImpactCurrent, Violations: ptr.To(int32(0)), Scanned: ptr.To(int32(0)),
+			Message: "not bound: no workload is checked against it"}, nil
+	}
+	for _, sib := range sibs.Items {
+		if err := b.policyFor(ctx, &in, sib.Namespace, sib.Name, id); err != nil {
+			return nil, err
+		}
+	}
+	for _, csib := range csibs.Items {
+		if err := b.policyFor(ctx, &in, "", csib.Name, id); err != nil {
+			return nil, err
+		}
+	}
+	return b.impact(ctx, in)
+}
+
+// reportTargets maps a report to what its policies' impacts are shown on: the bindings whose
+// (Cluster)NimbusPolicies own the policies, and the intents those bindings name. Policies the
+// controller did not generate are passed over.
+func (b *base) reportTargets(ctx context.Context, keys []string) (sibs, csibs []client.ObjectKey, intents []string) {
+	for _, key := range keys {
+		namespace, name, namespaced := strings.Cut(key, "/")
+		gvk, ownerKind := intent.KyvernoPolicyKind, "NimbusPolicy"
+		if !namespaced {
+			namespace, name = "", key
+			gvk, ownerKind = intent.KyvernoClusterPolicyKind, "ClusterNimbusPolicy"
+		}
+		obj := &unstructured.Unstructured{}
+		obj.SetGroupVersionKind(gvk)
+		if err := b.objects.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, obj); err != nil {
+			continue
+		}
+		owner := generatedBy(obj, ownerKind)
+		if owner == "" {
+			continue
+		}
+		// The (Cluster)NimbusPolicy has its binding's name.
+		var named []intentv1alpha1.MatchIntent
+		if namespaced {
+			sib := &intentv1alpha1.SecurityIntentBinding{}
+			if err := b.client.Get(ctx, client.ObjectKey{Namespace: namespace, Name: owner}, sib); err != nil {
+				continue
+			}
+			sibs = append(sibs, client.ObjectKeyFromObject(sib))
+			named = sib.Spec.Intents
+		} else {
+			csib := &intentv1alpha1.ClusterSecurityIntentBinding{}
+			if err := b.client.Get(ctx, client.ObjectKey{Name: owner}, csib); err != nil {
+				continue
+			}
+			csibs = append(csibs, client.ObjectKeyFromObject(csib))
+			named = csib.Spec.Intents
+		}
+		for _, m := range named {
+			if !slices.Contains(intents, m.Name) {
+				intents = append(intents, m.Name)
+			}
+		}
+	}
+	return sibs, csibs, intents
+}
+
+// reportChanges is the handler of the report watch for one kind of target (pick chooses among
+// reportTargets' results): a report's creation, deletion, or a change of which policies pass or
+// fail on it (not of its timestamps) enqueues the targets after aggregateWindow.
+func (b *base) reportChanges(pick picker) handler.EventHandler {
+	enqueue := func(ctx context.Context, q workqueue.TypedRateLimitingInterface[reconcile.Request], objs ...client.Object) {
+		var keys []string
+		for _, o := range objs {
+			if u, ok := o.(*unstructured.Unstructured); ok {
+				for _, p := range reportPolicies(u, false) {
+					if !slices.Contains(keys, p) {
+						keys = append(keys, p)
+					}
+				}
+			}
+		}
+		for _, k := range pick(b.reportTargets(ctx, keys)) {
+			q.AddAfter(reconcile.Request{NamespacedName: k}, aggregateWindow)
+		}
+	}
+	return handler.Funcs{
+		CreateFunc: func(ctx context.Context, e event.CreateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			enqueue(ctx, q, e.Object)
+		},
+		DeleteFunc: func(ctx context.Context, e event.DeleteEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			enqueue(ctx, q, e.Object)
+		},
+		UpdateFunc: func(ctx context.Context, e event.UpdateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			if sameVerdicts(e.ObjectOld, e.ObjectNew) {
+				return
+			}
+			enqueue(ctx, q, e.ObjectOld, e.ObjectNew)
+		},
+	}
+}
+
+// sameVerdicts reports whether two versions of a report say the same of the same resource: the
+// policies with a result, the failed ones and their messages.
+func sameVerdicts(a, b client.Object) bool {
+	ua, ok1 := a.(*unstructured.Unstructured)
+	ub, ok2 := b.(*unstructured.Unstructured)
+	if !ok1 || !ok2 {
+		return false
+	}
+	if workloadOf(ua) != workloadOf(ub) {
+		return false
+	}
+	verdicts := func(u *unstructured.Unstructured) []string {
+		var out []string
+		for _, r := range resultsOf(u) {
+			v := r.policy
+			if failed(r.outcome) {
+				v += "\x00" + r.message
+			}
+			out = append(out, v)
+		}
+		slices.Sort(out)
+		return slices.Compact(out)
+	}
+	return slices.Equal(verdicts(ua), verdicts(ub))
+}
+
+// The targets of a report for each of the three controllers that show impacts.
+func (b *base) reportsForIntents(_, _ []client.ObjectKey, intents []string) []client.ObjectKey {
+	out := make([]client.ObjectKey, 0, len(intents))
+	for _, n := range intents {
+		out = append(out, client.ObjectKey{Name: n})
+	}
+	return out
+}
+
+func (b *base) reportsForBindings(sibs, _ []client.ObjectKey, _ []string) []client.ObjectKey {
+	return sibs
+}
+
+func (b *base) reportsForClusterBindings(_, csibs []client.ObjectKey, _ []string) []client.ObjectKey {
+	return csibs
+}
+
+// impactWake are the channels through which a change of the reports' state wakes each controller.
+type impactWake struct {
+	si, sib, csib chan event.GenericEvent
+}
+
+// picker chooses, of a report's targets, those of one controller.
+type picker = func(sibs, csibs []client.ObjectKey, intents []string) []client.ObjectKey
+
+// impactSource is the report watch of one controller.
+func (b *base) impactSource(pick picker) source.Source {
+	return source.Kind[client.Object](b.reports.cache, newPolicyReport(), b.reportChanges(pick))
+}
+
+// impactSources are one controller's sources of impacts at its build: the wake channel, and the
+// report watch when the kind is served at start (added later otherwise, by watchReports).
+func (b *base) impactSources(wake chan event.GenericEvent, pick picker) ([]source.Source, error) {
+	srcs := []source.Source{source.Channel(wake, &handler.EnqueueRequestForObject{})}
+	if b.reports.watched {
+		if err := b.reports.indexReports(context.Background()); err != nil {
+			return nil, err
+		}
+		srcs = append(srcs, b.impactSource(pick))
+	}
+	return srcs, nil
+}
+
+// watchReports adds the report watch to the three controllers that show impacts, once the kind is
+// served after they were built.
+func (b *base) watchReports(si, sib, csib controller.Controller) func(ctx context.Context) error {
+	return func(ctx context.Context) error {
+		if err := b.reports.indexReports(ctx); err != nil {
+			return err
+		}
+		for _, w := range []struct {
+			c    controller.Controller
+			pick picker
+		}{{si, b.reportsForIntents}, {sib, b.reportsForBindings}, {csib, b.reportsForClusterBindings}} {
+			if err := w.c.Watch(b.impactSource(w.pick)); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+}
+
+// wakeScanned sends every SecurityIntent of a scanned intent, and every binding naming one, to its
+// controller (the reports' state changed: their impacts say so).
+func (b *base) wakeScanned(si, sib, csib chan<- event.GenericEvent) func(ctx context.Context) {
+	return func(ctx context.Context) {
+		intents := &intentv1alpha1.SecurityIntentList{}
+		if err := b.client.List(ctx, intents); err != nil {
+			return
+		}
+		for i := range intents.Items {
+			s := &intents.Items[i]
+			if _, ok := intent.Scanned[s.Spec.Intent.ID]; !ok {
+				continue
+			}
+			if !send(ctx, si, s) {
+				return
+			}
+			sibs := &intentv1alpha1.SecurityIntentBindingList{}
+			if err := b.client.List(ctx, sibs, client.MatchingFields{indexIntents: s.Name}); err == nil {
+				for j := range sibs.Items {
+					if !send(ctx, sib, &sibs.Items[j]) {
+						return
+					}
+				}
+			}
+			csibs := &intentv1alpha1.ClusterSecurityIntentBindingList{}
+			if err := b.client.List(ctx, csibs, client.MatchingFields{indexIntents: s.Name}); err == nil {
+				for j := range csibs.Items {
+					if !send(ctx, csib, &csibs.Items[j]) {
+						return
+					}
+				}
+			}
+		}
+	}
+}
+
+// send sends obj to ch unless ctx ends first.
+func send(ctx context.Context, ch chan<- event.GenericEvent, obj client.Object) bool {
+	select {
+	case ch <- event.GenericEvent{Object: obj}:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// keepImpact sets *dst to the impact read, and leaves it as it was when it could not be read (the
+// error is the reconcile's: what was shown stays until the next read).
+func keepImpact(dst **intentv1alpha1.Impact) func(*intentv1alpha1.Impact, error) error {
+	return func(i *intentv1alpha1.Impact, err error) error {
+		if err == nil {
+			*dst = i
+		}
+		return err
+	}
+}
