@@ -186,7 +186,7 @@ start upstream-registry bin/upstream-registry --env-file "${state}/upstream.env"
 ci="${state}/ci"
 mkdir -p "${ci}"
 start ci-issuer bin/demo-helper ci-issuer "${ci}"
-# Kyverno, as the e2e tests run it: its admission and background controllers as processes, under
+# Kyverno, as the e2e tests run it: its admission, background and reports controllers as processes, under
 # the RBAC its chart installs, webhooks registered by URL. Ready in about 10 s.
 start kyverno bin/demo-helper kyverno "${kubeconfig}" "${state}/kyverno" "${state}/kyverno.ready"
 # A node's containerd: its own root, state and socket, and the node's /etc/containerd a folder of
@@ -543,7 +543,7 @@ say "the engines' CRDs installed: KubeArmor's (from its Go module) and Kyverno's
 show kubectl get crd kubearmorpolicies.security.kubearmor.com policies.kyverno.io clusterpolicies.kyverno.io
 until_ok 180 "Kyverno to be ready" test -s "${state}/kyverno.ready" || { alive kyverno; die "Kyverno did not become ready (log: ${state}/kyverno.log)"; }
 log "Kyverno is ready"
-say "Kyverno ${kyverno_bin##*-} running (its admission and background controllers as processes, webhooks at https://$(cat "${state}/kyverno.ready")):"
+say "Kyverno ${kyverno_bin##*-} running (its admission, background and reports controllers as processes, webhooks at https://$(cat "${state}/kyverno.ready")):"
 show kubectl get validatingwebhookconfigurations -l webhook.kyverno.io/managed-by
 for kind in si sib np; do
 	kubectl wait -n "${intents_ns}" "${kind}" --all --for=condition=Ready --timeout=60s >/dev/null || fail "not every ${kind} in ${intents_ns} is Ready"
@@ -568,6 +568,38 @@ until_ok 60 "Kyverno to refuse a privileged app=nginx Pod" refused || fail "Kyve
 say "a privileged Pod labelled app=nginx, refused by Kyverno (kubectl run -n ${intents_ns} privileged-nginx --labels=app=nginx, privileged):"
 out="$(privileged_pod)" && fail "the privileged Pod was admitted: ${out}"
 grep -q 'blocked due to the following policies' <<<"${out}" || fail "the privileged Pod was refused, but not by Kyverno: ${out}"
+show sed 's/^/  /' <<<"${out}"
+
+# Impact before promotion: a privileged app=legacy Pod that already runs, an Audit intent bound to it;
+# Kyverno's reports controller scans it, the intent's status names it, and promotion is refused.
+kubectl apply --server-side -n "${intents_ns}" -f - >/dev/null <<YAML
+apiVersion: v1
+kind: Pod
+metadata: {name: legacy-agent, labels: {app: legacy}}
+spec: {containers: [{name: agent, image: nginx, securityContext: {privileged: true}}]}
+---
+apiVersion: intent.security.nimbus.com/v1alpha1
+kind: SecurityIntent
+metadata: {name: escape-to-host-audit}
+spec:
+  intent: {id: escapeToHost, action: Audit}
+---
+apiVersion: intent.security.nimbus.com/v1alpha1
+kind: SecurityIntentBinding
+metadata: {name: legacy-audit}
+spec:
+  intents: [{name: escape-to-host-audit}]
+  selector: {workloadSelector: {matchLabels: {app: legacy}}}
+YAML
+impact() { [[ "$(kubectl get si escape-to-host-audit -o jsonpath='{.status.impact.state} {.status.impact.violations}')" == "Current 1" ]]; }
+until_ok 120 "the Audit intent's impact to name the privileged Pod" impact || fail "si/escape-to-host-audit impact: $(kubectl get si escape-to-host-audit -o jsonpath='{.status.impact}')"
+say "an Audit intent over a privileged Pod that already runs: the existing workloads that violate it, from Kyverno's own reports (kubectl get si):"
+show kubectl get si escape-to-host-audit
+show kubectl get si escape-to-host-audit -o jsonpath='{range .status.impact.violating[*]}{.namespace}/{.kind}/{.name}: {.message}{"\n"}{end}'
+say "promotion to Block is refused while it would break something (quartermaster promote escape-to-host-audit; exit 2):"
+code=0
+out="$("${root}/bin/quartermaster" promote --kubeconfig "${kubeconfig}" escape-to-host-audit 2>&1)" || code=$?
+[[ ${code} == 2 && "${out}" == *legacy-agent* ]] || fail "promote: exit ${code}, want 2 naming legacy-agent: ${out}"
 show sed 's/^/  /' <<<"${out}"
 
 show echo

@@ -366,12 +366,13 @@ func (b *base) policyFor(ctx context.Context, in *impactInputs, namespace, paren
 	if namespace == "" {
 		gvk, key, entry = intent.KyvernoClusterPolicyKind, name, "KyvernoClusterPolicy/"+name
 	}
-	obj := &unstructured.Unstructured{}
-	obj.SetGroupVersionKind(gvk)
-	if !b.engines.available(intent.Kyverno) {
-		in.policies = append(in.policies, scannedPolicy{key: key, entry: entry}) // reports.current says why it is unknown
+	if !b.reports.current().readable {
+		// The impact is Unknown, and says why: no need to read the policy.
+		in.policies = append(in.policies, scannedPolicy{key: key, entry: entry})
 		return nil
 	}
+	obj := &unstructured.Unstructured{}
+	obj.SetGroupVersionKind(gvk)
 	ownerKind := "NimbusPolicy"
 	if namespace == "" {
 		ownerKind = "ClusterNimbusPolicy"
