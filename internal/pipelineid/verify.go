@@ -1,7 +1,7 @@
 // Package pipelineid decides what a CI job may have from its OIDC identity token: it verifies the
 // token against the issuers the platform trusts (go-oidc: the signature against the issuer's
-// published keys, fetched through its discovery document, cached, fetched again for a key it does
-// not know; iss and aud; then exp, nbf and iat with a bounded clock skew), and maps its claims,
+// published keys, fetched through its discovery document, cached, fetched again — at most once per
+// KeysRefetchEvery — for a token no cached key verifies; iss and aud; then exp, nbf and iat with a bounded clock skew), and maps its claims,
 // through the first rule that admits them, to the one namespace name the job may ask for. It holds
 // no Kubernetes client: the namespaces controller's exchange endpoint calls it.
 //
@@ -152,8 +152,8 @@ func (v *Verifier) Verify(ctx context.Context, raw, issuer, audience string) (*V
 }
 
 // verifier is the go-oidc verifier of issuer for audience, made (discovery fetched) on first use
-// and again once its keys are KeysRefresh old (go-oidc itself fetches the keys again only for a key
-// ID it does not know, so a retired key would verify for ever). While the issuer cannot be reached,
+// and again once its keys are KeysRefresh old (its key set fetches the keys again only for a token
+// no cached key verifies, so a retired key would verify for ever). While the issuer cannot be reached,
 // the cached keys serve until KeysMaxAge; a failed discovery is not kept: the next token tries
 // again.
 func (v *Verifier) verifier(ctx context.Context, issuer, audience string) (*oidc.IDTokenVerifier, error) {
@@ -178,8 +178,17 @@ func (v *Verifier) verifier(ctx context.Context, issuer, audience string) (*oidc
 	case err != nil:
 		return nil, &Refusal{Check: CheckIssuer, Unavailable: true, Message: fmt.Sprintf("the discovery document of %s could not be read (%v); try again later", issuer, err)}
 	}
-	// The key set fetches through the client too; its context lives as long as the verifier.
-	iv := p.VerifierContext(oidc.ClientContext(context.WithoutCancel(ctx), client), &oidc.Config{
+	var d struct {
+		JWKSURI string `json:"jwks_uri"`
+	}
+	if err := p.Claims(&d); err != nil || d.JWKSURI == "" {
+		return nil, &Refusal{Check: CheckIssuer, Unavailable: true, Message: fmt.Sprintf("the discovery document of %s names no jwks_uri; try again later", issuer)}
+	}
+	// The key set is ours (go-oidc's would fetch the keys again for every token no cached key
+	// verifies: a flood of forged tokens would be a flood of requests to the issuer); it fetches
+	// through the client too, in a context that lives as long as the verifier.
+	keys := &keySet{url: d.JWKSURI, client: client, now: v.now}
+	iv := oidc.NewVerifier(issuer, keys, &oidc.Config{
 		ClientID: audience, SupportedSigningAlgs: algorithms,
 		SkipExpiryCheck: true, // checkTimes checks exp, nbf and iat with the configured skew
 	})
@@ -206,6 +215,8 @@ func classify(issuer, audience string, err error) *Refusal {
 		return refuse(CheckAudience, "the token is not for audience %q (request it with that audience)", audience)
 	case strings.Contains(msg, "issued by a different provider"):
 		return refuse(CheckIssuer, "the token's iss is not %s", issuer)
+	case strings.Contains(msg, errKeysFresh.Error()):
+		return refuse(CheckSignature, "no key %s publishes verifies the token's signature (its %s)", issuer, errKeysFresh.Error())
 	case strings.Contains(msg, "fetching keys"):
 		return &Refusal{Check: CheckSignature, Unavailable: true, Message: fmt.Sprintf("the token's key is not among the cached keys of %s and they could not be fetched again (%s)", issuer, strings.TrimPrefix(msg, "oidc: "))}
 	case strings.Contains(msg, "verify"):
@@ -291,21 +302,9 @@ func (v *Verifier) Check(ctx context.Context, issuer string) (int, error) {
 	if err := p.Claims(&d); err != nil || d.JWKSURI == "" {
 		return 0, errors.New("the discovery document names no jwks_uri")
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, d.JWKSURI, nil)
+	set, err := fetchKeySet(ctx, client, d.JWKSURI)
 	if err != nil {
 		return 0, err
-	}
-	resp, err := client.Do(req)
-	if err != nil {
-		return 0, fmt.Errorf("the keys at %s: %w", d.JWKSURI, err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return 0, fmt.Errorf("the keys at %s: %s", d.JWKSURI, resp.Status)
-	}
-	var set jose.JSONWebKeySet
-	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&set); err != nil {
-		return 0, fmt.Errorf("the keys at %s are no JWK set: %w", d.JWKSURI, err)
 	}
 	n := 0
 	for _, k := range set.Keys {
@@ -317,4 +316,94 @@ func (v *Verifier) Check(ctx context.Context, issuer string) (int, error) {
 		return 0, fmt.Errorf("the key set at %s holds no signing key", d.JWKSURI)
 	}
 	return n, nil
+}
+
+// KeysRefetchEvery bounds how often an issuer's keys are fetched again for a token that no cached
+// key verifies (signed with a key the issuer has just published, or forged): whatever the number
+// of such tokens, at most one request per period goes to the issuer. In between such a token is
+// refused for its signature: the keys were read moments ago, and issuers publish a key before they
+// sign with it (a key published within the period verifies once it has passed).
+const KeysRefetchEvery = 10 * time.Second
+
+// keySet is an issuer's published keys as go-oidc's Verifier asks for them: fetched for the first
+// token, cached, tried with go-oidc's StaticKeySet, and fetched again when none verifies unless the
+// last such fetch is less than KeysRefetchEvery old (one fetch at a time; the tokens waiting use
+// what it read). A failed fetch keeps the keys there were.
+type keySet struct {
+	url    string
+	client *http.Client
+	now    func() time.Time
+
+	mu        sync.Mutex
+	keys      *oidc.StaticKeySet // nil before the first fetch that succeeded
+	refetched time.Time          // the last fetch for a token no cached key verified, whatever its outcome
+}
+
+// errKeysFresh is the refusal of a token no cached key verifies, the keys having been fetched
+// again for such a token less than KeysRefetchEvery ago.
+var errKeysFresh = errors.New("keys were fetched again less than " + KeysRefetchEvery.String() + " ago")
+
+func (k *keySet) VerifySignature(ctx context.Context, jwt string) ([]byte, error) {
+	k.mu.Lock()
+	tried := k.keys
+	k.mu.Unlock()
+	if tried != nil {
+		if payload, err := tried.VerifySignature(ctx, jwt); err == nil {
+			return payload, nil
+		}
+	}
+	keys, err := k.refetch(ctx, tried)
+	if err != nil {
+		return nil, err
+	}
+	return keys.VerifySignature(ctx, jwt)
+}
+
+// refetch returns keys newer than tried: fetched by another token meanwhile, or fetched now (the
+// first fetch, or the last refetch KeysRefetchEvery old).
+func (k *keySet) refetch(ctx context.Context, tried *oidc.StaticKeySet) (*oidc.StaticKeySet, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock() // one fetch at a time: the tokens waiting here then use what it read
+	if k.keys != tried {
+		return k.keys, nil
+	}
+	if k.keys != nil {
+		if !k.refetched.IsZero() && k.now().Sub(k.refetched) < KeysRefetchEvery {
+			return nil, errKeysFresh
+		}
+		k.refetched = k.now()
+	}
+	set, err := fetchKeySet(ctx, k.client, k.url)
+	if err != nil {
+		return nil, fmt.Errorf("fetching keys: %w", err)
+	}
+	keys := &oidc.StaticKeySet{}
+	for _, key := range set.Keys {
+		if key.Use == "" || key.Use == "sig" {
+			keys.PublicKeys = append(keys.PublicKeys, key.Public().Key)
+		}
+	}
+	k.keys = keys
+	return keys, nil
+}
+
+// fetchKeySet reads the JWK set at url (at most 1 MiB).
+func fetchKeySet(ctx context.Context, client *http.Client, url string) (jose.JSONWebKeySet, error) {
+	var set jose.JSONWebKeySet
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return set, err
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return set, fmt.Errorf("the keys at %s: %w", url, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return set, fmt.Errorf("the keys at %s: %s", url, resp.Status)
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&set); err != nil {
+		return set, fmt.Errorf("the keys at %s are no JWK set: %w", url, err)
+	}
+	return set, nil
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -157,7 +158,8 @@ func TestKeysRotateAndTheIssuerGoesAway(t *testing.T) {
 	}
 	fetches := gh.JWKSFetches()
 
-	// A new key: its first token fetches the keys again; both keys verify.
+	// A new key: its first token fetches the keys again (the last fetch being KeysRefetchEvery
+	// old); both keys verify.
 	gh.Rotate(t)
 	rotated := gh.Token(t, long())
 	if _, err := v.Verify(ctx, rotated, gh.URL, aud); err != nil {
@@ -185,6 +187,7 @@ func TestKeysRotateAndTheIssuerGoesAway(t *testing.T) {
 		t.Errorf("cached keys while the issuer is down: %v", err)
 	}
 	unknown := gh.TokenWithUnpublishedKey(t, long())
+	clock = clock.Add(KeysRefetchEvery)
 	if r := refusedBy(t, second(v.Verify(ctx, unknown, gh.URL, aud)), CheckSignature, unknown); !r.Unavailable {
 		t.Errorf("an unknown key while the issuer is down: %v, want it said unavailable", r.Error())
 	}
@@ -207,3 +210,65 @@ func TestKeysRotateAndTheIssuerGoesAway(t *testing.T) {
 }
 
 func second[T any](_ T, err error) error { return err }
+
+// TestForgedTokensDoNotFloodTheIssuer: tokens no published key verifies (forged, or of a key the
+// issuer has not published) make at most one key set request per KeysRefetchEvery, however many
+// come at once; they are refused for their signature in between; a key the issuer then publishes
+// verifies once the period has passed.
+func TestForgedTokensDoNotFloodTheIssuer(t *testing.T) {
+	gh := oidcissuer.Start(t, "/github")
+	clock := time.Now()
+	var mu sync.Mutex
+	now := func() time.Time { mu.Lock(); defer mu.Unlock(); return clock }
+	advance := func(d time.Duration) { mu.Lock(); defer mu.Unlock(); clock = clock.Add(d) }
+	v := &Verifier{Client: oidcissuer.Client(gh), Now: now}
+	ctx := context.Background()
+	claims := func() oidcissuer.Claims { return oidcissuer.GitHubClaims(aud, "acme/web", "refs/heads/main", "push") }
+	if _, err := v.Verify(ctx, gh.Token(t, claims()), gh.URL, aud); err != nil {
+		t.Fatal(err)
+	}
+	flood := func() (fetches int) {
+		t.Helper()
+		before := gh.JWKSFetches()
+		forged := make([]string, 100)
+		for i := range forged {
+			forged[i] = gh.TokenWithUnpublishedKey(t, claims())
+		}
+		errs := make([]error, len(forged))
+		var wg sync.WaitGroup
+		for i, tok := range forged {
+			wg.Add(1)
+			go func() { defer wg.Done(); errs[i] = second(v.Verify(ctx, tok, gh.URL, aud)) }()
+		}
+		wg.Wait()
+		for i, err := range errs {
+			refusedBy(t, err, CheckSignature, forged[i])
+		}
+		return gh.JWKSFetches() - before
+	}
+	if n := flood(); n != 1 {
+		t.Errorf("100 forged tokens at once: %d key set requests, want 1", n)
+	}
+	if n := flood(); n != 0 {
+		t.Errorf("100 more within %s: %d key set requests, want none", KeysRefetchEvery, n)
+	}
+	advance(KeysRefetchEvery)
+	if n := flood(); n != 1 {
+		t.Errorf("100 more once %s has passed: %d key set requests, want 1", KeysRefetchEvery, n)
+	}
+	// A key published now: refused until the period has passed, then verified.
+	gh.Rotate(t)
+	fresh := gh.Token(t, claims())
+	if r := refusedBy(t, second(v.Verify(ctx, fresh, gh.URL, aud)), CheckSignature, fresh); r.Unavailable || !strings.Contains(r.Message, "keys were fetched again less than 10s ago") {
+		t.Errorf("a token of a key published within the period: %s", r.Error())
+	}
+	advance(KeysRefetchEvery)
+	if _, err := v.Verify(ctx, fresh, gh.URL, aud); err != nil {
+		t.Errorf("the new key once the period has passed: %v", err)
+	}
+	// The good tokens of the known key never wait for a fetch.
+	before := gh.JWKSFetches()
+	if _, err := v.Verify(ctx, gh.Token(t, claims()), gh.URL, aud); err != nil || gh.JWKSFetches() != before {
+		t.Errorf("a token of a cached key: %v, %d key set requests", err, gh.JWKSFetches()-before)
+	}
+}
