@@ -10,6 +10,9 @@ package pipelineid
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/ed25519"
+	"crypto/rsa"
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
@@ -186,8 +189,8 @@ func (v *Verifier) verifier(ctx context.Context, issuer, audience string) (*oidc
 	}
 	// The key set is ours (go-oidc's would fetch the keys again for every token no cached key
 	// verifies: a flood of forged tokens would be a flood of requests to the issuer); it fetches
-	// through the client too, in a context that lives as long as the verifier.
-	keys := &keySet{url: d.JWKSURI, client: client, now: v.now}
+	// through the client too, in the context of the token's request.
+	keys := newKeySet(d.JWKSURI, client, v.now)
 	iv := oidc.NewVerifier(issuer, keys, &oidc.Config{
 		ClientID: audience, SupportedSigningAlgs: algorithms,
 		SkipExpiryCheck: true, // checkTimes checks exp, nbf and iat with the configured skew
@@ -326,17 +329,25 @@ func (v *Verifier) Check(ctx context.Context, issuer string) (int, error) {
 const KeysRefetchEvery = 10 * time.Second
 
 // keySet is an issuer's published keys as go-oidc's Verifier asks for them: fetched for the first
-// token, cached, tried with go-oidc's StaticKeySet, and fetched again when none verifies unless the
-// last such fetch is less than KeysRefetchEvery old (one fetch at a time; the tokens waiting use
-// what it read). A failed fetch keeps the keys there were.
+// token, cached, tried with go-oidc's StaticKeySet, and fetched again when none verifies, unless
+// the last such attempt (or a failed first fetch) is less than KeysRefetchEvery old: then the
+// token is refused for its signature, or as unavailable with the error of that attempt if it
+// failed. One fetch at a time (a token waiting for it gives up with its request); the tokens that
+// waited use what it read. A failed fetch keeps the keys there were.
 type keySet struct {
 	url    string
 	client *http.Client
 	now    func() time.Time
+	fetch  chan struct{} // holds a token while a fetch runs
 
 	mu        sync.Mutex
 	keys      *oidc.StaticKeySet // nil before the first fetch that succeeded
-	refetched time.Time          // the last fetch for a token no cached key verified, whatever its outcome
+	attempted time.Time          // the last fetch that counts against KeysRefetchEvery
+	failed    error              // of that fetch, nil when it succeeded
+}
+
+func newKeySet(url string, client *http.Client, now func() time.Time) *keySet {
+	return &keySet{url: url, client: client, now: now, fetch: make(chan struct{}, 1)}
 }
 
 // errKeysFresh is the refusal of a token no cached key verifies, the keys having been fetched
@@ -359,32 +370,48 @@ func (k *keySet) VerifySignature(ctx context.Context, jwt string) ([]byte, error
 	return keys.VerifySignature(ctx, jwt)
 }
 
-// refetch returns keys newer than tried: fetched by another token meanwhile, or fetched now (the
-// first fetch, or the last refetch KeysRefetchEvery old).
+// refetch returns keys newer than tried: fetched by another token meanwhile, or fetched now.
 func (k *keySet) refetch(ctx context.Context, tried *oidc.StaticKeySet) (*oidc.StaticKeySet, error) {
-	k.mu.Lock()
-	defer k.mu.Unlock() // one fetch at a time: the tokens waiting here then use what it read
-	if k.keys != tried {
-		return k.keys, nil
+	select {
+	case k.fetch <- struct{}{}:
+		defer func() { <-k.fetch }()
+	case <-ctx.Done():
+		return nil, fmt.Errorf("fetching keys: %w", ctx.Err())
 	}
-	if k.keys != nil {
-		if !k.refetched.IsZero() && k.now().Sub(k.refetched) < KeysRefetchEvery {
-			return nil, errKeysFresh
+	k.mu.Lock()
+	keys, attempted, failed := k.keys, k.attempted, k.failed
+	k.mu.Unlock()
+	if keys != tried {
+		return keys, nil
+	}
+	if !attempted.IsZero() && k.now().Sub(attempted) < KeysRefetchEvery {
+		if failed != nil {
+			return nil, fmt.Errorf("fetching keys: %w (at %s; tried again %s later)", failed, attempted.UTC().Format(time.RFC3339), KeysRefetchEvery)
 		}
-		k.refetched = k.now()
+		return nil, errKeysFresh
 	}
 	set, err := fetchKeySet(ctx, k.client, k.url)
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if err != nil || tried != nil { // the first fetch, when it succeeds, does not count
+		k.attempted = k.now()
+	}
+	k.failed = err
 	if err != nil {
 		return nil, fmt.Errorf("fetching keys: %w", err)
 	}
-	keys := &oidc.StaticKeySet{}
+	fresh := &oidc.StaticKeySet{}
 	for _, key := range set.Keys {
-		if key.Use == "" || key.Use == "sig" {
-			keys.PublicKeys = append(keys.PublicKeys, key.Public().Key)
+		if key.Use != "" && key.Use != "sig" {
+			continue
+		}
+		switch pub := key.Public().Key.(type) {
+		case *rsa.PublicKey, *ecdsa.PublicKey, ed25519.PublicKey: // what StaticKeySet verifies with; other keys are passed over
+			fresh.PublicKeys = append(fresh.PublicKeys, pub)
 		}
 	}
-	k.keys = keys
-	return keys, nil
+	k.keys = fresh
+	return fresh, nil
 }
 
 // fetchKeySet reads the JWK set at url (at most 1 MiB).

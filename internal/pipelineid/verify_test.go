@@ -227,7 +227,7 @@ func TestForgedTokensDoNotFloodTheIssuer(t *testing.T) {
 	if _, err := v.Verify(ctx, gh.Token(t, claims()), gh.URL, aud); err != nil {
 		t.Fatal(err)
 	}
-	flood := func() (fetches int) {
+	flood := func(unavailable bool) (fetches int) {
 		t.Helper()
 		before := gh.JWKSFetches()
 		forged := make([]string, 100)
@@ -242,19 +242,36 @@ func TestForgedTokensDoNotFloodTheIssuer(t *testing.T) {
 		}
 		wg.Wait()
 		for i, err := range errs {
-			refusedBy(t, err, CheckSignature, forged[i])
+			if r := refusedBy(t, err, CheckSignature, forged[i]); r.Unavailable != unavailable {
+				t.Errorf("refused %s, unavailable %v; want unavailable %v", r.Message, r.Unavailable, unavailable)
+			}
 		}
 		return gh.JWKSFetches() - before
 	}
-	if n := flood(); n != 1 {
+	if n := flood(false); n != 1 {
 		t.Errorf("100 forged tokens at once: %d key set requests, want 1", n)
 	}
-	if n := flood(); n != 0 {
+	if n := flood(false); n != 0 {
 		t.Errorf("100 more within %s: %d key set requests, want none", KeysRefetchEvery, n)
 	}
 	advance(KeysRefetchEvery)
-	if n := flood(); n != 1 {
+	if n := flood(false); n != 1 {
 		t.Errorf("100 more once %s has passed: %d key set requests, want 1", KeysRefetchEvery, n)
+	}
+	// The issuer's key set failing: one request per period too, the tokens refused as unavailable
+	// (with the error) in between.
+	gh.Down(true)
+	advance(KeysRefetchEvery)
+	if n := flood(true); n != 1 {
+		t.Errorf("100 forged tokens, the issuer down: %d key set requests, want 1", n)
+	}
+	if n := flood(true); n != 0 {
+		t.Errorf("100 more within %s, the issuer down: %d key set requests, want none", KeysRefetchEvery, n)
+	}
+	gh.Down(false)
+	advance(KeysRefetchEvery)
+	if n := flood(false); n != 1 {
+		t.Errorf("100 forged tokens, the issuer back: %d key set requests, want 1", n)
 	}
 	// A key published now: refused until the period has passed, then verified.
 	gh.Rotate(t)

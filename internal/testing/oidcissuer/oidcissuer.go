@@ -106,7 +106,7 @@ func (is *Issuer) Down(down bool) {
 	is.down = down
 }
 
-// JWKSFetches is how many times the key set was fetched.
+// JWKSFetches is how many times the key set was asked for (answered or, while Down, not).
 func (is *Issuer) JWKSFetches() int { return int(is.jwksFetch.Load()) }
 
 func (is *Issuer) unavailable(w http.ResponseWriter) bool {
@@ -134,10 +134,10 @@ func (is *Issuer) discovery(w http.ResponseWriter, _ *http.Request) {
 }
 
 func (is *Issuer) jwks(w http.ResponseWriter, _ *http.Request) {
+	is.jwksFetch.Add(1)
 	if is.unavailable(w) {
 		return
 	}
-	is.jwksFetch.Add(1)
 	is.mu.Lock()
 	set := jose.JSONWebKeySet{}
 	for i, k := range is.keys {
