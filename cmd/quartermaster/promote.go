@@ -15,6 +15,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -23,6 +24,7 @@ import (
 
 	intentv1alpha1 "github.com/quartermaster-dev/quartermaster/api/intent/v1alpha1"
 	"github.com/quartermaster-dev/quartermaster/internal/cli"
+	"github.com/quartermaster-dev/quartermaster/internal/intent"
 )
 
 func init() {
@@ -37,11 +39,12 @@ var promoteUsage = cli.Usage{
 It reads the intent's status.impact (what Kyverno's scans of the existing workloads found against
 its policies, in every binding), at the intent's current generation:
   - violations: refused (exit 2), the violating workloads listed; fix them, exempt them, or --force;
-  - impact Unknown (Kyverno's reports unreadable) or NotScanned (no engine that enforces the
-    intent reports on existing workloads): refused (exit 2) unless --force, since nothing can say
-    what Block would break;
+  - impact Unknown (Kyverno's reports unreadable), NotScanned (no engine that enforces the
+    intent reports on existing workloads), or a policy Kyverno has not reported on yet (its scan
+    not complete): refused (exit 2) unless --force, since nothing can say what Block would break;
   - none: the action is set to Block (guarded by the intent's resourceVersion: an edit meanwhile
-    refuses, run again), and the command waits until Block is in force (the intent Ready).
+    refuses, run again), and the command waits until Block is in force: the intent Ready, and
+    each Kyverno policy generated for it Enforce and Ready in Kyverno.
 An intent that is not Ready now is refused too (Block would not be in force either) unless --force.
 A workload admitted in the seconds between the check and Block taking effect is not refused; the
 impact read once Block is in force is printed, and any violation it lists is a warning.
@@ -146,6 +149,12 @@ func runPromote(ctx context.Context, c client.Client, o promoteOptions, out io.W
 			return &promoteRefused{fmt.Sprintf("not promoted: Block would refuse %d workloads that run now (fix them or exempt them, or use --force)", *imp.Violations)}
 		}
 		fmt.Fprintln(out, "--force: promoting anyway; they keep running, new ones like them are refused")
+	case imp.State == intentv1alpha1.ImpactCurrent && len(imp.Unreported) > 0:
+		fmt.Fprintf(out, "Kyverno has not reported on %s yet (%s)\n", strings.Join(imp.Unreported, ", "), imp.Message)
+		if !o.force {
+			return &promoteRefused{"not promoted: the scan of the existing workloads is not complete, so what Block would refuse is not known yet (run again once it is, or use --force)"}
+		}
+		fmt.Fprintln(out, "--force: promoting anyway")
 	case imp.State != intentv1alpha1.ImpactCurrent:
 		fmt.Fprintf(out, "the impact of %s is %s: %s\n", o.name, imp.State, imp.Message)
 		if !o.force {
@@ -188,12 +197,101 @@ func runPromote(ctx context.Context, c client.Client, o promoteOptions, out io.W
 	if ready.Status != metav1.ConditionTrue {
 		return fmt.Errorf("%s is Block but not in force: %s", ref, conditionText(ready))
 	}
-	fmt.Fprintf(out, "Block is in force: %s\n", ready.Message)
+	// The intent's Ready is concluded from its bindings', which an action change alone does not
+	// move: the engine's own policies say when Block is in force.
+	policies, err := enforcing(ctx, c, si)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "Block is in force: %s; Kyverno enforces %s\n", ready.Message, strings.Join(policies, ", "))
 	if imp := si.Status.Impact; imp != nil && imp.State == intentv1alpha1.ImpactCurrent && imp.Violations != nil && *imp.Violations > 0 {
 		fmt.Fprintf(out, "Warning: %d workloads admitted before Block took effect violate it:\n", *imp.Violations)
 		printViolating(out, imp)
 	}
 	return nil
+}
+
+// enforcing waits until every Kyverno policy generated for the intent (in each binding naming it)
+// validates with failureAction Enforce and Kyverno reports it Ready, and returns their names.
+func enforcing(ctx context.Context, c client.Client, si *intentv1alpha1.SecurityIntent) ([]string, error) {
+	var keys []client.ObjectKey // a Policy's namespace and name; "" namespace for a ClusterPolicy
+	sibs := &intentv1alpha1.SecurityIntentBindingList{}
+	if err := c.List(ctx, sibs); err != nil {
+		return nil, err
+	}
+	for _, b := range sibs.Items {
+		if names(b.Spec.Intents, si.Name) {
+			keys = append(keys, client.ObjectKey{Namespace: b.Namespace, Name: intent.PolicyName(b.Name, si.Spec.Intent.ID)})
+		}
+	}
+	csibs := &intentv1alpha1.ClusterSecurityIntentBindingList{}
+	if err := c.List(ctx, csibs); err != nil {
+		return nil, err
+	}
+	for _, b := range csibs.Items {
+		if names(b.Spec.Intents, si.Name) {
+			keys = append(keys, client.ObjectKey{Name: intent.PolicyName(b.Name, si.Spec.Intent.ID)})
+		}
+	}
+	var done []string
+	var waiting string
+	err := wait.PollUntilContextCancel(ctx, promotePoll, true, func(ctx context.Context) (bool, error) {
+		done = done[:0]
+		for _, k := range keys {
+			kind := "ClusterPolicy"
+			if k.Namespace != "" {
+				kind = "Policy"
+			}
+			p := &unstructured.Unstructured{}
+			p.SetAPIVersion("kyverno.io/v1")
+			p.SetKind(kind)
+			if err := c.Get(ctx, k, p); err != nil {
+				if apierrors.IsNotFound(err) || meta.IsNoMatchError(err) {
+					continue // not a Kyverno policy of this intent (another engine enforces it)
+				}
+				waiting = err.Error()
+				return false, nil //nolint:nilerr // named if the wait times out
+			}
+			if action := validateActions(p); action != "" && action != "Enforce" {
+				waiting = fmt.Sprintf("Kyverno %s %s still has failureAction %s", kind, k, action)
+				return false, nil
+			}
+			if ok, msg := intent.KyvernoPolicyStatus(p.Object); !ok {
+				waiting = fmt.Sprintf("Kyverno %s %s is not Ready: %s", kind, k, msg)
+				return false, nil
+			}
+			done = append(done, kind+" "+strings.TrimPrefix(k.String(), "/"))
+		}
+		return true, nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("timed out waiting for Kyverno to enforce the intent's policies (--timeout): %s", waiting)
+	}
+	if len(done) == 0 {
+		return []string{"no Kyverno policy (its other engines enforce it)"}, nil
+	}
+	return done, nil
+}
+
+// validateActions is the failureAction of a Kyverno policy's validate rules ("Enforce" if any
+// rule enforces and another audits is not possible for a generated policy: the first is returned).
+func validateActions(p *unstructured.Unstructured) string {
+	rules, _, _ := unstructured.NestedSlice(p.Object, "spec", "rules")
+	for _, r := range rules {
+		if action, ok, _ := unstructured.NestedString(r.(map[string]any), "validate", "failureAction"); ok {
+			return action
+		}
+	}
+	return ""
+}
+
+func names(intents []intentv1alpha1.MatchIntent, name string) bool {
+	for _, m := range intents {
+		if m.Name == name {
+			return true
+		}
+	}
+	return false
 }
 
 // waitIntent polls the intent until cond holds, and fails naming what it waited for.

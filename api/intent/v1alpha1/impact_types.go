@@ -36,6 +36,12 @@ type Impact struct {
 	// +kubebuilder:validation:MaxItems=10
 	// +optional
 	Violating []ImpactedWorkload `json:"violating,omitempty"`
+	// Unreported are the scanned policies no report names yet (Current only): Kyverno's background
+	// scan has not reached them, or they select nothing. Until it has, their violations are not
+	// counted.
+	// +kubebuilder:validation:MaxItems=64
+	// +optional
+	Unreported []string `json:"unreported,omitempty"`
 	// Message says where the figures come from, or why they are unknown.
 	// +optional
 	Message string `json:"message,omitempty"`

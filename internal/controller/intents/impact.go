@@ -61,13 +61,13 @@ const ReportsControllerLease = "kyverno-reports-controller"
 const (
 	// indexReportPolicies indexes compacted reports by every policy with a result in them.
 	indexReportPolicies = "qm.results.policy"
-	// indexReportFailing indexes compacted reports by the policies with a fail or error result.
-	indexReportFailing = "qm.results.failing"
 	// impactMessageMax cuts an engine's message in status.impact.violating.
 	impactMessageMax = 256
 	// leaseSlack is how long past its duration a Lease counts as held: a renewal delayed by a
 	// busy API server is not taken for a stopped controller.
 	leaseSlack = 10 * time.Second
+	// reportReadTimeout bounds an impact's reads of the report cache.
+	reportReadTimeout = 10 * time.Second
 )
 
 // +kubebuilder:rbac:groups=wgpolicyk8s.io,resources=policyreports,verbs=get;list;watch
@@ -87,7 +87,7 @@ type reports struct {
 
 	// wake receives what must be reconciled when the state changes; watch adds the report watch
 	// to the controllers once the kind is served.
-	wake  func(ctx context.Context)
+	wake  func(ctx context.Context) error
 	watch func(ctx context.Context) error
 
 	mu      sync.Mutex
@@ -112,13 +112,19 @@ func (r *reports) Start(ctx context.Context) error {
 	t := time.NewTicker(r.interval)
 	defer t.Stop()
 	for {
+		// At once on start: a replica that becomes leader long after it started has an old state.
+		if previous, changed := r.check(ctx); changed {
+			if err := r.wake(ctx); err != nil {
+				r.log.Error(err, "waking the intents and bindings whose impact changed; looked at again", "in", r.interval)
+				r.mu.Lock()
+				r.state = previous // the next look sees the change again, and wakes
+				r.mu.Unlock()
+			}
+		}
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
-			if r.check(ctx) {
-				r.wake(ctx)
-			}
 		}
 	}
 }
@@ -131,8 +137,8 @@ func (r *reports) current() reportsState {
 }
 
 // check looks at the report kind and the reports controller's Lease, adds the report watch once the
-// kind is served, and reports whether the state changed.
-func (r *reports) check(ctx context.Context) bool {
+// kind is served, and returns the state before and whether it changed.
+func (r *reports) check(ctx context.Context) (reportsState, bool) {
 	next := r.look(ctx)
 	if next.readable {
 		r.mu.Lock()
@@ -150,12 +156,13 @@ func (r *reports) check(ctx context.Context) bool {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	changed := next != r.state
+	previous := r.state
+	changed := next != previous
 	if changed {
 		r.log.Info("Kyverno's reports", "readable", next.readable, "why", next.why)
 	}
 	r.state = next
-	return changed
+	return previous, changed
 }
 
 // look reads the state: Kyverno in use, its report kind served, its reports controller's Lease
@@ -275,7 +282,8 @@ func resultsOf(u *unstructured.Unstructured) []reportResult {
 	return out
 }
 
-// reportPolicies are the values of indexReportPolicies (failing false) or indexReportFailing.
+// reportPolicies are the policies with a result in the report (the values of indexReportPolicies),
+// or only those with a failed one.
 func reportPolicies(u *unstructured.Unstructured, failing bool) []string {
 	var out []string
 	for _, r := range resultsOf(u) {
@@ -316,14 +324,9 @@ func newReportCache(mgr ctrl.Manager) (cache.Cache, error) {
 // indexReports adds the report cache's indexes, once the kind is served (adding them resolves it).
 func (r *reports) indexReports(ctx context.Context) error {
 	r.indexOnce.Do(func() {
-		for name, failing := range map[string]bool{indexReportPolicies: false, indexReportFailing: true} {
-			if err := r.cache.IndexField(ctx, newPolicyReport(), name, func(o client.Object) []string {
-				return reportPolicies(o.(*unstructured.Unstructured), failing)
-			}); err != nil {
-				r.indexErr = err
-				return
-			}
-		}
+		r.indexErr = r.cache.IndexField(ctx, newPolicyReport(), indexReportPolicies, func(o client.Object) []string {
+			return reportPolicies(o.(*unstructured.Unstructured), false)
+		})
 	})
 	return r.indexErr
 }
@@ -337,6 +340,7 @@ type scannedPolicy struct {
 // impactInputs is what an impact is made of: the scanned policies, the ids of intents no engine
 // scans here (with their engines), and the scanned policies not written yet.
 type impactInputs struct {
+	state     reportsState // read once per impact
 	policies  []scannedPolicy
 	unscanned []string
 	pending   []string
@@ -366,7 +370,7 @@ func (b *base) policyFor(ctx context.Context, in *impactInputs, namespace, paren
 	if namespace == "" {
 		gvk, key, entry = intent.KyvernoClusterPolicyKind, name, "KyvernoClusterPolicy/"+name
 	}
-	if !b.reports.current().readable {
+	if !in.state.readable {
 		// The impact is Unknown, and says why: no need to read the policy.
 		in.policies = append(in.policies, scannedPolicy{key: key, entry: entry})
 		return nil
@@ -406,8 +410,8 @@ func (b *base) impact(ctx context.Context, in impactInputs) (*intentv1alpha1.Imp
 	if notScanned != "" {
 		suffix = "; not scanned: " + notScanned
 	}
-	if st := b.reports.current(); !st.readable {
-		return &intentv1alpha1.Impact{State: intentv1alpha1.ImpactUnknown, Message: st.why + suffix}, nil
+	if !in.state.readable {
+		return &intentv1alpha1.Impact{State: intentv1alpha1.ImpactUnknown, Message: in.state.why + suffix}, nil
 	}
 	if len(in.pending) > 0 {
 		slices.Sort(in.pending)
@@ -417,11 +421,19 @@ func (b *base) impact(ctx context.Context, in impactInputs) (*intentv1alpha1.Imp
 	scanned := map[string]bool{}
 	violating := map[string]intentv1alpha1.ImpactedWorkload{}
 	entries := make([]string, 0, len(in.policies))
+	var unreported []string
+	// The report cache blocks a read until it has synced: bounded, so that a cache that cannot
+	// sync (its RBAC, its CRD) shows as an Unknown impact instead of holding the worker.
+	ctx, cancel := context.WithTimeout(ctx, reportReadTimeout)
+	defer cancel()
 	for _, p := range in.policies {
 		entries = append(entries, p.entry)
 		list := newPolicyReportList()
 		if err := b.reports.cache.List(ctx, list, client.MatchingFields{indexReportPolicies: p.key}, client.UnsafeDisableDeepCopy); err != nil {
 			return nil, err
+		}
+		if len(list.Items) == 0 {
+			unreported = append(unreported, p.entry)
 		}
 		for i := range list.Items {
 			u := &list.Items[i]
@@ -450,6 +462,11 @@ func (b *base) impact(ctx context.Context, in impactInputs) (*intentv1alpha1.Imp
 		out.Violating = append(out.Violating, violating[id])
 	}
 	slices.Sort(entries)
+	slices.Sort(unreported)
+	out.Unreported = unreported
+	if len(unreported) > 0 {
+		suffix = "; no report names " + strings.Join(unreported, ", ") + " yet (its scan has not reached it, or it selects nothing)" + suffix
+	}
 	out.Message = fmt.Sprintf("Kyverno's reports: %d of %d scanned workloads fail %s%s", len(violating), len(scanned), strings.Join(entries, ", "), suffix)
 	return out, nil
 }
@@ -484,7 +501,7 @@ func (b *base) bindingImpact(ctx context.Context, namespace, name string, names 
 	if err != nil {
 		return nil, err
 	}
-	var in impactInputs
+	in := impactInputs{state: b.reports.current()}
 	for _, m := range names {
 		si, ok := intents[m.Name]
 		if !ok {
@@ -499,7 +516,7 @@ func (b *base) bindingImpact(ctx context.Context, namespace, name string, names 
 
 // intentImpact is a SecurityIntent's impact: its scanned policies in every binding naming it.
 func (b *base) intentImpact(ctx context.Context, si *intentv1alpha1.SecurityIntent) (*intentv1alpha1.Impact, error) {
-	var in impactInputs
+	in := impactInputs{state: b.reports.current()}
 	id := si.Spec.Intent.ID
 	sibs := &intentv1alpha1.SecurityIntentBindingList{}
 	if err := b.client.List(ctx, sibs, client.MatchingFields{indexIntents: si.Name}, client.UnsafeDisableDeepCopy); err != nil {
@@ -685,17 +702,22 @@ func (b *base) impactSources(wake chan event.GenericEvent, pick picker) ([]sourc
 // watchReports adds the report watch to the three controllers that show impacts, once the kind is
 // served after they were built.
 func (b *base) watchReports(si, sib, csib controller.Controller) func(ctx context.Context) error {
+	var watching [3]bool // a watch added is not added again when a later one failed
 	return func(ctx context.Context) error {
 		if err := b.reports.indexReports(ctx); err != nil {
 			return err
 		}
-		for _, w := range []struct {
+		for i, w := range []struct {
 			c    controller.Controller
 			pick picker
 		}{{si, b.reportsForIntents}, {sib, b.reportsForBindings}, {csib, b.reportsForClusterBindings}} {
+			if watching[i] {
+				continue
+			}
 			if err := w.c.Watch(b.impactSource(w.pick)); err != nil {
 				return err
 			}
+			watching[i] = true
 		}
 		return nil
 	}
@@ -703,11 +725,11 @@ func (b *base) watchReports(si, sib, csib controller.Controller) func(ctx contex
 
 // wakeScanned sends every SecurityIntent of a scanned intent, and every binding naming one, to its
 // controller (the reports' state changed: their impacts say so).
-func (b *base) wakeScanned(si, sib, csib chan<- event.GenericEvent) func(ctx context.Context) {
-	return func(ctx context.Context) {
+func (b *base) wakeScanned(si, sib, csib chan<- event.GenericEvent) func(ctx context.Context) error {
+	return func(ctx context.Context) error {
 		intents := &intentv1alpha1.SecurityIntentList{}
 		if err := b.client.List(ctx, intents); err != nil {
-			return
+			return err
 		}
 		for i := range intents.Items {
 			s := &intents.Items[i]
@@ -715,25 +737,28 @@ func (b *base) wakeScanned(si, sib, csib chan<- event.GenericEvent) func(ctx con
 				continue
 			}
 			if !send(ctx, si, s) {
-				return
+				return ctx.Err()
 			}
 			sibs := &intentv1alpha1.SecurityIntentBindingList{}
-			if err := b.client.List(ctx, sibs, client.MatchingFields{indexIntents: s.Name}); err == nil {
-				for j := range sibs.Items {
-					if !send(ctx, sib, &sibs.Items[j]) {
-						return
-					}
+			if err := b.client.List(ctx, sibs, client.MatchingFields{indexIntents: s.Name}); err != nil {
+				return err
+			}
+			for j := range sibs.Items {
+				if !send(ctx, sib, &sibs.Items[j]) {
+					return ctx.Err()
 				}
 			}
 			csibs := &intentv1alpha1.ClusterSecurityIntentBindingList{}
-			if err := b.client.List(ctx, csibs, client.MatchingFields{indexIntents: s.Name}); err == nil {
-				for j := range csibs.Items {
-					if !send(ctx, csib, &csibs.Items[j]) {
-						return
-					}
+			if err := b.client.List(ctx, csibs, client.MatchingFields{indexIntents: s.Name}); err != nil {
+				return err
+			}
+			for j := range csibs.Items {
+				if !send(ctx, csib, &csibs.Items[j]) {
+					return ctx.Err()
 				}
 			}
 		}
+		return nil
 	}
 }
 
@@ -747,13 +772,14 @@ func send(ctx context.Context, ch chan<- event.GenericEvent, obj client.Object) 
 	}
 }
 
-// keepImpact sets *dst to the impact read, and leaves it as it was when it could not be read (the
-// error is the reconcile's: what was shown stays until the next read).
+// keepImpact sets *dst to the impact read; one that could not be read is Unknown, with the error
+// (the object's own status is not made an error by it; a report or state change reads it again).
 func keepImpact(dst **intentv1alpha1.Impact) func(*intentv1alpha1.Impact, error) error {
 	return func(i *intentv1alpha1.Impact, err error) error {
-		if err == nil {
-			*dst = i
+		if err != nil {
+			i = &intentv1alpha1.Impact{State: intentv1alpha1.ImpactUnknown, Message: "Kyverno's reports could not be read: " + err.Error()}
 		}
-		return err
+		*dst = i
+		return nil
 	}
 }

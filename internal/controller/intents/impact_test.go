@@ -94,6 +94,9 @@ func TestImpactSaysWhyItIsUnknown(t *testing.T) {
 		must(t, f.c.Create(ctx, lease))
 		waitImpact(t, si, intentv1alpha1.ImpactCurrent, "Kyverno's reports: 0 of 0 scanned workloads fail KyvernoPolicy/escape-escapetohost")
 		waitImpact(t, sib, intentv1alpha1.ImpactCurrent, "0 of 0 scanned")
+		if imp := impactOf(si); len(imp.Unreported) != 1 || imp.Unreported[0] != "KyvernoPolicy/escape-escapetohost" || !strings.Contains(imp.Message, "no report names KyvernoPolicy/escape-escapetohost yet") {
+			t.Errorf("a policy no report names: %+v", imp)
+		}
 		// The binding's dnsManipulation half is still said not to be scanned where both are bound.
 		if imp := impactOf(&intentv1alpha1.SecurityIntentBinding{ObjectMeta: metav1.ObjectMeta{Namespace: "imp", Name: "dns"}}); imp.State != intentv1alpha1.ImpactNotScanned {
 			t.Errorf("the dns binding's impact is %s, want NotScanned", imp.State)
