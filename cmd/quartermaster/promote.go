@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -220,7 +221,7 @@ func enforcing(ctx context.Context, c client.Client, si *intentv1alpha1.Security
 		return nil, err
 	}
 	for _, b := range sibs.Items {
-		if names(b.Spec.Intents, si.Name) {
+		if slices.ContainsFunc(b.Spec.Intents, named(si.Name)) {
 			keys = append(keys, client.ObjectKey{Namespace: b.Namespace, Name: intent.PolicyName(b.Name, si.Spec.Intent.ID)})
 		}
 	}
@@ -229,7 +230,7 @@ func enforcing(ctx context.Context, c client.Client, si *intentv1alpha1.Security
 		return nil, err
 	}
 	for _, b := range csibs.Items {
-		if names(b.Spec.Intents, si.Name) {
+		if slices.ContainsFunc(b.Spec.Intents, named(si.Name)) {
 			keys = append(keys, client.ObjectKey{Name: intent.PolicyName(b.Name, si.Spec.Intent.ID)})
 		}
 	}
@@ -273,8 +274,8 @@ func enforcing(ctx context.Context, c client.Client, si *intentv1alpha1.Security
 	return done, nil
 }
 
-// validateActions is the failureAction of a Kyverno policy's validate rules ("Enforce" if any
-// rule enforces and another audits is not possible for a generated policy: the first is returned).
+// validateActions is the failureAction of a Kyverno policy's first validate rule ("" without one);
+// a generated policy's validate rules all have the intent's.
 func validateActions(p *unstructured.Unstructured) string {
 	rules, _, _ := unstructured.NestedSlice(p.Object, "spec", "rules")
 	for _, r := range rules {
@@ -285,13 +286,8 @@ func validateActions(p *unstructured.Unstructured) string {
 	return ""
 }
 
-func names(intents []intentv1alpha1.MatchIntent, name string) bool {
-	for _, m := range intents {
-		if m.Name == name {
-			return true
-		}
-	}
-	return false
+func named(name string) func(intentv1alpha1.MatchIntent) bool {
+	return func(m intentv1alpha1.MatchIntent) bool { return m.Name == name }
 }
 
 // waitIntent polls the intent until cond holds, and fails naming what it waited for.

@@ -56,11 +56,11 @@ func (r *clusterBindingReconciler) setup(mgr ctrl.Manager, opts controller.Optio
 // controllingClusterBinding maps a NimbusPolicy to the ClusterSecurityIntentBinding that controls
 // it, if one does.
 func controllingClusterBinding(_ context.Context, obj client.Object) []reconcile.Request {
-	ref := metav1.GetControllerOfNoCopy(obj)
-	if ref == nil || ref.Kind != "ClusterSecurityIntentBinding" || ref.APIVersion != intentv1alpha1.GroupVersion.String() {
+	name := controllerNamed(obj, "ClusterSecurityIntentBinding")
+	if name == "" {
 		return nil
 	}
-	return []reconcile.Request{{NamespacedName: client.ObjectKey{Name: ref.Name}}}
+	return []reconcile.Request{{NamespacedName: client.ObjectKey{Name: name}}}
 }
 
 func namespaceLifecycle() predicate.Predicate {

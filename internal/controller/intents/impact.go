@@ -366,10 +366,7 @@ func (b *base) policyFor(ctx context.Context, in *impactInputs, namespace, paren
 		return fmt.Errorf("intent %s: scanned by %s, which the controller cannot read reports of", id, engine)
 	}
 	name := intent.PolicyName(parent, id)
-	gvk, key, entry := intent.KyvernoPolicyKind, namespace+"/"+name, "KyvernoPolicy/"+name
-	if namespace == "" {
-		gvk, key, entry = intent.KyvernoClusterPolicyKind, name, "KyvernoClusterPolicy/"+name
-	}
+	gvk, key, entry, parentKind := kyvernoPolicy(namespace, name)
 	if !in.state.readable {
 		// The impact is Unknown, and says why: no need to read the policy.
 		in.policies = append(in.policies, scannedPolicy{key: key, entry: entry})
@@ -377,13 +374,9 @@ func (b *base) policyFor(ctx context.Context, in *impactInputs, namespace, paren
 	}
 	obj := &unstructured.Unstructured{}
 	obj.SetGroupVersionKind(gvk)
-	ownerKind := "NimbusPolicy"
-	if namespace == "" {
-		ownerKind = "ClusterNimbusPolicy"
-	}
 	err := b.objects.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, obj)
 	switch {
-	case apierrors.IsNotFound(err) || (err == nil && generatedBy(obj, ownerKind) != parent):
+	case apierrors.IsNotFound(err) || (err == nil && controllerNamed(obj, parentKind) != parent):
 		in.pending = append(in.pending, entry) // not written, or someone else's (the policy's status says Conflict)
 	case err != nil:
 		return err
@@ -471,13 +464,23 @@ func (b *base) impact(ctx context.Context, in impactInputs) (*intentv1alpha1.Imp
 	return out, nil
 }
 
-// generatedBy is the name of obj's controller when it is a (Cluster)NimbusPolicy (ownerKind), "" otherwise.
-func generatedBy(obj client.Object, ownerKind string) string {
+// controllerNamed is the name of obj's controller when it is of kind in the intent API, "" otherwise.
+func controllerNamed(obj metav1.Object, kind string) string {
 	ref := metav1.GetControllerOfNoCopy(obj)
-	if ref == nil || ref.Kind != ownerKind || ref.APIVersion != intentv1alpha1.GroupVersion.String() {
+	if ref == nil || ref.Kind != kind || ref.APIVersion != intentv1alpha1.GroupVersion.String() {
 		return ""
 	}
 	return ref.Name
+}
+
+// kyvernoPolicy is where the Kyverno policy name, generated in namespace (a Policy) or for a
+// ClusterNimbusPolicy (namespace ""), is found: its kind, its key in the reports' results, its entry
+// as status.adapterPolicies lists it, and the kind of its generating parent.
+func kyvernoPolicy(namespace, name string) (gvk schema.GroupVersionKind, key, entry, parentKind string) {
+	if namespace == "" {
+		return intent.KyvernoClusterPolicyKind, name, "KyvernoClusterPolicy/" + name, "ClusterNimbusPolicy"
+	}
+	return intent.KyvernoPolicyKind, namespace + "/" + name, "KyvernoPolicy/" + name, "NimbusPolicy"
 }
 
 // workloadOf is the resource a report is about (its scope).
@@ -518,6 +521,12 @@ func (b *base) bindingImpact(ctx context.Context, namespace, name string, names 
 func (b *base) intentImpact(ctx context.Context, si *intentv1alpha1.SecurityIntent) (*intentv1alpha1.Impact, error) {
 	in := impactInputs{state: b.reports.current()}
 	id := si.Spec.Intent.ID
+	if _, ok := intent.Scanned[id]; !ok {
+		if err := b.policyFor(ctx, &in, "", "", id); err != nil {
+			return nil, err
+		}
+		return b.impact(ctx, in)
+	}
 	sibs := &intentv1alpha1.SecurityIntentBindingList{}
 	if err := b.client.List(ctx, sibs, client.MatchingFields{indexIntents: si.Name}, client.UnsafeDisableDeepCopy); err != nil {
 		return nil, err
@@ -525,12 +534,6 @@ func (b *base) intentImpact(ctx context.Context, si *intentv1alpha1.SecurityInte
 	csibs := &intentv1alpha1.ClusterSecurityIntentBindingList{}
 	if err := b.client.List(ctx, csibs, client.MatchingFields{indexIntents: si.Name}, client.UnsafeDisableDeepCopy); err != nil {
 		return nil, err
-	}
-	if _, ok := intent.Scanned[id]; !ok {
-		if err := b.policyFor(ctx, &in, "", "", id); err != nil {
-			return nil, err
-		}
-		return b.impact(ctx, in)
 	}
 	if len(sibs.Items)+len(csibs.Items) == 0 {
 		return &intentv1alpha1.Impact{State: intentv1alpha1.ImpactCurrent, Violations: ptr.To(int32(0)), Scanned: ptr.To(int32(0)),
@@ -555,17 +558,16 @@ func (b *base) intentImpact(ctx context.Context, si *intentv1alpha1.SecurityInte
 func (b *base) reportTargets(ctx context.Context, keys []string) (sibs, csibs []client.ObjectKey, intents []string) {
 	for _, key := range keys {
 		namespace, name, namespaced := strings.Cut(key, "/")
-		gvk, ownerKind := intent.KyvernoPolicyKind, "NimbusPolicy"
 		if !namespaced {
 			namespace, name = "", key
-			gvk, ownerKind = intent.KyvernoClusterPolicyKind, "ClusterNimbusPolicy"
 		}
+		gvk, _, _, parentKind := kyvernoPolicy(namespace, name)
 		obj := &unstructured.Unstructured{}
 		obj.SetGroupVersionKind(gvk)
 		if err := b.objects.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, obj); err != nil {
 			continue
 		}
-		owner := generatedBy(obj, ownerKind)
+		owner := controllerNamed(obj, parentKind)
 		if owner == "" {
 			continue
 		}

@@ -243,8 +243,7 @@ func (r *policyReconciler) Reconcile(ctx context.Context, req reconcile.Request)
 // becomes engine policies, so whoever may create a NimbusPolicy cannot have the controller write
 // Kyverno or NetworkPolicies for them.
 func madeByBinding(obj metav1.Object, kinds ...string) bool {
-	ref := metav1.GetControllerOf(obj)
-	return ref != nil && ref.APIVersion == intentv1alpha1.GroupVersion.String() && slices.Contains(kinds, ref.Kind)
+	return slices.ContainsFunc(kinds, func(kind string) bool { return controllerNamed(obj, kind) != "" })
 }
 
 // unenforced lists what nothing enforces: ids no engine implements, and CVEs the built-in virtual
