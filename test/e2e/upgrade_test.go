@@ -230,6 +230,9 @@ func TestHelmUpgradeAndRollbackLoseNothing(t *testing.T) {
 		t.Helper()
 		phase = fmt.Sprintf("%s (%s)", phase, h)
 		load.begin()
+		if args[0] == "rollback" {
+			pods.rollingBack(newTag)
+		}
 		done := make(chan error, 1)
 		go func() {
 			out, err := h.Run(append(args, "--namespace", upNamespace, "--kubeconfig", cluster.Kubeconfig, "--wait", "--timeout", "3m")...)
@@ -500,6 +503,7 @@ type podRunner struct {
 	t        *testing.T
 	bins     map[string]string // image tag -> binary
 	procs    map[types.UID]*process
+	tags     map[types.UID]string // the image tag each process was started for
 	selector client.MatchingLabels
 	started  int
 	newest   *process
@@ -509,7 +513,7 @@ func newPodRunner(t *testing.T, bins map[string]string) *podRunner {
 	t.Helper()
 	deploy := &appsv1.Deployment{}
 	must(t, admin.Get(context.Background(), client.ObjectKey{Namespace: upNamespace, Name: upRelease + "-manager"}, deploy))
-	return &podRunner{t: t, bins: bins, procs: map[types.UID]*process{}, selector: deploy.Spec.Selector.MatchLabels}
+	return &podRunner{t: t, bins: bins, procs: map[types.UID]*process{}, tags: map[types.UID]string{}, selector: deploy.Spec.Selector.MatchLabels}
 }
 
 // sync starts and stops processes to match the pods, and reports whether every pod that runs has
@@ -541,11 +545,13 @@ func (r *podRunner) sync(ctx context.Context) bool {
 		r.started++
 		r.newest = startBinaryAs(t, bin, fmt.Sprintf("manager %d (%s, pod %s)", r.started, tag, pod.Name), upNamespace, proc.ServiceAccount, proc.Env, proc.Args...)
 		r.procs[pod.UID] = r.newest
+		r.tags[pod.UID] = tag
 	}
 	for uid, p := range r.procs {
 		if !live[uid] {
 			p.stop(t)
 			delete(r.procs, uid)
+			delete(r.tags, uid)
 		}
 	}
 	return len(r.procs) == len(live)
@@ -566,6 +572,16 @@ func (r *podRunner) settled(ctx context.Context) bool {
 		hashes[p.Labels[appsv1.DefaultDeploymentUniqueLabelKey]] = true
 	}
 	return len(hashes) == 1 && len(pods.Items) == len(r.procs)
+}
+
+// rollingBack marks the processes of the newer build tag as running under the earlier release's
+// RBAC from now on: a rollback installs the earlier roles before the Deployment replaces their pods.
+func (r *podRunner) rollingBack(tag string) {
+	for uid, p := range r.procs {
+		if r.tags[uid] == tag {
+			p.olderRBACSince = time.Now()
+		}
+	}
 }
 
 func (r *podRunner) running() int { return len(r.procs) }
