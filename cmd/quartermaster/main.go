@@ -14,6 +14,7 @@ import (
 	intentv1alpha1 "github.com/quartermaster-dev/quartermaster/api/intent/v1alpha1"
 	nsv1alpha1 "github.com/quartermaster-dev/quartermaster/api/namespaces/v1alpha1"
 	registryv1alpha1 "github.com/quartermaster-dev/quartermaster/api/registry/v1alpha1"
+	securityv1alpha1 "github.com/quartermaster-dev/quartermaster/api/security/v1alpha1"
 	"github.com/quartermaster-dev/quartermaster/internal/controller/iam"
 	"github.com/quartermaster-dev/quartermaster/internal/controller/intents"
 	"github.com/quartermaster-dev/quartermaster/internal/controller/mirrors"
@@ -56,7 +57,7 @@ func main() {
 			return
 		}
 	}
-	scheme := manager.Scheme(computev1alpha1.AddToScheme, iamv1alpha1.AddToScheme, intentv1alpha1.AddToScheme, nsv1alpha1.AddToScheme, registryv1alpha1.AddToScheme)
+	scheme := manager.Scheme(computev1alpha1.AddToScheme, iamv1alpha1.AddToScheme, intentv1alpha1.AddToScheme, securityv1alpha1.AddToScheme, nsv1alpha1.AddToScheme, registryv1alpha1.AddToScheme)
 	if err := manager.Run(ctrl.SetupSignalHandler(), os.Args[1:], hosted(), scheme, os.Stderr); err != nil {
 		fmt.Fprintln(os.Stderr, "quartermaster:", err)
 		leaveTerminationMessage(err.Error())

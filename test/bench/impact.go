@@ -19,6 +19,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime/pkg/manager"
 
 	intentv1alpha1 "github.com/quartermaster-dev/quartermaster/api/intent/v1alpha1"
+	securityv1alpha1 "github.com/quartermaster-dev/quartermaster/api/security/v1alpha1"
 	"github.com/quartermaster-dev/quartermaster/internal/controller/intents"
 	"github.com/quartermaster-dev/quartermaster/internal/intent"
 	"github.com/quartermaster-dev/quartermaster/internal/manager"
@@ -40,7 +41,7 @@ const (
 // status.impact counts all 50 (ours: read from those reports); then the manager's writes during
 // an idle period, which must be none.
 func impactBench(ctx context.Context, e *env) ([]result, error) {
-	scheme := manager.Scheme(intentv1alpha1.AddToScheme)
+	scheme := manager.Scheme(intentv1alpha1.AddToScheme, securityv1alpha1.AddToScheme)
 	c, err := intentsCluster(ctx, e, scheme)
 	if err != nil {
 		return nil, err

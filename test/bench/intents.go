@@ -34,6 +34,7 @@ import (
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	intentv1alpha1 "github.com/quartermaster-dev/quartermaster/api/intent/v1alpha1"
+	securityv1alpha1 "github.com/quartermaster-dev/quartermaster/api/security/v1alpha1"
 	"github.com/quartermaster-dev/quartermaster/internal/controller/intents"
 	"github.com/quartermaster-dev/quartermaster/internal/controller/status"
 	"github.com/quartermaster-dev/quartermaster/internal/intent"
@@ -58,7 +59,7 @@ const (
 // garbage collector), then an idle period that must write nothing. (Nimbus's core makes 200
 // bindings' NimbusPolicies in about 20 s, its client capped at 20 QPS, before its adapters start.)
 func intentsBench(ctx context.Context, e *env) ([]result, error) {
-	scheme := manager.Scheme(intentv1alpha1.AddToScheme)
+	scheme := manager.Scheme(intentv1alpha1.AddToScheme, securityv1alpha1.AddToScheme)
 	c, err := intentsCluster(ctx, e, scheme)
 	if err != nil {
 		return nil, err
@@ -566,7 +567,7 @@ const (
 // client making the same 1000 creates (a NimbusPolicy and its NetworkPolicy per namespace) with 16
 // writers.
 func clusterBindingBench(ctx context.Context, e *env) ([]result, error) {
-	scheme := manager.Scheme(intentv1alpha1.AddToScheme)
+	scheme := manager.Scheme(intentv1alpha1.AddToScheme, securityv1alpha1.AddToScheme)
 	c, err := intentsCluster(ctx, e, scheme)
 	if err != nil {
 		return nil, err

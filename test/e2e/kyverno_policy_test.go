@@ -174,6 +174,39 @@ func testManagerKyvernoPolicies(t *testing.T, ns string) {
 			return obj
 		},
 	}
+	// PolicyExceptions (SecurityIntentExceptions): only from the escapeToHost policies it generates.
+	exception := func(policyName string) *unstructured.Unstructured {
+		pe := &unstructured.Unstructured{Object: map[string]any{"spec": map[string]any{
+			"background": true,
+			"exceptions": []any{map[string]any{"policyName": policyName, "ruleNames": []any{"*"}}},
+			"match": map[string]any{"any": []any{map[string]any{"resources": map[string]any{
+				"namespaces": []any{ns}, "selector": map[string]any{"matchLabels": map[string]any{"legacy": "true"}}}}}},
+		}}}
+		pe.SetAPIVersion("kyverno.io/v2")
+		pe.SetKind("PolicyException")
+		pe.SetNamespace(ns)
+		pe.SetName("probe")
+		return pe
+	}
+	t.Run("a PolicyException from a generated escapeToHost policy is accepted", func(t *testing.T) {
+		if err := dryRun(exception(ns + "/kyverno-probe-escapetohost")); err != nil {
+			t.Error(err)
+		}
+	})
+	refused["a PolicyException from a policy it did not generate"] = func() *unstructured.Unstructured {
+		return exception("require-signed-images")
+	}
+	refused["a PolicyException with conditions"] = func() *unstructured.Unstructured {
+		pe := exception(ns + "/kyverno-probe-escapetohost")
+		pe.Object["spec"].(map[string]any)["conditions"] = map[string]any{"any": []any{map[string]any{"key": "x", "operator": "Equals", "value": "x"}}}
+		return pe
+	}
+	refused["a PolicyException matching by user"] = func() *unstructured.Unstructured {
+		pe := exception(ns + "/kyverno-probe-escapetohost")
+		pe.Object["spec"].(map[string]any)["match"] = map[string]any{"any": []any{map[string]any{"subjects": []any{map[string]any{"kind": "User", "name": "mallory"}}}}}
+		pe.Object["spec"].(map[string]any)["background"] = false
+		return pe
+	}
 	for name, build := range refused {
 		t.Run("refused: "+name, func(t *testing.T) {
 			err := dryRun(build())

@@ -34,6 +34,7 @@ import (
 	iamv1alpha1 "github.com/quartermaster-dev/quartermaster/api/iam/v1alpha1"
 	intentv1alpha1 "github.com/quartermaster-dev/quartermaster/api/intent/v1alpha1"
 	registryv1alpha1 "github.com/quartermaster-dev/quartermaster/api/registry/v1alpha1"
+	securityv1alpha1 "github.com/quartermaster-dev/quartermaster/api/security/v1alpha1"
 	"github.com/quartermaster-dev/quartermaster/internal/cloud/vsphere/vsimtest"
 	"github.com/quartermaster-dev/quartermaster/internal/manager"
 	"github.com/quartermaster-dev/quartermaster/internal/testing/iamemulator"
@@ -110,7 +111,7 @@ func run(m *testing.M) int {
 	}
 	// The upstream registries the tests serve log every request through logrus: warnings only.
 	logrus.SetLevel(logrus.WarnLevel)
-	scheme := manager.Scheme(computev1alpha1.AddToScheme, iamv1alpha1.AddToScheme, intentv1alpha1.AddToScheme, registryv1alpha1.AddToScheme)
+	scheme := manager.Scheme(computev1alpha1.AddToScheme, iamv1alpha1.AddToScheme, intentv1alpha1.AddToScheme, securityv1alpha1.AddToScheme, registryv1alpha1.AddToScheme)
 	if admin, err = client.New(cluster.Config, client.Options{Scheme: scheme}); err != nil {
 		fmt.Fprintln(os.Stderr, "realnode:", err)
 		return 1

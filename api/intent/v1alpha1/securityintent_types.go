@@ -70,6 +70,30 @@ type SecurityIntentStatus struct {
 	// bindings.
 	// +optional
 	Impact *Impact `json:"impact,omitempty"`
+	// Exceptions are the SecurityIntentExceptions (security.quartermaster.dev) naming the intent,
+	// the first MaxListedExceptions by namespace/name.
+	// +kubebuilder:validation:MaxItems=20
+	// +optional
+	Exceptions []IntentException `json:"exceptions,omitempty"`
+}
+
+// MaxListedExceptions is how many exceptions an intent's status lists.
+const MaxListedExceptions = 20
+
+// IntentException is one exception to an intent, as its status shows it.
+type IntentException struct {
+	// Name is the exception's namespace/name.
+	Name string `json:"name"`
+	// Owner answers for it.
+	Owner string `json:"owner"`
+	// Expires is when it ends.
+	Expires metav1.Time `json:"expires"`
+	// State is the exception's Ready reason (Exempting, ExpiresSoon, Expired, or why it is refused).
+	// +optional
+	State string `json:"state,omitempty"`
+	// Exempted is how many workloads Kyverno skipped under it, by its reports.
+	// +optional
+	Exempted *int32 `json:"exempted,omitempty"`
 }
 
 // SecurityIntent states what must not happen; bindings apply it to workloads.

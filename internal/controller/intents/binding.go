@@ -23,6 +23,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	intentv1alpha1 "github.com/quartermaster-dev/quartermaster/api/intent/v1alpha1"
+	securityv1alpha1 "github.com/quartermaster-dev/quartermaster/api/security/v1alpha1"
 	"github.com/quartermaster-dev/quartermaster/internal/controller/owned"
 	"github.com/quartermaster-dev/quartermaster/internal/controller/status"
 	"github.com/quartermaster-dev/quartermaster/internal/intent"
@@ -50,6 +51,8 @@ func (r *intentReconciler) setup(mgr ctrl.Manager, opts controller.Options, impa
 			builder.WithPredicates(predicate.Or[client.Object](status.ReadyChanged(), createOrDelete(), predicate.GenerationChangedPredicate{}))).
 		Watches(&intentv1alpha1.ClusterSecurityIntentBinding{}, readinessCoalesced(intentsNamed),
 			builder.WithPredicates(predicate.Or[client.Object](status.ReadyChanged(), createOrDelete(), predicate.GenerationChangedPredicate{}))).
+		// Its status lists the exceptions to it.
+		Watches(&securityv1alpha1.SecurityIntentException{}, handler.EnqueueRequestsFromMapFunc(exceptionsOf), builder.WithPredicates(exceptionShown())).
 		WithOptions(opts).
 		Build(r)
 }
@@ -83,6 +86,9 @@ func (r *intentReconciler) Reconcile(ctx context.Context, req reconcile.Request)
 	o, err := r.intentOutcome(ctx, si)
 	if err == nil {
 		err = keepImpact(&si.Status.Impact)(r.intentImpact(ctx, si))
+	}
+	if err == nil {
+		si.Status.Exceptions, err = r.intentExceptions(ctx, si.Name)
 	}
 	if err != nil {
 		o = status.Transient("Error", err.Error(), err)

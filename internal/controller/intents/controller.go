@@ -1,7 +1,9 @@
 // Package intents is the "intents" controller, a Nimbus-compatible intent engine: SecurityIntents
 // bound by SecurityIntentBindings and ClusterSecurityIntentBindings become NimbusPolicies and
 // ClusterNimbusPolicies, and those become the engines' policies (KubeArmor, NetworkPolicy,
-// Kyverno) for whichever engines the cluster has, in one process.
+// Kyverno) for whichever engines the cluster has, in one process. Each intent and binding shows its
+// impact on the workloads that already run, read from Kyverno's reports (impact.go), and
+// SecurityIntentExceptions become Kyverno PolicyExceptions that end at their expiry (exception.go).
 package intents
 
 import (
@@ -9,11 +11,13 @@ import (
 	"flag"
 	"fmt"
 	"strings"
+	"time"
 
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	ctrl "sigs.k8s.io/controller-runtime/pkg/manager"
 
 	intentv1alpha1 "github.com/quartermaster-dev/quartermaster/api/intent/v1alpha1"
+	securityv1alpha1 "github.com/quartermaster-dev/quartermaster/api/security/v1alpha1"
 	"github.com/quartermaster-dev/quartermaster/internal/controllers"
 	"github.com/quartermaster-dev/quartermaster/internal/intent"
 )
@@ -28,6 +32,25 @@ type Options struct {
 	Engines string
 	// KyvernoNamespace is Kyverno's namespace, where its reports controller's Lease is.
 	KyvernoNamespace string
+	// Exceptions are the SecurityIntentExceptions' flags.
+	Exceptions ExceptionOptions
+}
+
+// ExceptionOptions are what the platform allows of SecurityIntentExceptions.
+type ExceptionOptions struct {
+	// Namespace is where Kyverno accepts PolicyExceptions (its --exceptionNamespace); "":
+	// exceptions are refused.
+	Namespace string
+	// MaxTTL is how long after its creation an exception may end at the latest.
+	MaxTTL time.Duration
+	// Warning is how long before its expiry an exception says it expires soon.
+	Warning time.Duration
+	// AdminNamespaces are the namespaces whose exceptions may exempt workloads of other
+	// namespaces ("*": of every namespace).
+	AdminNamespaces []string
+	// AllowEverything lets an admin namespace's exception exempt every workload of every
+	// namespace (namespaces ["*"] with an empty selector).
+	AllowEverything bool
 }
 
 // EngineNames are --intents-engines' names of the engines.
@@ -61,6 +84,25 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.Engines, "intents-engines", "all",
 		"The policy engines the intents controller writes for: all, none (only (Cluster)NimbusPolicies, as Nimbus's core alone), or a comma list of kubearmor, kyverno, networkpolicy, k8tls. "+
 			"Each is used once it is detected; a left-out engine is neither watched nor written, and its existing objects are left alone.")
+	fs.StringVar(&o.Exceptions.Namespace, "intents-exception-namespace", "",
+		"The namespace where Kyverno accepts PolicyExceptions (Kyverno's --exceptionNamespace, chart features.policyExceptions.namespace): SecurityIntentExceptions become PolicyExceptions there. Empty: SecurityIntentExceptions are refused (Stalled, ExceptionsDisabled).")
+	fs.DurationVar(&o.Exceptions.MaxTTL, "intents-exception-max-ttl", 30*24*time.Hour,
+		"The longest a SecurityIntentException may last: its spec.expires at most this long after its creation (a longer one is refused; a later renewal is a new exception).")
+	fs.DurationVar(&o.Exceptions.Warning, "intents-exception-expiry-warning", 72*time.Hour,
+		"How long before its expiry a SecurityIntentException says ExpiresSoon (its Ready reason, a Warning Event, quartermaster_objects state expiring).")
+	fs.Func("intents-exception-admin-namespaces",
+		"Comma list of namespaces whose SecurityIntentExceptions may exempt workloads of other namespaces (spec.workloads.namespaces; \"*\" for all). Exceptions elsewhere exempt only their own namespace's workloads.",
+		func(v string) error {
+			o.Exceptions.AdminNamespaces = nil
+			for _, ns := range strings.Split(v, ",") {
+				if ns = strings.TrimSpace(ns); ns != "" {
+					o.Exceptions.AdminNamespaces = append(o.Exceptions.AdminNamespaces, ns)
+				}
+			}
+			return nil
+		})
+	fs.BoolVar(&o.Exceptions.AllowEverything, "intents-exception-allow-everything", false,
+		"Let an admin namespace's SecurityIntentException exempt every workload of every namespace (namespaces [\"*\"] and an empty selector); refused otherwise.")
 	fs.StringVar(&o.KyvernoNamespace, "intents-kyverno-namespace", "kyverno",
 		"Kyverno's namespace: the intents' impact on existing workloads is read from Kyverno's PolicyReports while the reports controller's Lease there is renewed, and is Unknown otherwise.")
 }
@@ -71,6 +113,12 @@ func (o *Options) validate() error {
 	}
 	if o.KyvernoNamespace == "" {
 		return errors.New("--intents-kyverno-namespace must name Kyverno's namespace")
+	}
+	if o.Exceptions.MaxTTL <= 0 {
+		return errors.New("--intents-exception-max-ttl must be positive")
+	}
+	if o.Exceptions.Warning < 0 {
+		return errors.New("--intents-exception-expiry-warning must not be negative")
 	}
 	_, err := o.engines()
 	return err
@@ -83,6 +131,7 @@ var Kinds = []schema.GroupVersionKind{
 	intentv1alpha1.GroupVersion.WithKind("ClusterSecurityIntentBinding"),
 	intentv1alpha1.GroupVersion.WithKind("NimbusPolicy"),
 	intentv1alpha1.GroupVersion.WithKind("ClusterNimbusPolicy"),
+	securityv1alpha1.GroupVersion.WithKind("SecurityIntentException"),
 }
 
 // Controller returns the registry entry of the intents controller. It needs no configuration; it

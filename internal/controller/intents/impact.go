@@ -28,6 +28,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	intentv1alpha1 "github.com/quartermaster-dev/quartermaster/api/intent/v1alpha1"
+	securityv1alpha1 "github.com/quartermaster-dev/quartermaster/api/security/v1alpha1"
 	"github.com/quartermaster-dev/quartermaster/internal/controllers"
 	"github.com/quartermaster-dev/quartermaster/internal/intent"
 )
@@ -210,7 +211,8 @@ func (r *reports) look(ctx context.Context) reportsState {
 
 // compactReport is the report cache's transform: of a PolicyReport only its name, scope and
 // results are kept, and of a result only its policy, its outcome and, when it failed, its rule and
-// message (the cache holds one report per scanned resource).
+// message, when it was skipped, the PolicyExceptions it was skipped under (the cache holds one
+// report per scanned resource).
 func compactReport(obj any) (any, error) {
 	u, ok := obj.(*unstructured.Unstructured)
 	if !ok || u.GroupVersionKind() != PolicyReportKind {
@@ -247,6 +249,11 @@ func compactReport(obj any) (any, error) {
 			msg, _ := m["message"].(string)
 			r["message"] = cut(msg, impactMessageMax)
 		}
+		if props, ok := m["properties"].(map[string]any); ok && outcome == "skip" {
+			if ex, ok := props["exceptions"].(string); ok {
+				r["exceptions"] = ex // the PolicyExceptions Kyverno skipped it under
+			}
+		}
 		kept = append(kept, r)
 	}
 	out.Object["results"] = kept
@@ -264,7 +271,7 @@ func cut(s string, n int) string {
 
 // reportResult is one result of a compacted report.
 type reportResult struct {
-	policy, outcome, rule, message string
+	policy, outcome, rule, message, exceptions string
 }
 
 func resultsOf(u *unstructured.Unstructured) []reportResult {
@@ -277,6 +284,7 @@ func resultsOf(u *unstructured.Unstructured) []reportResult {
 		r.outcome, _ = m["result"].(string)
 		r.rule, _ = m["rule"].(string)
 		r.message, _ = m["message"].(string)
+		r.exceptions, _ = m["exceptions"].(string)
 		out = append(out, r)
 	}
 	return out
@@ -612,7 +620,8 @@ func (b *base) reportChanges(pick picker) handler.EventHandler {
 				}
 			}
 		}
-		for _, k := range pick(b.reportTargets(ctx, keys)) {
+		sibs, csibs, intents := b.reportTargets(ctx, keys)
+		for _, k := range pick(ctx, sibs, csibs, intents) {
 			q.AddAfter(reconcile.Request{NamespacedName: k}, aggregateWindow)
 		}
 	}
@@ -633,7 +642,8 @@ func (b *base) reportChanges(pick picker) handler.EventHandler {
 }
 
 // sameVerdicts reports whether two versions of a report say the same of the same resource: the
-// policies with a result, the failed ones and their messages.
+// policies with a result and its outcome, the failed ones' messages, the exceptions a skip was
+// under.
 func sameVerdicts(a, b client.Object) bool {
 	ua, ok1 := a.(*unstructured.Unstructured)
 	ub, ok2 := b.(*unstructured.Unstructured)
@@ -646,7 +656,7 @@ func sameVerdicts(a, b client.Object) bool {
 	verdicts := func(u *unstructured.Unstructured) []string {
 		var out []string
 		for _, r := range resultsOf(u) {
-			v := r.policy
+			v := r.policy + "\x00" + r.outcome + "\x00" + r.exceptions
 			if failed(r.outcome) {
 				v += "\x00" + r.message
 			}
@@ -658,8 +668,8 @@ func sameVerdicts(a, b client.Object) bool {
 	return slices.Equal(verdicts(ua), verdicts(ub))
 }
 
-// The targets of a report for each of the three controllers that show impacts.
-func (b *base) reportsForIntents(_, _ []client.ObjectKey, intents []string) []client.ObjectKey {
+// The targets of a report for each of the controllers that show what Kyverno's reports say.
+func (b *base) reportsForIntents(_ context.Context, _, _ []client.ObjectKey, intents []string) []client.ObjectKey {
 	out := make([]client.ObjectKey, 0, len(intents))
 	for _, n := range intents {
 		out = append(out, client.ObjectKey{Name: n})
@@ -667,21 +677,21 @@ func (b *base) reportsForIntents(_, _ []client.ObjectKey, intents []string) []cl
 	return out
 }
 
-func (b *base) reportsForBindings(sibs, _ []client.ObjectKey, _ []string) []client.ObjectKey {
+func (b *base) reportsForBindings(_ context.Context, sibs, _ []client.ObjectKey, _ []string) []client.ObjectKey {
 	return sibs
 }
 
-func (b *base) reportsForClusterBindings(_, csibs []client.ObjectKey, _ []string) []client.ObjectKey {
+func (b *base) reportsForClusterBindings(_ context.Context, _, csibs []client.ObjectKey, _ []string) []client.ObjectKey {
 	return csibs
 }
 
 // impactWake are the channels through which a change of the reports' state wakes each controller.
 type impactWake struct {
-	si, sib, csib chan event.GenericEvent
+	si, sib, csib, sie chan event.GenericEvent
 }
 
 // picker chooses, of a report's targets, those of one controller.
-type picker = func(sibs, csibs []client.ObjectKey, intents []string) []client.ObjectKey
+type picker = func(ctx context.Context, sibs, csibs []client.ObjectKey, intents []string) []client.ObjectKey
 
 // impactSource is the report watch of one controller.
 func (b *base) impactSource(pick picker) source.Source {
@@ -701,10 +711,10 @@ func (b *base) impactSources(wake chan event.GenericEvent, pick picker) ([]sourc
 	return srcs, nil
 }
 
-// watchReports adds the report watch to the three controllers that show impacts, once the kind is
-// served after they were built.
-func (b *base) watchReports(si, sib, csib controller.Controller) func(ctx context.Context) error {
-	var watching [3]bool // a watch added is not added again when a later one failed
+// watchReports adds the report watch to the controllers that show what the reports say (the
+// impacts, the exceptions' exempted workloads), once the kind is served after they were built.
+func (b *base) watchReports(si, sib, csib, sie controller.Controller) func(ctx context.Context) error {
+	var watching [4]bool // a watch added is not added again when a later one failed
 	return func(ctx context.Context) error {
 		if err := b.reports.indexReports(ctx); err != nil {
 			return err
@@ -712,7 +722,7 @@ func (b *base) watchReports(si, sib, csib controller.Controller) func(ctx contex
 		for i, w := range []struct {
 			c    controller.Controller
 			pick picker
-		}{{si, b.reportsForIntents}, {sib, b.reportsForBindings}, {csib, b.reportsForClusterBindings}} {
+		}{{si, b.reportsForIntents}, {sib, b.reportsForBindings}, {csib, b.reportsForClusterBindings}, {sie, b.reportsForExceptions}} {
 			if watching[i] {
 				continue
 			}
@@ -725,9 +735,9 @@ func (b *base) watchReports(si, sib, csib controller.Controller) func(ctx contex
 	}
 }
 
-// wakeScanned sends every SecurityIntent of a scanned intent, and every binding naming one, to its
-// controller (the reports' state changed: their impacts say so).
-func (b *base) wakeScanned(si, sib, csib chan<- event.GenericEvent) func(ctx context.Context) error {
+// wakeScanned sends every SecurityIntent of a scanned intent, and every binding and exception naming
+// one, to its controller (the reports' state changed: their impacts say so).
+func (b *base) wakeScanned(si, sib, csib, sie chan<- event.GenericEvent) func(ctx context.Context) error {
 	return func(ctx context.Context) error {
 		intents := &intentv1alpha1.SecurityIntentList{}
 		if err := b.client.List(ctx, intents); err != nil {
@@ -741,21 +751,21 @@ func (b *base) wakeScanned(si, sib, csib chan<- event.GenericEvent) func(ctx con
 			if !send(ctx, si, s) {
 				return ctx.Err()
 			}
-			sibs := &intentv1alpha1.SecurityIntentBindingList{}
-			if err := b.client.List(ctx, sibs, client.MatchingFields{indexIntents: s.Name}); err != nil {
-				return err
-			}
-			for j := range sibs.Items {
-				if !send(ctx, sib, &sibs.Items[j]) {
-					return ctx.Err()
+			for _, l := range []struct {
+				ch    chan<- event.GenericEvent
+				list  client.ObjectList
+				field string
+			}{
+				{sib, &intentv1alpha1.SecurityIntentBindingList{}, indexIntents},
+				{csib, &intentv1alpha1.ClusterSecurityIntentBindingList{}, indexIntents},
+				{sie, &securityv1alpha1.SecurityIntentExceptionList{}, indexExceptionIntent},
+			} {
+				if err := b.client.List(ctx, l.list, client.MatchingFields{l.field: s.Name}); err != nil {
+					return err
 				}
-			}
-			csibs := &intentv1alpha1.ClusterSecurityIntentBindingList{}
-			if err := b.client.List(ctx, csibs, client.MatchingFields{indexIntents: s.Name}); err != nil {
-				return err
-			}
-			for j := range csibs.Items {
-				if !send(ctx, csib, &csibs.Items[j]) {
+				sent := true
+				_ = forEach(l.list, func(o client.Object) { sent = sent && send(ctx, l.ch, o) })
+				if !sent {
 					return ctx.Err()
 				}
 			}

@@ -126,6 +126,9 @@ func TestCompactReport(t *testing.T) {
 			map[string]any{"policy": "shop/web-escapetohost", "rule": "pod-security-standard", "result": "fail", "message": long,
 				"source": "kyverno", "scored": true, "timestamp": map[string]any{"seconds": int64(1)}, "properties": map[string]any{"process": "background scan"}},
 			map[string]any{"policy": "require-labels", "rule": "check", "result": "pass", "message": "ok", "source": "kyverno"},
+			map[string]any{"policy": "shop/api-escapetohost", "rule": "pod-security-standard", "result": "skip", "source": "kyverno",
+				"message":    "rule is skipped due to policy exception kyverno-exceptions/shop.legacy",
+				"properties": map[string]any{"process": "background scan", "exceptions": "shop.legacy"}},
 		},
 	}}
 	got, err := compactReport(report)
@@ -138,11 +141,12 @@ func TestCompactReport(t *testing.T) {
 		t.Errorf("workload %+v", w)
 	}
 	results := resultsOf(u)
-	if len(results) != 2 || results[0].message != long[:impactMessageMax-3]+"..." || results[0].rule != "pod-security-standard" ||
-		results[1] != (reportResult{policy: "require-labels", outcome: "pass"}) {
+	if len(results) != 3 || results[0].message != long[:impactMessageMax-3]+"..." || results[0].rule != "pod-security-standard" ||
+		results[1] != (reportResult{policy: "require-labels", outcome: "pass"}) ||
+		results[2] != (reportResult{policy: "shop/api-escapetohost", outcome: "skip", exceptions: "shop.legacy"}) {
 		t.Errorf("results %+v", results)
 	}
-	if all, failing := reportPolicies(u, false), reportPolicies(u, true); strings.Join(all, ",") != "shop/web-escapetohost,require-labels" || strings.Join(failing, ",") != "shop/web-escapetohost" {
+	if all, failing := reportPolicies(u, false), reportPolicies(u, true); strings.Join(all, ",") != "shop/web-escapetohost,require-labels,shop/api-escapetohost" || strings.Join(failing, ",") != "shop/web-escapetohost" {
 		t.Errorf("indexed as %v and failing %v", all, failing)
 	}
 	// A rescan that changes only the timestamps says the same; a pass becoming a fail does not.
@@ -155,5 +159,12 @@ func TestCompactReport(t *testing.T) {
 	after, _ := compactReport(changed)
 	if sameVerdicts(u, after.(client.Object)) {
 		t.Error("a pass turned fail reads as the same verdict")
+	}
+	// A pass becoming a skip under an exception is a change too (the exception's exempted count).
+	skipped := report.DeepCopy()
+	skipped.Object["results"].([]any)[1].(map[string]any)["result"] = "skip"
+	after, _ = compactReport(skipped)
+	if sameVerdicts(u, after.(client.Object)) {
+		t.Error("a pass turned skip reads as the same verdict")
 	}
 }

@@ -21,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	intentv1alpha1 "github.com/quartermaster-dev/quartermaster/api/intent/v1alpha1"
+	securityv1alpha1 "github.com/quartermaster-dev/quartermaster/api/security/v1alpha1"
 	"github.com/quartermaster-dev/quartermaster/internal/cachemeta"
 	"github.com/quartermaster-dev/quartermaster/internal/controller/owned"
 	"github.com/quartermaster-dev/quartermaster/internal/controller/status"
@@ -65,7 +66,9 @@ type base struct {
 	engines     *engines
 	deferred    *deferredReports // NimbusPolicies' status reports, after their enforcement
 	reports     *reports         // Kyverno's reports of existing workloads (impact.go)
-	now         func() metav1.Time
+	// exceptionNamespace is where Kyverno accepts PolicyExceptions ("": exceptions refused).
+	exceptionNamespace string
+	now                func() metav1.Time
 }
 
 // step ends every reconcile of an object the controllers report on (status.Step).
@@ -94,6 +97,9 @@ func setup(mgr ctrl.Manager, o Options, engineInterval time.Duration) (*base, er
 	if _, _, err := mgr.GetScheme().ObjectKinds(&intentv1alpha1.NimbusPolicy{}); err != nil {
 		return nil, errors.New("the manager's scheme lacks intent.security.nimbus.com/v1alpha1 (add intentv1alpha1.AddToScheme)")
 	}
+	if _, _, err := mgr.GetScheme().ObjectKinds(&securityv1alpha1.SecurityIntentException{}); err != nil {
+		return nil, errors.New("the manager's scheme lacks security.quartermaster.dev/v1alpha1 (add securityv1alpha1.AddToScheme)")
+	}
 	for kind, list := range map[string]client.ObjectList{
 		"SecurityIntent": &intentv1alpha1.SecurityIntentList{}, "SecurityIntentBinding": &intentv1alpha1.SecurityIntentBindingList{},
 		"ClusterSecurityIntentBinding": &intentv1alpha1.ClusterSecurityIntentBindingList{},
@@ -101,14 +107,17 @@ func setup(mgr ctrl.Manager, o Options, engineInterval time.Duration) (*base, er
 	} {
 		status.CountObjects(mgr, kind, list, status.ConditionState)
 	}
+	status.CountObjects(mgr, "SecurityIntentException", &securityv1alpha1.SecurityIntentExceptionList{}, exceptionState)
 	b := &base{
 		client: status.NewClient(owned.WithFieldOwner(mgr.GetClient()),
 			&intentv1alpha1.SecurityIntent{}, &intentv1alpha1.SecurityIntentBinding{}, &intentv1alpha1.ClusterSecurityIntentBinding{},
-			&intentv1alpha1.NimbusPolicy{}, &intentv1alpha1.ClusterNimbusPolicy{}),
+			&intentv1alpha1.NimbusPolicy{}, &intentv1alpha1.ClusterNimbusPolicy{}, &securityv1alpha1.SecurityIntentException{}),
 		apiReader: mgr.GetAPIReader(),
 		recorder:  status.NewRecorder(mgr, "quartermaster-intents"),
 		deferred:  newDeferredReports(),
 		now:       metav1.Now,
+
+		exceptionNamespace: o.Exceptions.Namespace,
 	}
 	// Caches of the controller's own: the shared cache may be narrowed to another controller's
 	// Namespaces and NetworkPolicies (the namespaces controller's labels).
@@ -159,12 +168,13 @@ func setup(mgr ctrl.Manager, o Options, engineInterval time.Duration) (*base, er
 		namespace: kyvernoNamespace, interval: engineInterval, now: time.Now, log: mgr.GetLogger().WithName("intents")}
 	b.reports.state = b.reports.look(context.Background())
 	b.reports.watched = b.reports.state.readable
-	wake := impactWake{si: make(chan event.GenericEvent, 64), sib: make(chan event.GenericEvent, 64), csib: make(chan event.GenericEvent, 64)}
-	var impact [3][]source.Source
+	wake := impactWake{si: make(chan event.GenericEvent, 64), sib: make(chan event.GenericEvent, 64), csib: make(chan event.GenericEvent, 64),
+		sie: make(chan event.GenericEvent, 64)}
+	var impact [4][]source.Source
 	for i, w := range []struct {
 		wake chan event.GenericEvent
 		pick picker
-	}{{wake.si, b.reportsForIntents}, {wake.sib, b.reportsForBindings}, {wake.csib, b.reportsForClusterBindings}} {
+	}{{wake.si, b.reportsForIntents}, {wake.sib, b.reportsForBindings}, {wake.csib, b.reportsForClusterBindings}, {wake.sie, b.reportsForExceptions}} {
 		if impact[i], err = b.impactSources(w.wake, w.pick); err != nil {
 			return nil, err
 		}
@@ -186,9 +196,16 @@ func setup(mgr ctrl.Manager, o Options, engineInterval time.Duration) (*base, er
 	if err != nil {
 		return nil, err
 	}
-	b.reports.watch = b.watchReports(siCtrl, sibCtrl, csibCtrl)
-	b.reports.wake = b.wakeScanned(wake.si, wake.sib, wake.csib)
+	sieCtrl, err := (&exceptionReconciler{base: b, opts: o.Exceptions}).setup(mgr, opts, impact[3])
+	if err != nil {
+		return nil, err
+	}
+	b.reports.watch = b.watchReports(siCtrl, sibCtrl, csibCtrl, sieCtrl)
+	b.reports.wake = b.wakeScanned(wake.si, wake.sib, wake.csib, wake.sie)
 	if err := mgr.Add(b.reports); err != nil {
+		return nil, err
+	}
+	if err := mgr.Add(exceptionSweep{base: b}); err != nil {
 		return nil, err
 	}
 	// The watches of the engines there now (NetworkPolicy always; the others looked for above) are
@@ -220,11 +237,18 @@ func setup(mgr ctrl.Manager, o Options, engineInterval time.Duration) (*base, er
 	if err != nil {
 		return nil, err
 	}
+	exceptionsWake := wake.sie
 	b.engines.appeared = func(ctx context.Context, e intent.Engine, wake bool) error {
 		if err := policies.watchEngine(ctx, mgr, policyCtrl, b.objects, b.client, e, wake); err != nil {
 			return err
 		}
-		return clusterPolicies.watchEngine(ctx, mgr, clusterPolicyCtrl, b.objects, b.client, e, wake)
+		if err := clusterPolicies.watchEngine(ctx, mgr, clusterPolicyCtrl, b.objects, b.client, e, wake); err != nil {
+			return err
+		}
+		if e == intent.Kyverno && wake {
+			return b.wakeExceptions(ctx, exceptionsWake) // waiting for Kyverno (EngineNotInstalled)
+		}
+		return nil
 	}
 	for _, en := range installed {
 		b.engines.log.Info("policy engine installed: generating its policies", "engine", en)
@@ -275,6 +299,11 @@ func index(mgr ctrl.Manager) error {
 	}
 	if err := mgr.GetFieldIndexer().IndexField(ctx, &intentv1alpha1.ClusterSecurityIntentBinding{}, indexIntents, func(o client.Object) []string {
 		return names(o.(*intentv1alpha1.ClusterSecurityIntentBinding).Spec.Intents)
+	}); err != nil {
+		return err
+	}
+	if err := mgr.GetFieldIndexer().IndexField(ctx, &securityv1alpha1.SecurityIntentException{}, indexExceptionIntent, func(o client.Object) []string {
+		return []string{o.(*securityv1alpha1.SecurityIntentException).Spec.Intent}
 	}); err != nil {
 		return err
 	}

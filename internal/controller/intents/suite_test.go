@@ -27,6 +27,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	intentv1alpha1 "github.com/quartermaster-dev/quartermaster/api/intent/v1alpha1"
+	securityv1alpha1 "github.com/quartermaster-dev/quartermaster/api/security/v1alpha1"
 	"github.com/quartermaster-dev/quartermaster/internal/cachemeta"
 	"github.com/quartermaster-dev/quartermaster/internal/intent"
 	"github.com/quartermaster-dev/quartermaster/internal/manager"
@@ -49,12 +50,15 @@ type fixture struct {
 	engines string           // --intents-engines of the managers it starts ("": all)
 }
 
+// testExceptions are the fixture's --intents-exception-* flags.
+var testExceptions = ExceptionOptions{Namespace: "kyverno-exceptions", MaxTTL: 48 * time.Hour, Warning: time.Hour}
+
 func start(t *testing.T) *fixture {
 	t.Helper()
 	f := &fixture{logs: &testenv.LogBuffer{}, root: t}
 	logf.SetLogger(zap.New(zap.UseDevMode(true), zap.WriteTo(f.logs)))
 	f.env = testenv.Start(t, enginecrds.Dir(t, enginecrds.KubeArmorModule, enginecrds.KubeArmor))
-	f.scheme = manager.Scheme(intentv1alpha1.AddToScheme, apiextensionsv1.AddToScheme)
+	f.scheme = manager.Scheme(intentv1alpha1.AddToScheme, securityv1alpha1.AddToScheme, apiextensionsv1.AddToScheme)
 	c, err := client.New(f.env.Config, client.Options{Scheme: f.scheme})
 	must(t, err)
 	f.c = c
@@ -78,7 +82,7 @@ func (f *fixture) newManager(t *testing.T) (ctrl.Manager, *base) {
 		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
 	})
 	must(t, err)
-	b, err := setup(mgr, Options{Concurrency: 4, Engines: f.engines}, 200*time.Millisecond)
+	b, err := setup(mgr, Options{Concurrency: 4, Engines: f.engines, Exceptions: testExceptions}, 200*time.Millisecond)
 	must(t, err)
 	return mgr, b
 }

@@ -65,6 +65,14 @@ const (
 	reportsPod    = "kyverno-reports-controller-local"
 )
 
+// ExceptionNamespace is the one namespace where Kyverno accepts PolicyExceptions: every controller
+// runs with --enablePolicyException and --exceptionNamespace, as its chart's
+// features.policyExceptions {enabled: true, namespace: kyverno-exceptions} runs them.
+const ExceptionNamespace = "kyverno-exceptions"
+
+// exceptionFlags are the chart's flags of features.policyExceptions, on each controller.
+var exceptionFlags = []string{"--enablePolicyException=true", "--exceptionNamespace=" + ExceptionNamespace}
+
 // ReportsLease is the leader-election Lease (in Namespace) of Kyverno's reports controller.
 const ReportsLease = "kyverno-reports-controller"
 
@@ -190,16 +198,19 @@ func Start(t TB, admin *rest.Config) *Kyverno {
 		"--backgroundServiceAccountName=system:serviceaccount:"+Namespace+":"+BackgroundServiceAccount,
 		"--metricsHost=127.0.0.1", "--metricsPort="+port(freeAddr(t)),
 		"--controllerRuntimeMetricsAddress="+freeAddr(t),
+		exceptionFlags[0], exceptionFlags[1],
 	)
 	k.background = k.newProcess(t, "background-controller", BackgroundServiceAccount, backgroundPod, BackgroundDeployment,
 		"--metricsHost=127.0.0.1", "--metricsPort="+port(freeAddr(t)),
 		"--controllerRuntimeMetricsAddress="+freeAddr(t),
+		exceptionFlags[0], exceptionFlags[1],
 	)
 	// The chart's defaults: background scans, admission reports and their aggregation into
 	// PolicyReports (wgpolicyk8s.io; openreports off), events other than violations omitted.
 	k.reports = k.newProcess(t, "reports-controller", ReportsServiceAccount, reportsPod, ReportsDeployment,
 		"--metricsHost=127.0.0.1", "--metricsPort="+port(freeAddr(t)),
 		"--omitEvents=PolicyApplied,PolicySkipped",
+		exceptionFlags[0], exceptionFlags[1],
 	)
 	k.admission.start(t)
 	k.background.start(t)

@@ -67,6 +67,7 @@ func installObjects() []client.Object {
 	admissionLabels, backgroundLabels, reportsLabels := componentLabels("admission-controller"), componentLabels("background-controller"), componentLabels("reports-controller")
 	objs := []client.Object{
 		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: Namespace}},
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ExceptionNamespace}},
 		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: AdmissionServiceAccount, Namespace: Namespace, Labels: admissionLabels}},
 		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: BackgroundServiceAccount, Namespace: Namespace, Labels: backgroundLabels}},
 		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: ReportsServiceAccount, Namespace: Namespace, Labels: reportsLabels}},

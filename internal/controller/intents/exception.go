@@ -1,0 +1,591 @@
+package intents
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	ctrl "sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
+
+	intentv1alpha1 "github.com/quartermaster-dev/quartermaster/api/intent/v1alpha1"
+	securityv1alpha1 "github.com/quartermaster-dev/quartermaster/api/security/v1alpha1"
+	"github.com/quartermaster-dev/quartermaster/internal/controller/owned"
+	"github.com/quartermaster-dev/quartermaster/internal/controller/status"
+	"github.com/quartermaster-dev/quartermaster/internal/intent"
+)
+
+// Exceptions: a SecurityIntentException (security.quartermaster.dev, namespaced) exempts some
+// workloads from one SecurityIntent until its expiry, with an owner and a reason. It becomes
+// Kyverno's own PolicyException (kyverno.io/v2) in the one namespace where Kyverno accepts them
+// (--intents-exception-namespace, Kyverno's --exceptionNamespace), naming the intent's Kyverno
+// policies that apply to the exempted namespaces, every rule of each. What the API server cannot
+// check is refused here before anything is written, the failed check named in the Stalled
+// condition: exceptions not enabled by the platform, an expiry past or beyond
+// --intents-exception-max-ttl after the exception's creation, other namespaces from a namespace the
+// platform has not named (--intents-exception-admin-namespaces), every workload of every namespace
+// unless --intents-exception-allow-everything, a SecurityIntent that does not exist, or one whose
+// engines have nothing to exempt from (KubeArmor and NetworkPolicy have no exception of their own,
+// and Kyverno's mutate and generate rules no check: a binding's selector is how their workloads are
+// left out; exceptions exempt from the intents Kyverno validates, the ones its scans report on). At its expiry the PolicyException is deleted by this
+// controller (a requeue at that instant, and at every start), whatever Kyverno does with expiry;
+// the exception then stays, Stalled with reason Expired, as the record of what was allowed. In
+// the last --intents-exception-expiry-warning it is Ready with reason ExpiresSoon and a Warning
+// Event. Kyverno's reports say what it actually skipped: status.exempted counts the workloads
+// whose results for those policies are skipped under this PolicyException.
+
+// +kubebuilder:rbac:groups=security.quartermaster.dev,resources=securityintentexceptions,verbs=get;list;watch
+// +kubebuilder:rbac:groups=security.quartermaster.dev,resources=securityintentexceptions/status,verbs=patch
+// +kubebuilder:rbac:groups=kyverno.io,resources=policyexceptions,verbs=get;list;create;update;delete
+
+// PolicyExceptionKind is Kyverno's exception kind the controller writes.
+var PolicyExceptionKind = schema.GroupVersionKind{Group: "kyverno.io", Version: "v2", Kind: "PolicyException"}
+
+const (
+	// ExceptionAnnotation is on each PolicyException written: the namespace/name of the
+	// SecurityIntentException it carries (which objects are ours to write and delete).
+	ExceptionAnnotation = "security.quartermaster.dev/exception"
+	// managedByLabel marks the PolicyExceptions written, for the sweep of those left behind.
+	managedByLabel = "app.kubernetes.io/managed-by"
+	managedByValue = "quartermaster-intents"
+	// indexExceptionIntent indexes SecurityIntentExceptions by the intent they name.
+	indexExceptionIntent = "spec.intent"
+	// exceptionResync is how often an exception in force is looked at without a change (its
+	// PolicyException is read from the API server: someone's edit is repaired then).
+	exceptionResync = 10 * time.Minute
+)
+
+// exceptionReconciler makes each SecurityIntentException a Kyverno PolicyException and ends it at
+// its expiry.
+type exceptionReconciler struct {
+	*base
+	opts ExceptionOptions
+}
+
+func (r *exceptionReconciler) setup(mgr ctrl.Manager, opts controller.Options, impact []source.Source) (controller.Controller, error) {
+	b := builder.ControllerManagedBy(mgr)
+	for _, src := range impact {
+		b = b.WatchesRawSource(src)
+	}
+	changed := builder.WithPredicates(predicate.Or[client.Object](createOrDelete(), predicate.GenerationChangedPredicate{}))
+	return b.
+		Named("securityintentexception").
+		For(&securityv1alpha1.SecurityIntentException{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		// The intent's id and its bindings say which policies are exempted from.
+		Watches(&intentv1alpha1.SecurityIntent{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
+			return r.exceptionsNaming(ctx, o.GetName())
+		}), changed).
+		Watches(&intentv1alpha1.SecurityIntentBinding{}, handler.EnqueueRequestsFromMapFunc(r.exceptionsOfBinding), changed).
+		Watches(&intentv1alpha1.ClusterSecurityIntentBinding{}, handler.EnqueueRequestsFromMapFunc(r.exceptionsOfBinding), changed).
+		WithOptions(opts).
+		Build(r)
+}
+
+// exceptionsNaming are the requests of the exceptions naming the intent.
+func (b *base) exceptionsNaming(ctx context.Context, intentName string) []reconcile.Request {
+	list := &securityv1alpha1.SecurityIntentExceptionList{}
+	if err := b.client.List(ctx, list, client.MatchingFields{indexExceptionIntent: intentName}, client.UnsafeDisableDeepCopy); err != nil {
+		return nil
+	}
+	reqs := make([]reconcile.Request, 0, len(list.Items))
+	for i := range list.Items {
+		reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])})
+	}
+	return reqs
+}
+
+func (r *exceptionReconciler) exceptionsOfBinding(ctx context.Context, obj client.Object) []reconcile.Request {
+	var reqs []reconcile.Request
+	for _, req := range intentsNamed(ctx, obj) {
+		reqs = append(reqs, r.exceptionsNaming(ctx, req.Name)...)
+	}
+	return reqs
+}
+
+// reportsForExceptions picks, of a report's targets, the exceptions of the intents it is about.
+func (b *base) reportsForExceptions(ctx context.Context, _, _ []client.ObjectKey, intents []string) []client.ObjectKey {
+	var out []client.ObjectKey
+	for _, n := range intents {
+		for _, req := range b.exceptionsNaming(ctx, n) {
+			out = append(out, req.NamespacedName)
+		}
+	}
+	return out
+}
+
+// Reconcile brings one exception's PolicyException about, or removes it.
+func (r *exceptionReconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	exc := &securityv1alpha1.SecurityIntentException{}
+	if err := r.client.Get(ctx, req.NamespacedName, exc); err != nil {
+		if apierrors.IsNotFound(err) {
+			return reconcile.Result{}, r.removePolicyException(ctx, req.NamespacedName)
+		}
+		return reconcile.Result{}, err
+	}
+	if !exc.DeletionTimestamp.IsZero() {
+		return reconcile.Result{}, r.removePolicyException(ctx, req.NamespacedName)
+	}
+	before := exc.DeepCopy()
+	o, err := r.exempt(ctx, exc)
+	if err != nil {
+		o = status.Transient("Error", err.Error(), err)
+	}
+	return r.step().End(ctx, exc, before, status.Reported{Conditions: &exc.Status.Conditions, ObservedGeneration: &exc.Status.ObservedGeneration}, o)
+}
+
+// refusal is a check an exception failed: nothing is exempted, and what was is no longer.
+type refusal struct{ reason, message string }
+
+// checkException is every check of an exception that needs no other object, in order: the first
+// failed one, or nil. now is the controller's clock.
+func checkException(exc *securityv1alpha1.SecurityIntentException, o ExceptionOptions, now time.Time) *refusal {
+	spec := exc.Spec
+	if o.Namespace == "" {
+		return &refusal{"ExceptionsDisabled", "the platform has not enabled exceptions: the manager's --intents-exception-namespace " +
+			"(chart intents.exceptions.namespace) names the namespace where Kyverno accepts PolicyExceptions"}
+	}
+	if !spec.Expires.After(now) {
+		return &refusal{"Expired", fmt.Sprintf("expired at %s (owner %s): the workloads are subject to SecurityIntent %s again; "+
+			"a new exception (with its own review) exempts them anew", spec.Expires.UTC().Format(time.RFC3339), spec.Owner, spec.Intent)}
+	}
+	if latest := exc.CreationTimestamp.Add(o.MaxTTL); spec.Expires.After(latest) {
+		return &refusal{"ExpiryBeyondMaximum", fmt.Sprintf("spec.expires %s is later than the platform allows: at most %s after the exception's creation, %s (--intents-exception-max-ttl)",
+			spec.Expires.UTC().Format(time.RFC3339), o.MaxTTL, latest.UTC().Format(time.RFC3339))}
+	}
+	namespaces := exemptedNamespaces(exc)
+	if slices.ContainsFunc(namespaces, func(ns string) bool { return ns != exc.Namespace }) && !slices.Contains(o.AdminNamespaces, exc.Namespace) {
+		allowed := "no namespace"
+		if len(o.AdminNamespaces) > 0 {
+			allowed = "only " + strings.Join(o.AdminNamespaces, ", ")
+		}
+		return &refusal{"NamespaceNotAllowed", fmt.Sprintf("spec.workloads.namespaces %v: an exception in %s exempts only workloads of %s; "+
+			"exceptions for other namespaces are made in a namespace the platform names (%s, --intents-exception-admin-namespaces)",
+			namespaces, exc.Namespace, exc.Namespace, allowed)}
+	}
+	selector, err := metav1.LabelSelectorAsSelector(&spec.Workloads.Selector)
+	if err != nil {
+		return &refusal{"InvalidSelector", "spec.workloads.selector: " + err.Error()}
+	}
+	if slices.Contains(namespaces, "*") && selector.Empty() && !o.AllowEverything {
+		return &refusal{"ExemptsEverything", "spec.workloads: namespaces [\"*\"] with an empty selector exempts every workload of the cluster, " +
+			"which the platform does not allow (--intents-exception-allow-everything); name the namespaces or select the workloads by label"}
+	}
+	return nil
+}
+
+// exemptedNamespaces are the namespaces the exception exempts workloads of ("*": all).
+func exemptedNamespaces(exc *securityv1alpha1.SecurityIntentException) []string {
+	if len(exc.Spec.Workloads.Namespaces) == 0 {
+		return []string{exc.Namespace}
+	}
+	return exc.Spec.Workloads.Namespaces
+}
+
+// exempt brings the exception's PolicyException to its spec (or removes it when the exception
+// is refused or has nothing to exempt), and says so.
+func (r *exceptionReconciler) exempt(ctx context.Context, exc *securityv1alpha1.SecurityIntentException) (status.Outcome, error) {
+	now := r.now().Time
+	st := &exc.Status
+	refuse := func(ref refusal) (status.Outcome, error) {
+		if err := r.removePolicyException(ctx, client.ObjectKeyFromObject(exc)); err != nil {
+			return status.Outcome{}, err
+		}
+		st.PolicyException, st.Policies, st.Exempted = "", nil, nil
+		return status.WaitsForPerson(ref.reason, ref.message, 0), nil
+	}
+	if ref := checkException(exc, r.opts, now); ref != nil {
+		return refuse(*ref)
+	}
+	si := &intentv1alpha1.SecurityIntent{}
+	if err := r.client.Get(ctx, client.ObjectKey{Name: exc.Spec.Intent}, si); apierrors.IsNotFound(err) {
+		return refuse(refusal{"IntentNotFound", fmt.Sprintf("SecurityIntent %s does not exist: nothing is exempted until it does", exc.Spec.Intent)})
+	} else if err != nil {
+		return status.Outcome{}, err
+	}
+	id := si.Spec.Intent.ID
+	namespaced, cluster := hasKyverno(intent.Implementations[id]), hasKyverno(intent.ClusterImplementations[id])
+	if intent.Scanned[id] != intent.Kyverno {
+		// Exceptions exempt from Kyverno's validate rules, the ones its scans report on.
+		engines := slices.Concat(intent.Implementations[id], intent.ClusterImplementations[id])
+		slices.Sort(engines)
+		why := fmt.Sprintf("is enforced by %s, which has no exception of its own", orNone(joinEngines(slices.Compact(engines))))
+		if namespaced || cluster {
+			why = "has Kyverno policies that mutate or generate rather than validate: there is no check to exempt a workload from"
+		}
+		return refuse(refusal{"NoEngineException", fmt.Sprintf("SecurityIntent %s (%s) %s; leave the workloads out of the bindings' selectors instead", si.Name, id, why)})
+	}
+	if !r.engines.enabled(intent.Kyverno) {
+		return refuse(refusal{"EngineDisabled", "Kyverno, whose PolicyException carries the exemption, is disabled by the manager's --intents-engines"})
+	}
+	if !r.engines.has(intent.Kyverno) {
+		return status.Progressing("EngineNotInstalled", "Kyverno is not installed: its PolicyException is written once it is", engineRecheck), nil
+	}
+	policies, err := r.exemptedPolicies(ctx, exc, si.Name, id, namespaced, cluster)
+	if err != nil {
+		return status.Outcome{}, err
+	}
+	until := exc.Spec.Expires.Sub(now)
+	if len(policies) == 0 {
+		if err := r.removePolicyException(ctx, client.ObjectKeyFromObject(exc)); err != nil {
+			return status.Outcome{}, err
+		}
+		st.PolicyException, st.Policies, st.Exempted = "", nil, nil
+		o := status.Healthy("NothingToExempt", fmt.Sprintf("no binding applies SecurityIntent %s to these workloads' namespaces: nothing to exempt from "+
+			"(a PolicyException is written when one does); expires %s", si.Name, exc.Spec.Expires.UTC().Format(time.RFC3339)), 0)
+		o.RequeueAfter = until + time.Second
+		return o, nil
+	}
+	want, err := r.policyException(exc, policies)
+	if err != nil {
+		return status.Outcome{}, err
+	}
+	key := client.ObjectKeyFromObject(exc).String()
+	w := &owned.Writer{Client: r.client, Reader: r.apiReader, APIReader: r.apiReader}
+	did, _, err := w.Ensure(ctx, want, owned.Options{Claims: func(current client.Object) bool {
+		return current.GetAnnotations()[ExceptionAnnotation] == key
+	}})
+	switch {
+	case err != nil && rejected(err):
+		st.PolicyException, st.Exempted = "", nil
+		return status.WaitsForPerson("Rejected", "Kyverno's PolicyException is refused: "+err.Error(), conflictRetry), nil
+	case err != nil:
+		return status.Outcome{}, err
+	case did == owned.Terminating:
+		return status.Progressing("NamespaceTerminating", "the exception namespace "+r.opts.Namespace+" is being deleted", conflictRetry), nil
+	case did == owned.Taken:
+		st.PolicyException, st.Exempted = "", nil
+		return status.WaitsForPerson("Conflict", fmt.Sprintf("PolicyException %s/%s exists and does not carry this exception; it is left alone",
+			want.GetNamespace(), want.GetName()), conflictRetry), nil
+	case did != owned.Unchanged:
+		r.recorder.Eventf(exc, nil, corev1.EventTypeNormal, "PolicyException"+strings.ToUpper(string(did[:1]))+string(did[1:]), "Exempt",
+			"%s Kyverno PolicyException %s/%s exempting from %s", did, want.GetNamespace(), want.GetName(), strings.Join(entriesOf(policies), ", "))
+	}
+	st.PolicyException = want.GetNamespace() + "/" + want.GetName()
+	st.Policies = entriesOf(policies)
+	exempted, readable, err := r.exempted(ctx, policies, want.GetName())
+	if err != nil {
+		return status.Outcome{}, err
+	}
+	seen := "Kyverno's reports cannot be read (see the intent's impact)"
+	st.Exempted = nil
+	if readable {
+		st.Exempted = ptr.To(exempted)
+		seen = fmt.Sprintf("Kyverno's reports show %d workloads skipped under it", exempted)
+	}
+	msg := fmt.Sprintf("Kyverno's PolicyException %s exempts the workloads from %s until %s (owner %s); %s",
+		st.PolicyException, strings.Join(st.Policies, ", "), exc.Spec.Expires.UTC().Format(time.RFC3339), exc.Spec.Owner, seen)
+	var o status.Outcome
+	if until <= r.opts.Warning {
+		o = status.Healthy("ExpiresSoon", "expires in "+until.Round(time.Minute).String()+": "+msg, 0)
+		o.EventType = corev1.EventTypeWarning
+		o.RequeueAfter = min(until+time.Second, exceptionResync)
+	} else {
+		o = status.Healthy("Exempting", msg, 0)
+		o.RequeueAfter = min(until-r.opts.Warning+time.Second, exceptionResync)
+	}
+	if did != owned.Unchanged && o.Reason == "Exempting" {
+		o = o.Silenced() // the write's Event said it
+	}
+	return o, nil
+}
+
+func hasKyverno(engines []intent.Engine) bool { return slices.Contains(engines, intent.Kyverno) }
+
+func orNone(s string) string {
+	if s == "" {
+		return "no engine"
+	}
+	return s
+}
+
+// exemptedPolicies are the intent's Kyverno policies that apply to the exception's namespaces:
+// the namespaced Policy of each SecurityIntentBinding naming it there, the ClusterPolicy of each
+// ClusterSecurityIntentBinding naming it, by their key in Kyverno's results, sorted.
+func (r *exceptionReconciler) exemptedPolicies(ctx context.Context, exc *securityv1alpha1.SecurityIntentException, intentName, id string, namespaced, cluster bool) ([]scannedPolicy, error) {
+	namespaces := exemptedNamespaces(exc)
+	var out []scannedPolicy
+	if namespaced {
+		sibs := &intentv1alpha1.SecurityIntentBindingList{}
+		if err := r.client.List(ctx, sibs, client.MatchingFields{indexIntents: intentName}, client.UnsafeDisableDeepCopy); err != nil {
+			return nil, err
+		}
+		for _, sib := range sibs.Items {
+			if slices.Contains(namespaces, "*") || slices.Contains(namespaces, sib.Namespace) {
+				_, key, _, _ := kyvernoPolicy(sib.Namespace, intent.PolicyName(sib.Name, id))
+				out = append(out, scannedPolicy{key: key, entry: "KyvernoPolicy/" + key})
+			}
+		}
+	}
+	if cluster {
+		csibs := &intentv1alpha1.ClusterSecurityIntentBindingList{}
+		if err := r.client.List(ctx, csibs, client.MatchingFields{indexIntents: intentName}, client.UnsafeDisableDeepCopy); err != nil {
+			return nil, err
+		}
+		for _, csib := range csibs.Items {
+			_, key, entry, _ := kyvernoPolicy("", intent.PolicyName(csib.Name, id))
+			out = append(out, scannedPolicy{key: key, entry: entry})
+		}
+	}
+	slices.SortFunc(out, func(a, b scannedPolicy) int { return strings.Compare(a.key, b.key) })
+	return slices.CompactFunc(out, func(a, b scannedPolicy) bool { return a.key == b.key }), nil
+}
+
+func entriesOf(policies []scannedPolicy) []string {
+	out := make([]string, 0, len(policies))
+	for _, p := range policies {
+		out = append(out, p.entry)
+	}
+	return out
+}
+
+// PolicyExceptionName is the name of the PolicyException carrying the exception namespace/name:
+// both joined by a dot (a namespace has none, so no two exceptions share it), hashed when longer
+// than a name may be.
+func PolicyExceptionName(namespace, name string) string {
+	s := namespace + "." + name
+	if len(s) <= 253 {
+		return s
+	}
+	sum := sha256.Sum256([]byte(s))
+	return strings.TrimRight(s[:236], ".-") + "-" + hex.EncodeToString(sum[:])[:16]
+}
+
+// policyException is the Kyverno PolicyException the exception becomes: every rule of each of
+// the policies, for the workloads of the exempted namespaces its selector picks, in background
+// scans too.
+func (r *exceptionReconciler) policyException(exc *securityv1alpha1.SecurityIntentException, policies []scannedPolicy) (*unstructured.Unstructured, error) {
+	resources := map[string]any{}
+	if namespaces := exemptedNamespaces(exc); !slices.Contains(namespaces, "*") {
+		resources["namespaces"] = toAny(namespaces)
+	}
+	if sel := exc.Spec.Workloads.Selector; len(sel.MatchLabels)+len(sel.MatchExpressions) > 0 {
+		m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(&sel)
+		if err != nil {
+			return nil, err
+		}
+		resources["selector"] = m
+	}
+	exceptions := make([]any, 0, len(policies))
+	for _, p := range policies {
+		exceptions = append(exceptions, map[string]any{"policyName": p.key, "ruleNames": []any{"*"}})
+	}
+	pe := &unstructured.Unstructured{Object: map[string]any{
+		"spec": map[string]any{
+			"background": true,
+			"exceptions": exceptions,
+			"match":      map[string]any{"any": []any{map[string]any{"resources": resources}}},
+		},
+	}}
+	pe.SetGroupVersionKind(PolicyExceptionKind)
+	pe.SetNamespace(r.opts.Namespace)
+	pe.SetName(PolicyExceptionName(exc.Namespace, exc.Name))
+	pe.SetLabels(map[string]string{managedByLabel: managedByValue})
+	pe.SetAnnotations(map[string]string{
+		ExceptionAnnotation:                  client.ObjectKeyFromObject(exc).String(),
+		"security.quartermaster.dev/owner":   exc.Spec.Owner,
+		"security.quartermaster.dev/expires": exc.Spec.Expires.UTC().Format(time.RFC3339),
+		"security.quartermaster.dev/intent":  exc.Spec.Intent,
+		"security.quartermaster.dev/reason":  exc.Spec.Reason,
+	})
+	return pe, nil
+}
+
+func toAny(ss []string) []any {
+	out := make([]any, 0, len(ss))
+	for _, s := range ss {
+		out = append(out, s)
+	}
+	return out
+}
+
+// removePolicyException deletes the PolicyException carrying the exception key, when there is
+// one and it carries that exception.
+func (b *base) removePolicyException(ctx context.Context, key client.ObjectKey) error {
+	ns := b.exceptionNamespace
+	if ns == "" {
+		return nil
+	}
+	pe := &unstructured.Unstructured{}
+	pe.SetGroupVersionKind(PolicyExceptionKind)
+	err := b.apiReader.Get(ctx, client.ObjectKey{Namespace: ns, Name: PolicyExceptionName(key.Namespace, key.Name)}, pe)
+	if apierrors.IsNotFound(err) || meta404(err) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if pe.GetAnnotations()[ExceptionAnnotation] != key.String() {
+		return nil // someone else's: left alone (the exception's status said Conflict)
+	}
+	return client.IgnoreNotFound(b.client.Delete(ctx, pe, client.Preconditions{UID: new(pe.GetUID())}))
+}
+
+// meta404 reports an error that says the kind is not served (Kyverno not installed): there is no
+// PolicyException to remove then.
+func meta404(err error) bool {
+	return err != nil && (strings.Contains(err.Error(), "no matches for kind") || apierrors.IsNotFound(err))
+}
+
+// exempted counts the workloads Kyverno's reports say it skipped, for any of the policies, under
+// the PolicyException named pe; readable is false while the reports cannot be read.
+func (b *base) exempted(ctx context.Context, policies []scannedPolicy, pe string) (int32, bool, error) {
+	if !b.reports.current().readable {
+		return 0, false, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, reportReadTimeout)
+	defer cancel()
+	seen := map[string]bool{}
+	for _, p := range policies {
+		list := newPolicyReportList()
+		if err := b.reports.cache.List(ctx, list, client.MatchingFields{indexReportPolicies: p.key}, client.UnsafeDisableDeepCopy); err != nil {
+			return 0, false, err
+		}
+		for i := range list.Items {
+			u := &list.Items[i]
+			for _, res := range resultsOf(u) {
+				if res.policy == p.key && res.outcome == "skip" && slices.Contains(strings.Split(res.exceptions, ","), pe) {
+					w := workloadOf(u)
+					seen[w.Namespace+"/"+w.Kind+"/"+w.Name] = true
+				}
+			}
+		}
+	}
+	return int32(len(seen)), true, nil //nolint:gosec // a count of cached reports
+}
+
+// wakeExceptions sends every exception to its controller (Kyverno appeared: their PolicyExceptions
+// can be written now).
+func (b *base) wakeExceptions(ctx context.Context, ch chan<- event.GenericEvent) error {
+	list := &securityv1alpha1.SecurityIntentExceptionList{}
+	if err := b.client.List(ctx, list); err != nil {
+		return err
+	}
+	for i := range list.Items {
+		if !send(ctx, ch, &list.Items[i]) {
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+// exceptionSweep deletes, once each time the controller leads, the PolicyExceptions it wrote for
+// exceptions deleted while no manager ran (a running one deletes them at once).
+type exceptionSweep struct {
+	*base
+}
+
+func (s exceptionSweep) NeedLeaderElection() bool { return true }
+
+func (s exceptionSweep) Start(ctx context.Context) error {
+	if s.exceptionNamespace == "" {
+		return nil
+	}
+	list := &unstructured.UnstructuredList{}
+	list.SetGroupVersionKind(PolicyExceptionKind.GroupVersion().WithKind("PolicyExceptionList"))
+	if err := s.apiReader.List(ctx, list, client.InNamespace(s.exceptionNamespace), client.MatchingLabels{managedByLabel: managedByValue}); err != nil {
+		if meta404(err) {
+			return nil // Kyverno is not installed: nothing was written
+		}
+		s.engines.log.Error(err, "PolicyExceptions left by deleted SecurityIntentExceptions could not be listed; each is deleted when its exception's name is reconciled")
+		return nil
+	}
+	for i := range list.Items {
+		nsName := list.Items[i].GetAnnotations()[ExceptionAnnotation]
+		ns, name, ok := strings.Cut(nsName, "/")
+		if !ok {
+			continue
+		}
+		exc := &securityv1alpha1.SecurityIntentException{}
+		err := s.apiReader.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, exc)
+		if !apierrors.IsNotFound(err) {
+			continue // it exists (its reconcile keeps its PolicyException), or cannot be read now
+		}
+		if err := s.removePolicyException(ctx, client.ObjectKey{Namespace: ns, Name: name}); err != nil {
+			s.engines.log.Error(err, "a PolicyException left by a deleted SecurityIntentException could not be deleted", "exception", nsName)
+		}
+	}
+	return nil
+}
+
+// exceptionShown passes the changes of an exception that its intent's status shows.
+func exceptionShown() predicate.Predicate {
+	return predicate.Funcs{
+		UpdateFunc: func(e event.UpdateEvent) bool {
+			a, ok1 := e.ObjectOld.(*securityv1alpha1.SecurityIntentException)
+			b, ok2 := e.ObjectNew.(*securityv1alpha1.SecurityIntentException)
+			if !ok1 || !ok2 {
+				return true
+			}
+			return a.Spec.Intent != b.Spec.Intent || !equalShown(summarize(a), summarize(b))
+		},
+	}
+}
+
+// summarize is how an intent's status shows the exception.
+func summarize(exc *securityv1alpha1.SecurityIntentException) intentv1alpha1.IntentException {
+	return intentv1alpha1.IntentException{
+		Name: exc.Namespace + "/" + exc.Name, Owner: exc.Spec.Owner, Expires: exc.Spec.Expires,
+		State: status.ReadyReason(exc.Status.Conditions), Exempted: exc.Status.Exempted,
+	}
+}
+
+func equalShown(a, b intentv1alpha1.IntentException) bool {
+	return a.Name == b.Name && a.Owner == b.Owner && a.Expires.Equal(&b.Expires) && a.State == b.State && ptr.Equal(a.Exempted, b.Exempted)
+}
+
+// exceptionsOf maps an exception to the intent it names.
+func exceptionsOf(_ context.Context, obj client.Object) []reconcile.Request {
+	exc, ok := obj.(*securityv1alpha1.SecurityIntentException)
+	if !ok {
+		return nil
+	}
+	return []reconcile.Request{{NamespacedName: client.ObjectKey{Name: exc.Spec.Intent}}}
+}
+
+// intentExceptions are the exceptions naming the intent, as its status lists them (the first
+// MaxListedExceptions by namespace/name).
+func (b *base) intentExceptions(ctx context.Context, name string) ([]intentv1alpha1.IntentException, error) {
+	list := &securityv1alpha1.SecurityIntentExceptionList{}
+	if err := b.client.List(ctx, list, client.MatchingFields{indexExceptionIntent: name}, client.UnsafeDisableDeepCopy); err != nil {
+		return nil, err
+	}
+	out := make([]intentv1alpha1.IntentException, 0, len(list.Items))
+	for i := range list.Items {
+		out = append(out, summarize(&list.Items[i]))
+	}
+	slices.SortFunc(out, func(a, b intentv1alpha1.IntentException) int { return strings.Compare(a.Name, b.Name) })
+	if len(out) == 0 {
+		return nil, nil
+	}
+	return out[:min(len(out), intentv1alpha1.MaxListedExceptions)], nil
+}
+
+// exceptionState is the state quartermaster_objects counts an exception in: expiring (Ready, in
+// its last --intents-exception-expiry-warning) and expired beside ready, stalled and reconciling.
+func exceptionState(obj client.Object) string {
+	switch status.ReadyReason(status.ConditionsOf(obj)) {
+	case "ExpiresSoon":
+		return "expiring"
+	case "Expired":
+		return "expired"
+	}
+	return status.ConditionState(obj)
+}

@@ -1,0 +1,184 @@
+package intents
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
+
+	intentv1alpha1 "github.com/quartermaster-dev/quartermaster/api/intent/v1alpha1"
+	securityv1alpha1 "github.com/quartermaster-dev/quartermaster/api/security/v1alpha1"
+	"github.com/quartermaster-dev/quartermaster/internal/controller/status"
+	"github.com/quartermaster-dev/quartermaster/internal/testing/enginecrds"
+)
+
+// TestCheckException walks every check of an exception that needs no other object: each refusal
+// names the failed check (and the flag that sets it), the first failed one wins, and an exception
+// within the platform's rules passes.
+func TestCheckException(t *testing.T) {
+	created := time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC)
+	now := created.Add(time.Hour)
+	opts := ExceptionOptions{Namespace: "kyverno-exceptions", MaxTTL: 72 * time.Hour, Warning: 24 * time.Hour, AdminNamespaces: []string{"platform"}}
+	exc := func(ns string, expires time.Time, namespaces []string, selector metav1.LabelSelector) *securityv1alpha1.SecurityIntentException {
+		return &securityv1alpha1.SecurityIntentException{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "e", CreationTimestamp: metav1.NewTime(created)},
+			Spec: securityv1alpha1.SecurityIntentExceptionSpec{Intent: "escape", Owner: "team", Reason: "a vendor image",
+				Expires: metav1.NewTime(expires), Workloads: securityv1alpha1.ExemptedWorkloads{Selector: selector, Namespaces: namespaces}},
+		}
+	}
+	legacy := metav1.LabelSelector{MatchLabels: map[string]string{"legacy": "true"}}
+	everything := metav1.LabelSelector{}
+	for _, tc := range []struct {
+		name   string
+		exc    *securityv1alpha1.SecurityIntentException
+		opts   func(*ExceptionOptions)
+		reason string // "" passes
+		says   string
+	}{
+		{"within the rules", exc("shop", created.Add(48*time.Hour), nil, legacy), nil, "", ""},
+		{"its own namespace named", exc("shop", created.Add(48*time.Hour), []string{"shop"}, everything), nil, "", ""},
+		{"exceptions not enabled", exc("shop", created.Add(48*time.Hour), nil, legacy), func(o *ExceptionOptions) { o.Namespace = "" }, "ExceptionsDisabled", "--intents-exception-namespace"},
+		{"expired", exc("shop", now, nil, legacy), nil, "Expired", "expired at 2026-11-01T13:00:00Z (owner team)"},
+		{"expired first of all", exc("shop", now.Add(-time.Second), []string{"*"}, everything), nil, "Expired", "expired at"},
+		{"beyond the maximum", exc("shop", created.Add(72*time.Hour+time.Second), nil, legacy), nil, "ExpiryBeyondMaximum", "at most 72h0m0s after the exception's creation, 2026-11-04T12:00:00Z (--intents-exception-max-ttl)"},
+		{"at the maximum", exc("shop", created.Add(72*time.Hour), nil, legacy), nil, "", ""},
+		{"another namespace", exc("shop", created.Add(48*time.Hour), []string{"db"}, legacy), nil, "NamespaceNotAllowed", "made in a namespace the platform names (only platform, --intents-exception-admin-namespaces)"},
+		{"every namespace", exc("shop", created.Add(48*time.Hour), []string{"*"}, legacy), nil, "NamespaceNotAllowed", "exempts only workloads of shop"},
+		{"no admin namespace", exc("shop", created.Add(48*time.Hour), []string{"db"}, legacy), func(o *ExceptionOptions) { o.AdminNamespaces = nil }, "NamespaceNotAllowed", "(no namespace,"},
+		{"an admin namespace, another namespace", exc("platform", created.Add(48*time.Hour), []string{"db", "shop"}, everything), nil, "", ""},
+		{"an admin namespace, every namespace by label", exc("platform", created.Add(48*time.Hour), []string{"*"}, legacy), nil, "", ""},
+		{"everything", exc("platform", created.Add(48*time.Hour), []string{"*"}, everything), nil, "ExemptsEverything", "--intents-exception-allow-everything"},
+		{"everything, allowed", exc("platform", created.Add(48*time.Hour), []string{"*"}, everything), func(o *ExceptionOptions) { o.AllowEverything = true }, "", ""},
+		{"a selector the API server cannot parse", exc("shop", created.Add(48*time.Hour), nil, metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "a", Operator: "Near"}}}), nil, "InvalidSelector", "spec.workloads.selector"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := opts
+			if tc.opts != nil {
+				tc.opts(&o)
+			}
+			got := checkException(tc.exc, o, now)
+			switch {
+			case tc.reason == "" && got != nil:
+				t.Errorf("refused: %s: %s", got.reason, got.message)
+			case tc.reason != "" && got == nil:
+				t.Errorf("passed; want %s", tc.reason)
+			case tc.reason != "" && (got.reason != tc.reason || !strings.Contains(got.message, tc.says)):
+				t.Errorf("refused %s: %s; want %s saying %q", got.reason, got.message, tc.reason, tc.says)
+			}
+		})
+	}
+}
+
+// TestPolicyExceptionName: one name per exception, a valid object name however long its parts.
+func TestPolicyExceptionName(t *testing.T) {
+	if got := PolicyExceptionName("shop", "legacy.v1"); got != "shop.legacy.v1" {
+		t.Errorf("got %q", got)
+	}
+	long := strings.Repeat("a", 253)
+	a, b := PolicyExceptionName("shop", long), PolicyExceptionName("shop", long[:252]+"b")
+	if len(a) > 253 || len(b) > 253 || a == b || strings.HasSuffix(a[:237], ".") {
+		t.Errorf("long names: %q (%d), %q (%d)", a, len(a), b, len(b))
+	}
+}
+
+// TestExceptionLifecycle walks a SecurityIntentException through what needs no running Kyverno
+// (the e2e runs the real one, which honours it): EngineNotInstalled until Kyverno's kinds are
+// served, woken when they are; NothingToExempt until a binding applies the intent in its
+// namespace; then the PolicyException the controller writes, with the exception's status and the
+// intent's list of its exceptions; and, deleted while no manager runs, its PolicyException deleted
+// by the next manager's sweep.
+func TestExceptionLifecycle(t *testing.T) {
+	ctx := context.Background()
+	f := start(t)
+	f.namespace(t, "exc")
+	f.namespace(t, testExceptions.Namespace)
+	f.intent(t, "exc-escape", "escapeToHost", nil)
+	expires := metav1.NewTime(time.Now().Add(3 * time.Hour).Truncate(time.Second))
+	exc := &securityv1alpha1.SecurityIntentException{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "exc", Name: "legacy"},
+		Spec: securityv1alpha1.SecurityIntentExceptionSpec{Intent: "exc-escape", Owner: "team-web", Reason: "a vendor image needs it",
+			Expires: expires, Workloads: securityv1alpha1.ExemptedWorkloads{Selector: metav1.LabelSelector{MatchLabels: map[string]string{"legacy": "true"}}}},
+	}
+	must(t, f.c.Create(ctx, exc))
+	waitReason := func(t *testing.T, reason string) {
+		t.Helper()
+		eventually(t, "the exception "+reason, func() (bool, string) {
+			f.get(t, exc)
+			got := status.ReadyReason(exc.Status.Conditions)
+			c := meta.FindStatusCondition(exc.Status.Conditions, status.Ready)
+			return got == reason && c.ObservedGeneration == exc.Generation, fmt.Sprintf("%+v", c)
+		})
+	}
+	peKey := client.ObjectKey{Namespace: testExceptions.Namespace, Name: "exc.legacy"}
+	policyException := func() (*unstructured.Unstructured, error) {
+		pe := &unstructured.Unstructured{}
+		pe.SetGroupVersionKind(PolicyExceptionKind)
+		return pe, f.c.Get(ctx, peKey, pe)
+	}
+
+	t.Run("Kyverno not installed: waiting for it", func(t *testing.T) {
+		waitReason(t, "EngineNotInstalled")
+	})
+	t.Run("Kyverno installed, the intent not bound in the namespace: nothing to exempt", func(t *testing.T) {
+		dir := enginecrds.Dir(t, enginecrds.KyvernoModule, []string{"config/crds/kyverno/kyverno.io_policyexceptions.yaml"})
+		b, err := os.ReadFile(filepath.Join(dir, "kyverno.io_policyexceptions.yaml"))
+		must(t, err)
+		crd := &apiextensionsv1.CustomResourceDefinition{}
+		must(t, yaml.Unmarshal(b, crd))
+		must(t, f.c.Create(ctx, crd))
+		f.installKyverno(t)
+		waitReason(t, "NothingToExempt") // woken when Kyverno appeared, not at the 5-minute recheck
+		if _, err := policyException(); !apierrors.IsNotFound(err) {
+			t.Errorf("nothing to exempt, but a PolicyException: %v", err)
+		}
+	})
+	t.Run("bound: Kyverno's PolicyException from the binding's policy, in the exception namespace", func(t *testing.T) {
+		f.binding(t, "exc", "web", map[string]string{"app": "web"}, "exc-escape")
+		waitReason(t, "Exempting")
+		pe, err := policyException()
+		must(t, err)
+		spec, _, _ := unstructured.NestedMap(pe.Object, "spec")
+		want := map[string]any{
+			"background": true,
+			"exceptions": []any{map[string]any{"policyName": "exc/web-escapetohost", "ruleNames": []any{"*"}}},
+			"match": map[string]any{"any": []any{map[string]any{"resources": map[string]any{
+				"namespaces": []any{"exc"}, "selector": map[string]any{"matchLabels": map[string]any{"legacy": "true"}}}}}},
+		}
+		if fmt.Sprint(spec) != fmt.Sprint(want) {
+			t.Errorf("PolicyException spec\n%v\nwant\n%v", spec, want)
+		}
+		if a := pe.GetAnnotations(); a[ExceptionAnnotation] != "exc/legacy" || a["security.quartermaster.dev/owner"] != "team-web" {
+			t.Errorf("PolicyException annotations %v", a)
+		}
+		if exc.Status.PolicyException != peKey.String() || fmt.Sprint(exc.Status.Policies) != "[KyvernoPolicy/exc/web-escapetohost]" || exc.Status.Exempted != nil {
+			t.Errorf("status %+v: want the PolicyException, the policy, and no exempted count (Kyverno's reports are not served)", exc.Status)
+		}
+		si := &intentv1alpha1.SecurityIntent{ObjectMeta: metav1.ObjectMeta{Name: "exc-escape"}}
+		eventually(t, "the intent to list its exception", func() (bool, string) {
+			f.get(t, si)
+			got := fmt.Sprintf("%+v", si.Status.Exceptions)
+			return len(si.Status.Exceptions) == 1 && si.Status.Exceptions[0].Name == "exc/legacy" && si.Status.Exceptions[0].Owner == "team-web" &&
+				si.Status.Exceptions[0].Expires.Equal(&expires) && si.Status.Exceptions[0].State == "Exempting", got
+		})
+	})
+	t.Run("deleted while no manager runs: the next manager's sweep deletes its PolicyException", func(t *testing.T) {
+		f.stop(t)
+		must(t, f.c.Delete(ctx, exc))
+		f.run(t)
+		eventually(t, "the PolicyException deleted", func() (bool, string) {
+			_, err := policyException()
+			return apierrors.IsNotFound(err), fmt.Sprint(err)
+		})
+	})
+}
