@@ -264,6 +264,7 @@ AWS_ENDPOINT_URL_IAM="${iam_url}" AWS_ENDPOINT_URL_STS="${iam_url}" AWS_REGION=u
 	--vsphere-secret=quartermaster-system/vcenter --vsphere-insecure \
 	--cluster-name=demo --oidc-issuer=https://oidc.eks.us-east-1.amazonaws.com/id/DEMO \
 	--allowed-policy-arns='arn:aws:iam::aws:policy/ReadOnlyAccess' \
+	--intents-exception-namespace=kyverno-exceptions \
 	${QM_DEMO_ARGS:-}
 manager_ready() { alive manager && curl -fsS "http://${probe_addr}/readyz"; }
 until_ok 30 "the manager to be ready" manager_ready || die "the manager did not become ready"
@@ -600,6 +601,33 @@ say "promotion to Block is refused while it would break something (quartermaster
 code=0
 out="$("${root}/bin/quartermaster" promote --kubeconfig "${kubeconfig}" escape-to-host-audit 2>&1)" || code=$?
 [[ ${code} == 2 && "${out}" == *legacy-agent* ]] || fail "promote: exit ${code}, want 2 naming legacy-agent: ${out}"
+show sed 's/^/  /' <<<"${out}"
+
+# An exception for the Pod (owner, reason, expiry): Kyverno's own PolicyException, in the namespace
+# Kyverno accepts them in (kyverno-exceptions, as its chart's features.policyExceptions); Kyverno's
+# rescan skips the Pod under it, the impact falls to 0, and the promotion goes through.
+kubectl apply --server-side -n "${intents_ns}" -f - >/dev/null <<YAML
+apiVersion: security.quartermaster.dev/v1alpha1
+kind: SecurityIntentException
+metadata: {name: legacy-agent}
+spec:
+  intent: escape-to-host-audit
+  workloads: {selector: {matchLabels: {app: legacy}}}
+  owner: team-legacy
+  reason: the vendor's agent needs privileged until its v2 ships
+  expires: "$(date -u -d '+7 days' +%Y-%m-%dT%H:%M:%SZ)"
+YAML
+exempted() { [[ "$(kubectl get sie -n "${intents_ns}" legacy-agent -o jsonpath='{.status.exempted}')" == "1" &&
+	"$(kubectl get si escape-to-host-audit -o jsonpath='{.status.impact.state} {.status.impact.violations}')" == "Current 0" ]]; }
+until_ok 120 "Kyverno to skip the Pod under the exception" exempted ||
+	fail "sie/legacy-agent: $(kubectl get sie -n "${intents_ns}" legacy-agent -o jsonpath='{.status}'); impact $(kubectl get si escape-to-host-audit -o jsonpath='{.status.impact}')"
+say "an exception with an owner, a reason and an expiry: Kyverno's own PolicyException, which Kyverno's reports say it skipped the Pod under (kubectl get sie):"
+show kubectl get sie -n "${intents_ns}" legacy-agent
+show kubectl get policyexceptions.kyverno.io -n kyverno-exceptions
+say "the intent's impact falls to 0, and the promotion goes through (quartermaster promote escape-to-host-audit):"
+code=0
+out="$("${root}/bin/quartermaster" promote --kubeconfig "${kubeconfig}" --timeout 2m escape-to-host-audit 2>&1)" || code=$?
+[[ ${code} == 0 && "${out}" == *"Block is in force"* ]] || fail "promote: exit ${code}, want 0 and Block in force: ${out}"
 show sed 's/^/  /' <<<"${out}"
 
 show echo

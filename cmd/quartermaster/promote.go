@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -16,7 +15,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -25,7 +23,6 @@ import (
 
 	intentv1alpha1 "github.com/quartermaster-dev/quartermaster/api/intent/v1alpha1"
 	"github.com/quartermaster-dev/quartermaster/internal/cli"
-	"github.com/quartermaster-dev/quartermaster/internal/intent"
 )
 
 func init() {
@@ -44,8 +41,8 @@ its policies, in every binding), at the intent's current generation:
     intent reports on existing workloads), or a policy Kyverno has not reported on yet (its scan
     not complete): refused (exit 2) unless --force, since nothing can say what Block would break;
   - none: the action is set to Block (guarded by the intent's resourceVersion: an edit meanwhile
-    refuses, run again), and the command waits until Block is in force: the intent Ready, and
-    each Kyverno policy generated for it Enforce and Ready in Kyverno.
+    refuses, run again), and the command waits until Block is in force: the intent Ready at the
+    new generation, which it is once every binding naming it has put that generation in force.
 An intent that is not Ready now is refused too (Block would not be in force either) unless --force.
 A workload admitted in the seconds between the check and Block taking effect is not refused; the
 impact read once Block is in force is printed, and any violation it lists is a warning.
@@ -184,7 +181,8 @@ func runPromote(ctx context.Context, c client.Client, o promoteOptions, out io.W
 	}
 	generation := si.Generation
 	fmt.Fprintf(out, "%s promoted (Audit → Block)\n", ref)
-	// Concluded at the new generation: Ready (Kyverno has the Enforce policy), or Stalled.
+	// Concluded at the new generation: Ready (every binding naming it has put this generation in
+	// force: Kyverno has the Enforce policies), or Stalled.
 	si, err = waitIntent(ctx, c, o.name, "Block to be in force (Ready at the new generation)", func(si *intentv1alpha1.SecurityIntent) bool {
 		ready := meta.FindStatusCondition(si.Status.Conditions, "Ready")
 		stalled := meta.FindStatusCondition(si.Status.Conditions, "Stalled")
@@ -198,96 +196,12 @@ func runPromote(ctx context.Context, c client.Client, o promoteOptions, out io.W
 	if ready.Status != metav1.ConditionTrue {
 		return fmt.Errorf("%s is Block but not in force: %s", ref, conditionText(ready))
 	}
-	// The intent's Ready is concluded from its bindings', which an action change alone does not
-	// move: the engine's own policies say when Block is in force.
-	policies, err := enforcing(ctx, c, si)
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(out, "Block is in force: %s; Kyverno enforces %s\n", ready.Message, strings.Join(policies, ", "))
+	fmt.Fprintf(out, "Block is in force: %s\n", ready.Message)
 	if imp := si.Status.Impact; imp != nil && imp.State == intentv1alpha1.ImpactCurrent && imp.Violations != nil && *imp.Violations > 0 {
 		fmt.Fprintf(out, "Warning: %d workloads admitted before Block took effect violate it:\n", *imp.Violations)
 		printViolating(out, imp)
 	}
 	return nil
-}
-
-// enforcing waits until every Kyverno policy generated for the intent (in each binding naming it)
-// validates with failureAction Enforce and Kyverno reports it Ready, and returns their names.
-func enforcing(ctx context.Context, c client.Client, si *intentv1alpha1.SecurityIntent) ([]string, error) {
-	var keys []client.ObjectKey // a Policy's namespace and name; "" namespace for a ClusterPolicy
-	sibs := &intentv1alpha1.SecurityIntentBindingList{}
-	if err := c.List(ctx, sibs); err != nil {
-		return nil, err
-	}
-	for _, b := range sibs.Items {
-		if slices.ContainsFunc(b.Spec.Intents, named(si.Name)) {
-			keys = append(keys, client.ObjectKey{Namespace: b.Namespace, Name: intent.PolicyName(b.Name, si.Spec.Intent.ID)})
-		}
-	}
-	csibs := &intentv1alpha1.ClusterSecurityIntentBindingList{}
-	if err := c.List(ctx, csibs); err != nil {
-		return nil, err
-	}
-	for _, b := range csibs.Items {
-		if slices.ContainsFunc(b.Spec.Intents, named(si.Name)) {
-			keys = append(keys, client.ObjectKey{Name: intent.PolicyName(b.Name, si.Spec.Intent.ID)})
-		}
-	}
-	var done []string
-	var waiting string
-	err := wait.PollUntilContextCancel(ctx, promotePoll, true, func(ctx context.Context) (bool, error) {
-		done = done[:0]
-		for _, k := range keys {
-			kind := "ClusterPolicy"
-			if k.Namespace != "" {
-				kind = "Policy"
-			}
-			p := &unstructured.Unstructured{}
-			p.SetAPIVersion("kyverno.io/v1")
-			p.SetKind(kind)
-			if err := c.Get(ctx, k, p); err != nil {
-				if apierrors.IsNotFound(err) || meta.IsNoMatchError(err) {
-					continue // not a Kyverno policy of this intent (another engine enforces it)
-				}
-				waiting = err.Error()
-				return false, nil //nolint:nilerr // named if the wait times out
-			}
-			if action := validateActions(p); action != "" && action != "Enforce" {
-				waiting = fmt.Sprintf("Kyverno %s %s still has failureAction %s", kind, k, action)
-				return false, nil
-			}
-			if ok, msg := intent.KyvernoPolicyStatus(p.Object); !ok {
-				waiting = fmt.Sprintf("Kyverno %s %s is not Ready: %s", kind, k, msg)
-				return false, nil
-			}
-			done = append(done, kind+" "+strings.TrimPrefix(k.String(), "/"))
-		}
-		return true, nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("timed out waiting for Kyverno to enforce the intent's policies (--timeout): %s", waiting)
-	}
-	if len(done) == 0 {
-		return []string{"no Kyverno policy (its other engines enforce it)"}, nil
-	}
-	return done, nil
-}
-
-// validateActions is the failureAction of a Kyverno policy's first validate rule ("" without one);
-// a generated policy's validate rules all have the intent's.
-func validateActions(p *unstructured.Unstructured) string {
-	rules, _, _ := unstructured.NestedSlice(p.Object, "spec", "rules")
-	for _, r := range rules {
-		if action, ok, _ := unstructured.NestedString(r.(map[string]any), "validate", "failureAction"); ok {
-			return action
-		}
-	}
-	return ""
-}
-
-func named(name string) func(intentv1alpha1.MatchIntent) bool {
-	return func(m intentv1alpha1.MatchIntent) bool { return m.Name == name }
 }
 
 // waitIntent polls the intent until cond holds, and fails naming what it waited for.

@@ -224,6 +224,12 @@ spec:
 
 	t.Run("an intent whose impact cannot be known is promoted only with --force", func(t *testing.T) {
 		kubectlOK(t, "patch", "si/"+dnsIntent, "--type=merge", "-p", `{"spec":{"intent":{"action":"Audit"}}}`)
+		// Audit is in force once its binding has put the new generation in force.
+		eventually(t, "the intent Ready at its new generation", func() bool {
+			out, err := cluster.Kubectl(ctx, "get", "si/"+dnsIntent, "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].status} {.status.conditions[?(@.type=="Ready")].observedGeneration} {.metadata.generation}`)
+			f := strings.Fields(testenv.LastLine([]byte(out)))
+			return err == nil && len(f) == 3 && f[0] == "True" && f[1] == f[2]
+		})
 		code, out := promote(t, dnsIntent)
 		if code != 2 || !strings.Contains(out, "NotScanned") {
 			t.Fatalf("promote of a NotScanned intent: exit %d, output:\n%s", code, out)

@@ -188,9 +188,22 @@ func testManagerKyvernoPolicies(t *testing.T, ns string) {
 		pe.SetName("probe")
 		return pe
 	}
-	t.Run("a PolicyException from a generated escapeToHost policy is accepted", func(t *testing.T) {
-		if err := dryRun(exception(ns + "/kyverno-probe-escapetohost")); err != nil {
+	t.Run("the PolicyExceptions the controller writes are accepted", func(t *testing.T) {
+		pe := exception(ns + "/kyverno-probe-escapetohost")
+		if err := dryRun(pe); err != nil {
 			t.Error(err)
+		}
+		// Every namespace by label (an admin namespace's exception), and a namespace without a selector.
+		every := pe.DeepCopy()
+		every.Object["spec"].(map[string]any)["exceptions"] = []any{map[string]any{"policyName": "kyverno-probe-escapetohost", "ruleNames": []any{"*"}},
+			map[string]any{"policyName": ns + "/kyverno-probe-escapetohost", "ruleNames": []any{"*"}}}
+		every.Object["spec"].(map[string]any)["match"].(map[string]any)["any"].([]any)[0].(map[string]any)["resources"].(map[string]any)["namespaces"] = []any{"*"}
+		whole := pe.DeepCopy()
+		delete(whole.Object["spec"].(map[string]any)["match"].(map[string]any)["any"].([]any)[0].(map[string]any)["resources"].(map[string]any), "selector")
+		for _, obj := range []*unstructured.Unstructured{every, whole} {
+			if err := dryRun(obj); err != nil {
+				t.Error(err)
+			}
 		}
 	})
 	refused["a PolicyException from a policy it did not generate"] = func() *unstructured.Unstructured {

@@ -86,6 +86,16 @@ type SecurityIntentBindingStatus struct {
 	// Impact is what the engines' scans found against the binding's policies.
 	// +optional
 	Impact *Impact `json:"impact,omitempty"`
+	// EnforcedIntents are the bound intents at the generation the binding last had in force: an
+	// intent is Ready at a generation only when every binding naming it enforces that generation.
+	// +optional
+	EnforcedIntents []EnforcedIntent `json:"enforcedIntents,omitempty"`
+}
+
+// EnforcedIntent is an intent, by name, at the generation a binding enforces.
+type EnforcedIntent struct {
+	Name       string `json:"name"`
+	Generation int64  `json:"generation"`
 }
 
 // SecurityIntentBinding applies intents to the workloads of its namespace.
@@ -152,6 +162,10 @@ type ClusterSecurityIntentBindingStatus struct {
 	// Impact is what the engines' scans found against the binding's policies.
 	// +optional
 	Impact *Impact `json:"impact,omitempty"`
+	// EnforcedIntents are the bound intents at the generation the binding last had in force: an
+	// intent is Ready at a generation only when every binding naming it enforces that generation.
+	// +optional
+	EnforcedIntents []EnforcedIntent `json:"enforcedIntents,omitempty"`
 }
 
 // ClusterSecurityIntentBinding applies intents to workloads across namespaces.

@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	ctrl "sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
@@ -48,9 +49,9 @@ func (r *intentReconciler) setup(mgr ctrl.Manager, opts controller.Options, impa
 		For(&intentv1alpha1.SecurityIntent{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		// An intent is in force when the bindings naming it are: their readiness changes coalesce.
 		Watches(&intentv1alpha1.SecurityIntentBinding{}, readinessCoalesced(intentsNamed),
-			builder.WithPredicates(predicate.Or[client.Object](status.ReadyChanged(), createOrDelete(), predicate.GenerationChangedPredicate{}))).
+			builder.WithPredicates(predicate.Or[client.Object](status.ReadyChanged(), enforcedChanged(), createOrDelete(), predicate.GenerationChangedPredicate{}))).
 		Watches(&intentv1alpha1.ClusterSecurityIntentBinding{}, readinessCoalesced(intentsNamed),
-			builder.WithPredicates(predicate.Or[client.Object](status.ReadyChanged(), createOrDelete(), predicate.GenerationChangedPredicate{}))).
+			builder.WithPredicates(predicate.Or[client.Object](status.ReadyChanged(), enforcedChanged(), createOrDelete(), predicate.GenerationChangedPredicate{}))).
 		// Its status lists the exceptions to it.
 		Watches(&securityv1alpha1.SecurityIntentException{}, handler.EnqueueRequestsFromMapFunc(exceptionsOf), builder.WithPredicates(exceptionShown())).
 		WithOptions(opts).
@@ -138,11 +139,17 @@ func (r *intentReconciler) intentOutcome(ctx context.Context, si *intentv1alpha1
 		return status.Healthy("Accepted", "not bound; "+joinEngines(enforcing)+" enforce it once bound"+suffix, recheck), nil
 	}
 	// The status names one binding not in force: a stalled one first (a person must act), else
-	// the first by name, so that it changes only when that binding's state does.
+	// the first by name, so that it changes only when that binding's state does. A binding in
+	// force with an earlier generation of the intent (an edit, Audit to Block say, on its way to
+	// the engines) is not in force for this one.
 	slices.SortFunc(bindings, func(a, b boundBy) int { return strings.Compare(a.what, b.what) })
 	var waiting *status.Outcome
 	for _, b := range bindings {
 		o := status.Dependent(b.what, b.conditions, b.generation)
+		if o == nil && b.enforced != si.Generation {
+			w := status.Progressing(status.WaitingFor, fmt.Sprintf("%s has not put generation %d of the intent in force yet", b.what, si.Generation), 0)
+			o = &w
+		}
 		switch {
 		case o == nil:
 		case o.Stalled:
@@ -165,6 +172,48 @@ type boundBy struct {
 	what       string
 	conditions []metav1.Condition
 	generation int64
+	enforced   int64 // the intent's generation the binding last had in force (0: none)
+}
+
+// enforcedGeneration is the generation of the intent name in a binding's status.enforcedIntents.
+func enforcedGeneration(enforced []intentv1alpha1.EnforcedIntent, name string) int64 {
+	for _, e := range enforced {
+		if e.Name == name {
+			return e.Generation
+		}
+	}
+	return 0
+}
+
+// enforcedIntents are the bound intents at the generations the bind read: what a binding in force
+// enforces.
+func enforcedIntents(bound []string, intents map[string]*intentv1alpha1.SecurityIntent) []intentv1alpha1.EnforcedIntent {
+	out := make([]intentv1alpha1.EnforcedIntent, 0, len(bound))
+	for _, name := range bound {
+		if si, ok := intents[name]; ok {
+			out = append(out, intentv1alpha1.EnforcedIntent{Name: name, Generation: si.Generation})
+		}
+	}
+	return out
+}
+
+// enforcedChanged passes a binding's change of the intent generations it enforces.
+func enforcedChanged() predicate.Predicate {
+	of := func(o client.Object) []intentv1alpha1.EnforcedIntent {
+		switch b := o.(type) {
+		case *intentv1alpha1.SecurityIntentBinding:
+			return b.Status.EnforcedIntents
+		case *intentv1alpha1.ClusterSecurityIntentBinding:
+			return b.Status.EnforcedIntents
+		}
+		return nil
+	}
+	return predicate.Funcs{
+		CreateFunc:  func(event.CreateEvent) bool { return false },
+		DeleteFunc:  func(event.DeleteEvent) bool { return false },
+		GenericFunc: func(event.GenericEvent) bool { return false },
+		UpdateFunc:  func(e event.UpdateEvent) bool { return !slices.Equal(of(e.ObjectOld), of(e.ObjectNew)) },
+	}
 }
 
 // bindingsNaming lists the bindings of both kinds that name the intent, from the cache. Only their
@@ -177,14 +226,14 @@ func (r *intentReconciler) bindingsNaming(ctx context.Context, name string) ([]b
 		return nil, err
 	}
 	for _, b := range sibs.Items {
-		out = append(out, boundBy{"SecurityIntentBinding " + b.Namespace + "/" + b.Name, b.Status.Conditions, b.Generation})
+		out = append(out, boundBy{"SecurityIntentBinding " + b.Namespace + "/" + b.Name, b.Status.Conditions, b.Generation, enforcedGeneration(b.Status.EnforcedIntents, name)})
 	}
 	csibs := &intentv1alpha1.ClusterSecurityIntentBindingList{}
 	if err := r.client.List(ctx, csibs, client.MatchingFields{indexIntents: name}, client.UnsafeDisableDeepCopy); err != nil {
 		return nil, err
 	}
 	for _, b := range csibs.Items {
-		out = append(out, boundBy{"ClusterSecurityIntentBinding " + b.Name, b.Status.Conditions, b.Generation})
+		out = append(out, boundBy{"ClusterSecurityIntentBinding " + b.Name, b.Status.Conditions, b.Generation, enforcedGeneration(b.Status.EnforcedIntents, name)})
 	}
 	return out, nil
 }
@@ -357,6 +406,7 @@ func (r *bindingReconciler) bind(ctx context.Context, sib *intentv1alpha1.Securi
 	if o := policyInForce(stored, did); o != nil {
 		return *o, nil
 	}
+	st.EnforcedIntents = enforcedIntents(bound, intents)
 	o := status.Healthy("Bound", fmt.Sprintf("NimbusPolicy %s with %d rules, in force", sib.Name, len(rules)), 0)
 	if r := status.ReadyReason(sib.Status.Conditions); did != owned.Unchanged || r == status.WaitingFor || r == "" {
 		o = o.Silenced() // its creation's Event said it; being in force is the expected next step

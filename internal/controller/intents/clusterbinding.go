@@ -172,6 +172,7 @@ func (r *clusterBindingReconciler) bind(ctx context.Context, csib *intentv1alpha
 	if o, err := r.namespacePoliciesInForce(ctx, csib); o != nil || err != nil {
 		return *o, err
 	}
+	st.EnforcedIntents = enforcedIntents(bound, intents)
 	o := status.Healthy("Bound", fmt.Sprintf("ClusterNimbusPolicy %s with %d rules; NimbusPolicies in %d namespaces, in force",
 		csib.Name, len(rules), len(namespaces)), 0)
 	if status.ReadyReason(csib.Status.Conditions) == status.WaitingFor {

@@ -46,7 +46,7 @@ type ExceptionOptions struct {
 	// Warning is how long before its expiry an exception says it expires soon.
 	Warning time.Duration
 	// AdminNamespaces are the namespaces whose exceptions may exempt workloads of other
-	// namespaces ("*": of every namespace).
+	// namespaces (named, or "*" for every namespace, in the exception).
 	AdminNamespaces []string
 	// AllowEverything lets an admin namespace's exception exempt every workload of every
 	// namespace (namespaces ["*"] with an empty selector).
@@ -91,7 +91,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.Exceptions.Warning, "intents-exception-expiry-warning", 72*time.Hour,
 		"How long before its expiry a SecurityIntentException says ExpiresSoon (its Ready reason, a Warning Event, quartermaster_objects state expiring).")
 	fs.Func("intents-exception-admin-namespaces",
-		"Comma list of namespaces whose SecurityIntentExceptions may exempt workloads of other namespaces (spec.workloads.namespaces; \"*\" for all). Exceptions elsewhere exempt only their own namespace's workloads.",
+		"Comma list of namespaces whose SecurityIntentExceptions may exempt workloads of other namespaces (their spec.workloads.namespaces may name others, or \"*\" for every namespace). Exceptions elsewhere exempt only their own namespace's workloads.",
 		func(v string) error {
 			o.Exceptions.AdminNamespaces = nil
 			for _, ns := range strings.Split(v, ",") {

@@ -37,20 +37,27 @@ import (
 // workloads from one SecurityIntent until its expiry, with an owner and a reason. It becomes
 // Kyverno's own PolicyException (kyverno.io/v2) in the one namespace where Kyverno accepts them
 // (--intents-exception-namespace, Kyverno's --exceptionNamespace), naming the intent's Kyverno
-// policies that apply to the exempted namespaces, every rule of each. What the API server cannot
-// check is refused here before anything is written, the failed check named in the Stalled
-// condition: exceptions not enabled by the platform, an expiry past or beyond
-// --intents-exception-max-ttl after the exception's creation, other namespaces from a namespace the
-// platform has not named (--intents-exception-admin-namespaces), every workload of every namespace
-// unless --intents-exception-allow-everything, a SecurityIntent that does not exist, or one whose
-// engines have nothing to exempt from (KubeArmor and NetworkPolicy have no exception of their own,
-// and Kyverno's mutate and generate rules no check: a binding's selector is how their workloads are
-// left out; exceptions exempt from the intents Kyverno validates, the ones its scans report on). At its expiry the PolicyException is deleted by this
-// controller (a requeue at that instant, and at every start), whatever Kyverno does with expiry;
-// the exception then stays, Stalled with reason Expired, as the record of what was allowed. In
-// the last --intents-exception-expiry-warning it is Ready with reason ExpiresSoon and a Warning
-// Event. Kyverno's reports say what it actually skipped: status.exempted counts the workloads
-// whose results for those policies are skipped under this PolicyException.
+// policies that apply to the exempted namespaces, every rule of each.
+//
+// What the API server cannot check is refused here, the failed check named in the Stalled
+// condition, and what an earlier version of the exception wrote is removed: exceptions not enabled
+// by the platform, an expiry past or beyond --intents-exception-max-ttl after the exception's
+// creation, other namespaces from a namespace the platform has not named
+// (--intents-exception-admin-namespaces), nearly every workload of every namespace unless
+// --intents-exception-allow-everything, a SecurityIntent that does not exist, or one whose engines
+// have nothing to exempt from (KubeArmor and NetworkPolicy have no exception of their own, and
+// Kyverno's mutate and generate rules no check: a binding's selector is how their workloads are
+// left out). Exceptions exempt from the intents Kyverno validates, the ones its scans report on;
+// KubeArmor's run-time half of escapeToHost still applies, and the Ready message says so.
+//
+// Expiry is enforced here, whatever Kyverno does with it: every outcome of an exception not yet
+// expired looks again by its expiry at the latest, every exception is reconciled when a manager
+// starts, and at expiry the PolicyException is deleted; the exception stays, Stalled with reason
+// Expired, as the record of what was allowed. In the last --intents-exception-expiry-warning it is
+// Ready with reason ExpiresSoon and a Warning Event. A sweep at each start deletes the
+// PolicyExceptions of exceptions deleted meanwhile, and all those outside the exception namespace
+// (the flag changed, or emptied). Kyverno's reports say what it actually skipped: status.exempted
+// counts the workloads whose results for those policies are skipped under this PolicyException.
 
 // +kubebuilder:rbac:groups=security.quartermaster.dev,resources=securityintentexceptions,verbs=get;list;watch
 // +kubebuilder:rbac:groups=security.quartermaster.dev,resources=securityintentexceptions/status,verbs=patch
@@ -164,7 +171,8 @@ func checkException(exc *securityv1alpha1.SecurityIntentException, o ExceptionOp
 	}
 	if !spec.Expires.After(now) {
 		return &refusal{"Expired", fmt.Sprintf("expired at %s (owner %s): the workloads are subject to SecurityIntent %s again; "+
-			"a new exception (with its own review) exempts them anew", spec.Expires.UTC().Format(time.RFC3339), spec.Owner, spec.Intent)}
+			"a later spec.expires (within --intents-exception-max-ttl of the exception's creation, %s) or a new exception exempts them anew",
+			spec.Expires.UTC().Format(time.RFC3339), spec.Owner, spec.Intent, exc.CreationTimestamp.Add(o.MaxTTL).UTC().Format(time.RFC3339))}
 	}
 	if latest := exc.CreationTimestamp.Add(o.MaxTTL); spec.Expires.After(latest) {
 		return &refusal{"ExpiryBeyondMaximum", fmt.Sprintf("spec.expires %s is later than the platform allows: at most %s after the exception's creation, %s (--intents-exception-max-ttl)",
@@ -180,15 +188,29 @@ func checkException(exc *securityv1alpha1.SecurityIntentException, o ExceptionOp
 			"exceptions for other namespaces are made in a namespace the platform names (%s, --intents-exception-admin-namespaces)",
 			namespaces, exc.Namespace, exc.Namespace, allowed)}
 	}
-	selector, err := metav1.LabelSelectorAsSelector(&spec.Workloads.Selector)
-	if err != nil {
+	if _, err := metav1.LabelSelectorAsSelector(&spec.Workloads.Selector); err != nil {
 		return &refusal{"InvalidSelector", "spec.workloads.selector: " + err.Error()}
 	}
-	if slices.Contains(namespaces, "*") && selector.Empty() && !o.AllowEverything {
-		return &refusal{"ExemptsEverything", "spec.workloads: namespaces [\"*\"] with an empty selector exempts every workload of the cluster, " +
-			"which the platform does not allow (--intents-exception-allow-everything); name the namespaces or select the workloads by label"}
+	if slices.Contains(namespaces, "*") && selectsByAbsence(spec.Workloads.Selector) && !o.AllowEverything {
+		return &refusal{"ExemptsEverything", "spec.workloads: namespaces [\"*\"] with a selector that requires no label (empty, or only NotIn and DoesNotExist) " +
+			"exempts nearly every workload of the cluster, which the platform does not allow (--intents-exception-allow-everything); " +
+			"name the namespaces or select the workloads by a label they have"}
 	}
 	return nil
+}
+
+// selectsByAbsence reports a selector that requires no label to be present: empty, or only NotIn
+// and DoesNotExist (which every workload without the label matches).
+func selectsByAbsence(sel metav1.LabelSelector) bool {
+	if len(sel.MatchLabels) > 0 {
+		return false
+	}
+	for _, r := range sel.MatchExpressions {
+		if r.Operator == metav1.LabelSelectorOpIn || r.Operator == metav1.LabelSelectorOpExists {
+			return false
+		}
+	}
+	return true
 }
 
 // exemptedNamespaces are the namespaces the exception exempts workloads of ("*": all).
@@ -262,18 +284,23 @@ func (r *exceptionReconciler) exempt(ctx context.Context, exc *securityv1alpha1.
 	did, _, err := w.Ensure(ctx, want, owned.Options{Claims: func(current client.Object) bool {
 		return current.GetAnnotations()[ExceptionAnnotation] == key
 	}})
+	retry := min(conflictRetry, until+time.Second) // looked at again by its expiry at the latest
 	switch {
 	case err != nil && rejected(err):
-		st.PolicyException, st.Exempted = "", nil
-		return status.WaitsForPerson("Rejected", "Kyverno's PolicyException is refused: "+err.Error(), conflictRetry), nil
+		// What an earlier version of the exception wrote exempts no longer either.
+		if err := r.removePolicyException(ctx, client.ObjectKeyFromObject(exc)); err != nil {
+			return status.Outcome{}, err
+		}
+		st.PolicyException, st.Policies, st.Exempted = "", nil, nil
+		return status.WaitsForPerson("Rejected", "Kyverno's PolicyException is refused: "+err.Error(), retry), nil
 	case err != nil:
 		return status.Outcome{}, err
 	case did == owned.Terminating:
-		return status.Progressing("NamespaceTerminating", "the exception namespace "+r.opts.Namespace+" is being deleted", conflictRetry), nil
+		return status.Progressing("NamespaceTerminating", "the exception namespace "+r.opts.Namespace+" is being deleted", retry), nil
 	case did == owned.Taken:
-		st.PolicyException, st.Exempted = "", nil
+		st.PolicyException, st.Policies, st.Exempted = "", nil, nil
 		return status.WaitsForPerson("Conflict", fmt.Sprintf("PolicyException %s/%s exists and does not carry this exception; it is left alone",
-			want.GetNamespace(), want.GetName()), conflictRetry), nil
+			want.GetNamespace(), want.GetName()), retry), nil
 	case did != owned.Unchanged:
 		r.recorder.Eventf(exc, nil, corev1.EventTypeNormal, "PolicyException"+strings.ToUpper(string(did[:1]))+string(did[1:]), "Exempt",
 			"%s Kyverno PolicyException %s/%s exempting from %s", did, want.GetNamespace(), want.GetName(), strings.Join(entriesOf(policies), ", "))
@@ -281,10 +308,11 @@ func (r *exceptionReconciler) exempt(ctx context.Context, exc *securityv1alpha1.
 	st.PolicyException = want.GetNamespace() + "/" + want.GetName()
 	st.Policies = entriesOf(policies)
 	exempted, readable, err := r.exempted(ctx, policies, want.GetName())
-	if err != nil {
-		return status.Outcome{}, err
-	}
 	seen := "Kyverno's reports cannot be read (see the intent's impact)"
+	if err != nil {
+		// Not the exception's failure: its status, and its requeue at expiry, are written anyway.
+		readable, seen = false, "Kyverno's reports could not be read: "+err.Error()
+	}
 	st.Exempted = nil
 	if readable {
 		st.Exempted = ptr.To(exempted)
@@ -292,6 +320,9 @@ func (r *exceptionReconciler) exempt(ctx context.Context, exc *securityv1alpha1.
 	}
 	msg := fmt.Sprintf("Kyverno's PolicyException %s exempts the workloads from %s until %s (owner %s); %s",
 		st.PolicyException, strings.Join(st.Policies, ", "), exc.Spec.Expires.UTC().Format(time.RFC3339), exc.Spec.Owner, seen)
+	if others := r.unexempted(id); others != "" {
+		msg += "; " + others
+	}
 	var o status.Outcome
 	if until <= r.opts.Warning {
 		o = status.Healthy("ExpiresSoon", "expires in "+until.Round(time.Minute).String()+": "+msg, 0)
@@ -308,6 +339,21 @@ func (r *exceptionReconciler) exempt(ctx context.Context, exc *securityv1alpha1.
 }
 
 func hasKyverno(engines []intent.Engine) bool { return slices.Contains(engines, intent.Kyverno) }
+
+// unexempted says which of the intent's other engines still enforce it on the exempted workloads
+// ("" when none): KubeArmor, which enforces escapeToHost at run time too, has no exception.
+func (r *exceptionReconciler) unexempted(id string) string {
+	var still []intent.Engine
+	for _, e := range slices.Concat(intent.Implementations[id], intent.ClusterImplementations[id]) {
+		if e != intent.Kyverno && !slices.Contains(still, e) && r.engines.enabled(e) && r.engines.has(e) {
+			still = append(still, e)
+		}
+	}
+	if len(still) == 0 {
+		return ""
+	}
+	return joinEngines(still) + " still enforces " + id + " on them at run time (no exception of its own; leave them out of the bindings' selectors where they must be exempt from it too)"
+}
 
 func orNone(s string) string {
 	if s == "" {
@@ -372,10 +418,9 @@ func PolicyExceptionName(namespace, name string) string {
 // the policies, for the workloads of the exempted namespaces its selector picks, in background
 // scans too.
 func (r *exceptionReconciler) policyException(exc *securityv1alpha1.SecurityIntentException, policies []scannedPolicy) (*unstructured.Unstructured, error) {
-	resources := map[string]any{}
-	if namespaces := exemptedNamespaces(exc); !slices.Contains(namespaces, "*") {
-		resources["namespaces"] = toAny(namespaces)
-	}
+	// Kyverno matches nothing by an empty resource filter: the namespaces are always written ("*"
+	// is its wildcard for every namespace).
+	resources := map[string]any{"namespaces": toAny(exemptedNamespaces(exc))}
 	if sel := exc.Spec.Workloads.Selector; len(sel.MatchLabels)+len(sel.MatchExpressions) > 0 {
 		m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(&sel)
 		if err != nil {
@@ -486,8 +531,10 @@ func (b *base) wakeExceptions(ctx context.Context, ch chan<- event.GenericEvent)
 	return nil
 }
 
-// exceptionSweep deletes, once each time the controller leads, the PolicyExceptions it wrote for
-// exceptions deleted while no manager ran (a running one deletes them at once).
+// exceptionSweep deletes, once each time the controller leads, the PolicyExceptions it wrote that
+// carry nothing any more: those of exceptions deleted while no manager ran (a running one deletes
+// them at once), and every one outside --intents-exception-namespace (all of them when exceptions
+// are off: a manager restarted with the flag changed or empty leaves no exemption in force).
 type exceptionSweep struct {
 	*base
 }
@@ -495,32 +542,35 @@ type exceptionSweep struct {
 func (s exceptionSweep) NeedLeaderElection() bool { return true }
 
 func (s exceptionSweep) Start(ctx context.Context) error {
-	if s.exceptionNamespace == "" {
-		return nil
-	}
 	list := &unstructured.UnstructuredList{}
 	list.SetGroupVersionKind(PolicyExceptionKind.GroupVersion().WithKind("PolicyExceptionList"))
-	if err := s.apiReader.List(ctx, list, client.InNamespace(s.exceptionNamespace), client.MatchingLabels{managedByLabel: managedByValue}); err != nil {
+	if err := s.apiReader.List(ctx, list, client.MatchingLabels{managedByLabel: managedByValue}); err != nil {
 		if meta404(err) {
 			return nil // Kyverno is not installed: nothing was written
 		}
-		s.engines.log.Error(err, "PolicyExceptions left by deleted SecurityIntentExceptions could not be listed; each is deleted when its exception's name is reconciled")
+		s.engines.log.Error(err, "the PolicyExceptions of SecurityIntentExceptions could not be listed: those left behind are not swept until the next start")
 		return nil
 	}
 	for i := range list.Items {
-		nsName := list.Items[i].GetAnnotations()[ExceptionAnnotation]
-		ns, name, ok := strings.Cut(nsName, "/")
-		if !ok {
+		pe := &list.Items[i]
+		nsName := pe.GetAnnotations()[ExceptionAnnotation]
+		if pe.GetNamespace() == s.exceptionNamespace {
+			ns, name, ok := strings.Cut(nsName, "/")
+			if !ok {
+				continue
+			}
+			exc := &securityv1alpha1.SecurityIntentException{}
+			err := s.apiReader.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, exc)
+			if !apierrors.IsNotFound(err) {
+				continue // it exists (its reconcile keeps or removes its PolicyException), or cannot be read now
+			}
+		}
+		err := s.client.Delete(ctx, pe, client.Preconditions{UID: new(pe.GetUID())})
+		if client.IgnoreNotFound(err) != nil {
+			s.engines.log.Error(err, "a PolicyException no SecurityIntentException carries could not be deleted", "policyException", client.ObjectKeyFromObject(pe), "exception", nsName)
 			continue
 		}
-		exc := &securityv1alpha1.SecurityIntentException{}
-		err := s.apiReader.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, exc)
-		if !apierrors.IsNotFound(err) {
-			continue // it exists (its reconcile keeps its PolicyException), or cannot be read now
-		}
-		if err := s.removePolicyException(ctx, client.ObjectKey{Namespace: ns, Name: name}); err != nil {
-			s.engines.log.Error(err, "a PolicyException left by a deleted SecurityIntentException could not be deleted", "exception", nsName)
-		}
+		s.engines.log.Info("deleted a PolicyException no SecurityIntentException carries", "policyException", client.ObjectKeyFromObject(pe), "exception", nsName)
 	}
 	return nil
 }

@@ -59,6 +59,11 @@ func TestCheckException(t *testing.T) {
 		{"an admin namespace, another namespace", exc("platform", created.Add(48*time.Hour), []string{"db", "shop"}, everything), nil, "", ""},
 		{"an admin namespace, every namespace by label", exc("platform", created.Add(48*time.Hour), []string{"*"}, legacy), nil, "", ""},
 		{"everything", exc("platform", created.Add(48*time.Hour), []string{"*"}, everything), nil, "ExemptsEverything", "--intents-exception-allow-everything"},
+		{"every namespace, selecting by the absence of a label", exc("platform", created.Add(48*time.Hour), []string{"*"},
+			metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "x", Operator: metav1.LabelSelectorOpDoesNotExist}, {Key: "y", Operator: metav1.LabelSelectorOpNotIn, Values: []string{"z"}}}}),
+			nil, "ExemptsEverything", "requires no label"},
+		{"every namespace, selecting by a label present", exc("platform", created.Add(48*time.Hour), []string{"*"},
+			metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "legacy", Operator: metav1.LabelSelectorOpExists}}}), nil, "", ""},
 		{"everything, allowed", exc("platform", created.Add(48*time.Hour), []string{"*"}, everything), func(o *ExceptionOptions) { o.AllowEverything = true }, "", ""},
 		{"a selector the API server cannot parse", exc("shop", created.Add(48*time.Hour), nil, metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "a", Operator: "Near"}}}), nil, "InvalidSelector", "spec.workloads.selector"},
 	} {
@@ -77,6 +82,31 @@ func TestCheckException(t *testing.T) {
 				t.Errorf("refused %s: %s; want %s saying %q", got.reason, got.message, tc.reason, tc.says)
 			}
 		})
+	}
+}
+
+// TestPolicyExceptionShape: the PolicyException always names the namespaces (Kyverno matches
+// nothing by an empty filter; "*" is its wildcard), and a selector only when it requires something.
+func TestPolicyExceptionShape(t *testing.T) {
+	r := &exceptionReconciler{opts: testExceptions}
+	policies := []scannedPolicy{{key: "csib-escapetohost", entry: "KyvernoClusterPolicy/csib-escapetohost"}}
+	for _, tc := range []struct {
+		namespaces []string
+		selector   metav1.LabelSelector
+		want       string
+	}{
+		{[]string{"*"}, metav1.LabelSelector{}, "map[namespaces:[*]]"},
+		{nil, metav1.LabelSelector{}, "map[namespaces:[shop]]"},
+		{[]string{"a", "b"}, metav1.LabelSelector{MatchLabels: map[string]string{"legacy": "true"}}, "map[namespaces:[a b] selector:map[matchLabels:map[legacy:true]]]"},
+	} {
+		exc := &securityv1alpha1.SecurityIntentException{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "e"},
+			Spec: securityv1alpha1.SecurityIntentExceptionSpec{Workloads: securityv1alpha1.ExemptedWorkloads{Namespaces: tc.namespaces, Selector: tc.selector}}}
+		pe, err := r.policyException(exc, policies)
+		must(t, err)
+		res, _, _ := unstructured.NestedSlice(pe.Object, "spec", "match", "any")
+		if got := fmt.Sprint(res[0].(map[string]any)["resources"]); got != tc.want {
+			t.Errorf("namespaces %v, selector %v: resources %s, want %s", tc.namespaces, tc.selector, got, tc.want)
+		}
 	}
 }
 
@@ -113,12 +143,7 @@ func TestExceptionLifecycle(t *testing.T) {
 	must(t, f.c.Create(ctx, exc))
 	waitReason := func(t *testing.T, reason string) {
 		t.Helper()
-		eventually(t, "the exception "+reason, func() (bool, string) {
-			f.get(t, exc)
-			got := status.ReadyReason(exc.Status.Conditions)
-			c := meta.FindStatusCondition(exc.Status.Conditions, status.Ready)
-			return got == reason && c.ObservedGeneration == exc.Generation, fmt.Sprintf("%+v", c)
-		})
+		waitReasonOf(t, f, exc, reason)
 	}
 	peKey := client.ObjectKey{Namespace: testExceptions.Namespace, Name: "exc.legacy"}
 	policyException := func() (*unstructured.Unstructured, error) {
@@ -131,12 +156,7 @@ func TestExceptionLifecycle(t *testing.T) {
 		waitReason(t, "EngineNotInstalled")
 	})
 	t.Run("Kyverno installed, the intent not bound in the namespace: nothing to exempt", func(t *testing.T) {
-		dir := enginecrds.Dir(t, enginecrds.KyvernoModule, []string{"config/crds/kyverno/kyverno.io_policyexceptions.yaml"})
-		b, err := os.ReadFile(filepath.Join(dir, "kyverno.io_policyexceptions.yaml"))
-		must(t, err)
-		crd := &apiextensionsv1.CustomResourceDefinition{}
-		must(t, yaml.Unmarshal(b, crd))
-		must(t, f.c.Create(ctx, crd))
+		installPolicyExceptionCRD(t, f)
 		f.installKyverno(t)
 		waitReason(t, "NothingToExempt") // woken when Kyverno appeared, not at the 5-minute recheck
 		if _, err := policyException(); !apierrors.IsNotFound(err) {
@@ -172,6 +192,36 @@ func TestExceptionLifecycle(t *testing.T) {
 				si.Status.Exceptions[0].Expires.Equal(&expires) && si.Status.Exceptions[0].State == "Exempting", got
 		})
 	})
+	t.Run("it ends at its expiry by itself: ExpiresSoon, then Expired, the PolicyException deleted", func(t *testing.T) {
+		// Exempting for a second and more, then in its last hour (--intents-exception-expiry-warning),
+		// then expired: each by the requeue the previous state set, with no edit.
+		soon := exc.DeepCopy()
+		soon.ObjectMeta = metav1.ObjectMeta{Namespace: "exc", Name: "soon"}
+		soon.Spec.Expires = metav1.NewTime(time.Now().Add(testExceptions.Warning + 3*time.Second).Truncate(time.Second))
+		must(t, f.c.Create(ctx, soon))
+		waitReasonOf(t, f, soon, "Exempting")
+		waitReasonOf(t, f, soon, "ExpiresSoon")
+		pe := &unstructured.Unstructured{}
+		pe.SetGroupVersionKind(PolicyExceptionKind)
+		must(t, f.c.Get(ctx, client.ObjectKey{Namespace: testExceptions.Namespace, Name: "exc.soon"}, pe))
+		// Moved to a few seconds from now, it expires while no manager runs: the next one deletes
+		// its PolicyException when it starts.
+		must(t, f.c.Get(ctx, client.ObjectKeyFromObject(soon), soon))
+		soon.Spec.Expires = metav1.NewTime(time.Now().Add(2 * time.Second).Truncate(time.Second).Add(time.Second))
+		must(t, f.c.Update(ctx, soon))
+		waitReasonOf(t, f, soon, "ExpiresSoon")
+		f.stop(t)
+		time.Sleep(time.Until(soon.Spec.Expires.Time)) // the clock the expiry is about, not a settling delay
+		f.run(t)
+		waitReasonOf(t, f, soon, "Expired")
+		if err := f.c.Get(ctx, client.ObjectKeyFromObject(pe), pe); !apierrors.IsNotFound(err) {
+			t.Errorf("the expired exception's PolicyException: %v; want it deleted", err)
+		}
+		if c := meta.FindStatusCondition(soon.Status.Conditions, status.Stalled); c == nil || c.Status != metav1.ConditionTrue ||
+			!strings.Contains(c.Message, "owner team-web") {
+			t.Errorf("Stalled condition %+v; want True naming the owner", c)
+		}
+	})
 	t.Run("deleted while no manager runs: the next manager's sweep deletes its PolicyException", func(t *testing.T) {
 		f.stop(t)
 		must(t, f.c.Delete(ctx, exc))
@@ -181,4 +231,55 @@ func TestExceptionLifecycle(t *testing.T) {
 			return apierrors.IsNotFound(err), fmt.Sprint(err)
 		})
 	})
+}
+
+// waitReasonOf waits until exc's Ready reason, at its generation, is reason.
+func waitReasonOf(t *testing.T, f *fixture, exc *securityv1alpha1.SecurityIntentException, reason string) {
+	t.Helper()
+	eventually(t, "the exception "+exc.Name+" "+reason, func() (bool, string) {
+		f.get(t, exc)
+		c := meta.FindStatusCondition(exc.Status.Conditions, status.Ready)
+		return c != nil && c.Reason == reason && c.ObservedGeneration == exc.Generation, fmt.Sprintf("%+v", c)
+	})
+}
+
+// TestExceptionsTurnedOff: a manager restarted without --intents-exception-namespace leaves no
+// PolicyException in force (its sweep deletes them), and its exceptions say why they exempt nothing.
+func TestExceptionsTurnedOff(t *testing.T) {
+	ctx := context.Background()
+	f := start(t)
+	f.namespace(t, "off")
+	f.namespace(t, testExceptions.Namespace)
+	installPolicyExceptionCRD(t, f)
+	f.installKyverno(t)
+	f.intent(t, "off-escape", "escapeToHost", nil)
+	f.binding(t, "off", "web", map[string]string{"app": "web"}, "off-escape")
+	exc := &securityv1alpha1.SecurityIntentException{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "off", Name: "legacy"},
+		Spec: securityv1alpha1.SecurityIntentExceptionSpec{Intent: "off-escape", Owner: "team-web", Reason: "a vendor image needs it",
+			Expires: metav1.NewTime(time.Now().Add(3 * time.Hour)), Workloads: securityv1alpha1.ExemptedWorkloads{Selector: metav1.LabelSelector{MatchLabels: map[string]string{"legacy": "true"}}}},
+	}
+	must(t, f.c.Create(ctx, exc))
+	waitReasonOf(t, f, exc, "Exempting")
+	f.stop(t)
+	f.exceptions.Namespace = ""
+	f.run(t)
+	waitReasonOf(t, f, exc, "ExceptionsDisabled")
+	eventually(t, "the PolicyException deleted by the sweep", func() (bool, string) {
+		pe := &unstructured.Unstructured{}
+		pe.SetGroupVersionKind(PolicyExceptionKind)
+		err := f.c.Get(ctx, client.ObjectKey{Namespace: testExceptions.Namespace, Name: "off.legacy"}, pe)
+		return apierrors.IsNotFound(err), fmt.Sprint(err)
+	})
+}
+
+// installPolicyExceptionCRD installs Kyverno's PolicyException CRD.
+func installPolicyExceptionCRD(t *testing.T, f *fixture) {
+	t.Helper()
+	dir := enginecrds.Dir(t, enginecrds.KyvernoModule, []string{"config/crds/kyverno/kyverno.io_policyexceptions.yaml"})
+	b, err := os.ReadFile(filepath.Join(dir, "kyverno.io_policyexceptions.yaml"))
+	must(t, err)
+	crd := &apiextensionsv1.CustomResourceDefinition{}
+	must(t, yaml.Unmarshal(b, crd))
+	must(t, f.c.Create(context.Background(), crd))
 }

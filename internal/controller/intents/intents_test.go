@@ -182,14 +182,22 @@ func testBinding(t *testing.T, f *fixture) {
 		before := dns.DeepCopy()
 		dns.Spec.Intent.Action = "Audit"
 		must(t, f.c.Patch(ctx, dns, client.MergeFrom(before)))
-		eventually(t, "the KubeArmorPolicy audits", func() (bool, string) {
-			ksp, err := f.engineObject("KubeArmorPolicy", "shop", "web-dnsmanipulation")
-			if err != nil {
-				return false, err.Error()
-			}
-			action, _, _ := unstructured.NestedString(ksp.Object, "spec", "action")
-			return action == "Audit", action
+		// The intent is Ready at its new generation only once the binding has put that generation in
+		// force: by then its engine policies say Audit (never Ready on the binding's earlier state).
+		eventually(t, "the intent Ready at its new generation", func() (bool, string) {
+			f.get(t, dns)
+			c := meta.FindStatusCondition(dns.Status.Conditions, "Ready")
+			return c != nil && c.Status == metav1.ConditionTrue && c.ObservedGeneration == dns.Generation, fmt.Sprintf("%+v", c)
 		})
+		ksp, err := f.engineObject("KubeArmorPolicy", "shop", "web-dnsmanipulation")
+		must(t, err)
+		if action, _, _ := unstructured.NestedString(ksp.Object, "spec", "action"); action != "Audit" {
+			t.Errorf("the intent is Ready at generation %d while its KubeArmorPolicy says %s", dns.Generation, action)
+		}
+		f.get(t, sib)
+		if enforcedGeneration(sib.Status.EnforcedIntents, dns.Name) != dns.Generation {
+			t.Errorf("the binding enforces %+v, want %s at generation %d", sib.Status.EnforcedIntents, dns.Name, dns.Generation)
+		}
 	})
 
 	t.Run("a deleted intent's rule and policies go; with no intent left the NimbusPolicy goes", func(t *testing.T) {

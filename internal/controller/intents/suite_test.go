@@ -48,6 +48,8 @@ type fixture struct {
 	running *testenv.Running // the running manager; nil when none runs
 	root    *testing.T       // the test the fixture lives as long as
 	engines string           // --intents-engines of the managers it starts ("": all)
+	// exceptions are the --intents-exception-* flags of the managers it starts.
+	exceptions ExceptionOptions
 }
 
 // testExceptions are the fixture's --intents-exception-* flags.
@@ -55,7 +57,7 @@ var testExceptions = ExceptionOptions{Namespace: "kyverno-exceptions", MaxTTL: 4
 
 func start(t *testing.T) *fixture {
 	t.Helper()
-	f := &fixture{logs: &testenv.LogBuffer{}, root: t}
+	f := &fixture{logs: &testenv.LogBuffer{}, root: t, exceptions: testExceptions}
 	logf.SetLogger(zap.New(zap.UseDevMode(true), zap.WriteTo(f.logs)))
 	f.env = testenv.Start(t, enginecrds.Dir(t, enginecrds.KubeArmorModule, enginecrds.KubeArmor))
 	f.scheme = manager.Scheme(intentv1alpha1.AddToScheme, securityv1alpha1.AddToScheme, apiextensionsv1.AddToScheme)
@@ -82,7 +84,7 @@ func (f *fixture) newManager(t *testing.T) (ctrl.Manager, *base) {
 		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
 	})
 	must(t, err)
-	b, err := setup(mgr, Options{Concurrency: 4, Engines: f.engines, Exceptions: testExceptions}, 200*time.Millisecond)
+	b, err := setup(mgr, Options{Concurrency: 4, Engines: f.engines, Exceptions: f.exceptions}, 200*time.Millisecond)
 	must(t, err)
 	return mgr, b
 }
