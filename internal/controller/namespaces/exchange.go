@@ -177,14 +177,37 @@ func (e *exchanger) exchange(r *http.Request) (*nsrequest.ExchangeResponse, *ref
 		return nil, refused(http.StatusServiceUnavailable, "defaults", "TrustedIssuer %s rule %s: %v", ti.Name, rule.Name, err)
 	}
 	who := ti.Name + ":" + identity
-	if ref := e.markUsed(ctx, ti, tok, who); ref != nil {
-		return nil, ref
-	}
-	cm, ref := e.request(ctx, ti, rule, tok, who, name, data)
+	used, ref := e.markUsed(ctx, ti, tok, who)
 	if ref != nil {
 		return nil, ref
 	}
-	return e.await(ctx, cm)
+	cm, ref := e.request(ctx, ti, rule, tok, who, name, data)
+	var resp *nsrequest.ExchangeResponse
+	if ref == nil {
+		resp, ref = e.await(ctx, cm)
+	}
+	if ref != nil {
+		// Nothing was handed out: the token is not used up, and the job may present it again while
+		// it is valid (a namespace held, a limit reached, a namespace not ready in time). A token is
+		// used once for a kubeconfig; the record only ever stands for one.
+		if err := e.release(ctx, used); err == nil {
+			ref.Message += "; the token is not used up: present it again (while it is valid) once this is resolved"
+		}
+		return nil, ref
+	}
+	return resp, nil
+}
+
+// release deletes the record of a token's use (that very record), once its exchange has handed out
+// nothing. It is bounded and outlives the request's context (a job that gave up waiting).
+func (e *exchanger) release(ctx context.Context, used *coordinationv1.Lease) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	err := e.client.Delete(ctx, used, client.Preconditions{UID: &used.UID})
+	if err != nil {
+		logf.FromContext(ctx).WithName("exchange").Error(err, "the record of a token whose exchange handed out nothing could not be deleted: the token stays used", "record", used.Name)
+	}
+	return client.IgnoreNotFound(err)
 }
 
 // tokenRefusal is the HTTP answer to a refused token: 401 for the token's own checks, 403 for
@@ -260,9 +283,10 @@ func identityLabel(who string) string {
 }
 
 // markUsed records the token as exchanged: a Lease named after its ID, which the API server creates
-// once (a second exchange of the token finds it: replay refused). Records are swept once the tokens
-// expire (sweepUsedTokens).
-func (e *exchanger) markUsed(ctx context.Context, ti *nsv1alpha1.TrustedIssuer, tok *pipelineid.Verified, who string) *refusal {
+// once (a second exchange of the token finds it: replay refused), returned as created. Records are
+// swept once the tokens expire (sweepUsedTokens); an exchange that hands out nothing releases its
+// record at once.
+func (e *exchanger) markUsed(ctx context.Context, ti *nsv1alpha1.TrustedIssuer, tok *pipelineid.Verified, who string) (*coordinationv1.Lease, *refusal) {
 	sum := sha256.Sum256([]byte(ti.Spec.IssuerURL + "\x00" + tok.ID))
 	lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{
 		Namespace: e.policy.RequestsNamespace, Name: "used-token-" + hex.EncodeToString(sum[:])[:40],
@@ -272,11 +296,11 @@ func (e *exchanger) markUsed(ctx context.Context, ti *nsv1alpha1.TrustedIssuer, 
 	err := e.client.Create(ctx, lease)
 	switch {
 	case apierrors.IsAlreadyExists(err):
-		return refused(http.StatusConflict, "replay", "this token was exchanged already; a token is used once (ask the CI system for a new one)")
+		return nil, refused(http.StatusConflict, "replay", "this token was exchanged already (or its exchange is in progress); a token is used once (ask the CI system for a new one)")
 	case err != nil:
-		return refused(http.StatusServiceUnavailable, "internal", "recording the token as used: %v", err)
+		return nil, refused(http.StatusServiceUnavailable, "internal", "recording the token as used: %v", err)
 	}
-	return nil
+	return lease, nil
 }
 
 // request makes the request ConfigMap of namespace name for the identity, or finds the one it made

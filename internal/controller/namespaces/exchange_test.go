@@ -252,7 +252,12 @@ func TestExchange(t *testing.T) {
 		// acme/Web's pull request 42 makes the same name with this issuer's template.
 		c := pr("acme/web", "42")
 		c["repository"] = "acme/Web" // another repository whose name maps alike
-		x.wantRefused(t, x.exchange(t, x.github.Token(t, c), ""), http.StatusForbidden, "held", "held by another identity (its request")
+		tok := x.github.Token(t, c)
+		x.wantRefused(t, x.exchange(t, tok, ""), http.StatusForbidden, "held", "held by another identity (its request")
+		// Refused, it handed out nothing: the token is not used up (presented again, it is refused
+		// for what it asks, not as a replay).
+		r := x.exchange(t, tok, "")
+		x.wantRefused(t, r, http.StatusForbidden, "held", "the token is not used up")
 	})
 
 	t.Run("an identity holds at most its limit", func(t *testing.T) {
