@@ -92,7 +92,7 @@ type SecurityIntentExceptionStatus struct {
 // +kubebuilder:resource:shortName=sie
 // +kubebuilder:printcolumn:name="Intent",type=string,JSONPath=`.spec.intent`
 // +kubebuilder:printcolumn:name="Owner",type=string,JSONPath=`.spec.owner`
-// +kubebuilder:printcolumn:name="Expires",type=date,JSONPath=`.spec.expires`
+// +kubebuilder:printcolumn:name="Expires",type=string,JSONPath=`.spec.expires`
 // +kubebuilder:printcolumn:name="Exempted",type=integer,JSONPath=`.status.exempted`
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
