@@ -510,8 +510,19 @@ func installIntentCRDs(ctx context.Context, e *env) error {
 	if err := enginecrds.Copy(enginecrds.KyvernoModule, enginecrds.Kyverno, dir); err != nil {
 		return err
 	}
-	for _, kind := range []string{"securityintents", "securityintentbindings", "clustersecurityintentbindings", "nimbuspolicies", "clusternimbuspolicies"} {
-		src := filepath.Join(testenv.RepoRoot(), "config", "crd", "bases", "intent.security.nimbus.com_"+kind+".yaml")
+	// The kinds the intents controller requires: Nimbus's API and the exceptions.
+	var sources []string
+	for _, group := range []string{intentv1alpha1.GroupVersion.Group, securityv1alpha1.GroupVersion.Group} {
+		files, err := filepath.Glob(filepath.Join(testenv.RepoRoot(), "config", "crd", "bases", group+"_*.yaml"))
+		if err != nil {
+			return err
+		}
+		sources = append(sources, files...)
+	}
+	if len(sources) != len(intents.Kinds) {
+		return fmt.Errorf("%d CRDs in config/crd/bases for the intents controller's %d kinds", len(sources), len(intents.Kinds))
+	}
+	for _, src := range sources {
 		b, err := os.ReadFile(src)
 		if err != nil {
 			return err
@@ -538,7 +549,8 @@ func createAll(ctx context.Context, c client.Client, objs []client.Object) error
 // second for the kinds it does not otherwise see created.
 func warmWatchCaches(ctx context.Context, c client.Client) error {
 	for _, gvk := range []schema.GroupVersionKind{intent.KubeArmorPolicyKind, intent.KyvernoPolicyKind, intent.KyvernoClusterPolicyKind,
-		intentv1alpha1.GroupVersion.WithKind("ClusterSecurityIntentBinding"), intentv1alpha1.GroupVersion.WithKind("ClusterNimbusPolicy")} {
+		intentv1alpha1.GroupVersion.WithKind("ClusterSecurityIntentBinding"), intentv1alpha1.GroupVersion.WithKind("ClusterNimbusPolicy"),
+		securityv1alpha1.GroupVersion.WithKind("SecurityIntentException")} {
 		list := &unstructured.UnstructuredList{}
 		list.SetGroupVersionKind(gvk.GroupVersion().WithKind(gvk.Kind + "List"))
 		if err := c.List(ctx, list, client.Limit(1)); err != nil {
