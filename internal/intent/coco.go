@@ -97,7 +97,7 @@ func clusterSelection(cnp *intentv1alpha1.ClusterNimbusPolicy, kind string) (mat
 	if len(sel.MatchNames) > 0 && !slices.Equal(sel.MatchNames, []string{"*"}) {
 		namespaces = sel.MatchNames
 	} else if len(sel.ExcludeNames) > 0 {
-		excluded = append(excluded, map[string]any{"resources": map[string]any{"namespaces": anyList(sel.ExcludeNames)}})
+		excluded = append(excluded, map[string]any{"resources": map[string]any{"namespaces": AnyList(sel.ExcludeNames)}})
 	}
 	match = map[string]any{"any": []any{kindResources(kind, namespaces, cnp.Spec.WorkloadSelector.MatchLabels)}}
 	return match, map[string]any{"any": excluded}

@@ -50,7 +50,7 @@ const (
 func kindResources(kind string, namespaces []string, labels map[string]string) map[string]any {
 	res := map[string]any{"kinds": []any{kind}}
 	if len(namespaces) > 0 {
-		res["namespaces"] = anyList(namespaces)
+		res["namespaces"] = AnyList(namespaces)
 	}
 	if len(labels) > 0 {
 		res["selector"] = map[string]any{"matchLabels": matchLabels(labels)}
@@ -58,7 +58,8 @@ func kindResources(kind string, namespaces []string, labels map[string]string) m
 	return map[string]any{"resources": res}
 }
 
-func anyList(ss []string) []any {
+// AnyList is ss as unstructured content holds a list of strings.
+func AnyList(ss []string) []any {
 	out := make([]any, 0, len(ss))
 	for _, s := range ss {
 		out = append(out, s)

@@ -110,11 +110,17 @@ func startIAMManager(t *testing.T, emu *iamEmulatorProcess, extra ...string) *pr
 
 func kubectlApply(t *testing.T, ns, manifest string) {
 	t.Helper()
-	path := filepath.Join(t.TempDir(), "manifest.yaml")
-	must(t, os.WriteFile(path, []byte(manifest), 0o600))
-	if out, err := cluster.Kubectl(context.Background(), "apply", "-n", ns, "-f", path); err != nil {
+	if out, err := kubectlApplyErr(t, ns, manifest); err != nil {
 		t.Fatal(out, err)
 	}
+}
+
+// kubectlApplyErr applies manifest in ns and returns kubectl's output and error.
+func kubectlApplyErr(t *testing.T, ns, manifest string) (string, error) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "manifest.yaml")
+	must(t, os.WriteFile(path, []byte(manifest), 0o600))
+	return cluster.Kubectl(context.Background(), "apply", "-n", ns, "-f", path)
 }
 
 func kubectlOK(t *testing.T, args ...string) string {

@@ -5,8 +5,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -243,12 +241,4 @@ spec:
 		}
 	})
 	mgr.stop(t)
-}
-
-// kubectlApplyErr applies manifest in ns and returns kubectl's output and error.
-func kubectlApplyErr(t *testing.T, ns, manifest string) (string, error) {
-	t.Helper()
-	path := filepath.Join(t.TempDir(), "manifest.yaml")
-	must(t, os.WriteFile(path, []byte(manifest), 0o600))
-	return cluster.Kubectl(context.Background(), "apply", "-n", ns, "-f", path)
 }

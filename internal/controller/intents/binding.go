@@ -216,26 +216,35 @@ func enforcedChanged() predicate.Predicate {
 	}
 }
 
-// bindingsNaming lists the bindings of both kinds that name the intent, from the cache. Only their
-// conditions are read, so the cache's objects are not copied (an intent may be bound thousands of
-// times).
+// bindingsNaming is what the intent's status reads of the bindings naming it.
 func (r *intentReconciler) bindingsNaming(ctx context.Context, name string) ([]boundBy, error) {
-	var out []boundBy
-	sibs := &intentv1alpha1.SecurityIntentBindingList{}
-	if err := r.client.List(ctx, sibs, client.MatchingFields{indexIntents: name}, client.UnsafeDisableDeepCopy); err != nil {
+	sibs, csibs, err := r.bindingsNamingIntent(ctx, name)
+	if err != nil {
 		return nil, err
 	}
-	for _, b := range sibs.Items {
+	out := make([]boundBy, 0, len(sibs)+len(csibs))
+	for _, b := range sibs {
 		out = append(out, boundBy{"SecurityIntentBinding " + b.Namespace + "/" + b.Name, b.Status.Conditions, b.Generation, enforcedGeneration(b.Status.EnforcedIntents, name)})
 	}
-	csibs := &intentv1alpha1.ClusterSecurityIntentBindingList{}
-	if err := r.client.List(ctx, csibs, client.MatchingFields{indexIntents: name}, client.UnsafeDisableDeepCopy); err != nil {
-		return nil, err
-	}
-	for _, b := range csibs.Items {
+	for _, b := range csibs {
 		out = append(out, boundBy{"ClusterSecurityIntentBinding " + b.Name, b.Status.Conditions, b.Generation, enforcedGeneration(b.Status.EnforcedIntents, name)})
 	}
 	return out, nil
+}
+
+// bindingsNamingIntent lists the bindings of both kinds that name the intent, from the cache. The
+// cache's objects are not copied (an intent may be bound thousands of times): callers only read
+// them.
+func (b *base) bindingsNamingIntent(ctx context.Context, name string) ([]intentv1alpha1.SecurityIntentBinding, []intentv1alpha1.ClusterSecurityIntentBinding, error) {
+	sibs := &intentv1alpha1.SecurityIntentBindingList{}
+	if err := b.client.List(ctx, sibs, client.MatchingFields{indexIntents: name}, client.UnsafeDisableDeepCopy); err != nil {
+		return nil, nil, err
+	}
+	csibs := &intentv1alpha1.ClusterSecurityIntentBindingList{}
+	if err := b.client.List(ctx, csibs, client.MatchingFields{indexIntents: name}, client.UnsafeDisableDeepCopy); err != nil {
+		return nil, nil, err
+	}
+	return sibs.Items, csibs.Items, nil
 }
 
 func joinEngines(es []intent.Engine) string {

@@ -10,7 +10,9 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -226,13 +228,18 @@ func exemptedNamespaces(exc *securityv1alpha1.SecurityIntentException) []string 
 func (r *exceptionReconciler) exempt(ctx context.Context, exc *securityv1alpha1.SecurityIntentException) (status.Outcome, error) {
 	now := r.now().Time
 	st := &exc.Status
-	refuse := func(ref refusal) (status.Outcome, error) {
-		if err := r.removePolicyException(ctx, client.ObjectKeyFromObject(exc)); err != nil {
+	// withdraw removes what the exception's PolicyException exempted, and its status says none.
+	withdraw := func() error {
+		st.PolicyException, st.Policies, st.Exempted = "", nil, nil
+		return r.removePolicyException(ctx, client.ObjectKeyFromObject(exc))
+	}
+	refuseAfter := func(retry time.Duration, ref refusal) (status.Outcome, error) {
+		if err := withdraw(); err != nil {
 			return status.Outcome{}, err
 		}
-		st.PolicyException, st.Policies, st.Exempted = "", nil, nil
-		return status.WaitsForPerson(ref.reason, ref.message, 0), nil
+		return status.WaitsForPerson(ref.reason, ref.message, retry), nil
 	}
+	refuse := func(ref refusal) (status.Outcome, error) { return refuseAfter(0, ref) }
 	if ref := checkException(exc, r.opts, now); ref != nil {
 		return refuse(*ref)
 	}
@@ -266,10 +273,9 @@ func (r *exceptionReconciler) exempt(ctx context.Context, exc *securityv1alpha1.
 	}
 	until := exc.Spec.Expires.Sub(now)
 	if len(policies) == 0 {
-		if err := r.removePolicyException(ctx, client.ObjectKeyFromObject(exc)); err != nil {
+		if err := withdraw(); err != nil {
 			return status.Outcome{}, err
 		}
-		st.PolicyException, st.Policies, st.Exempted = "", nil, nil
 		o := status.Healthy("NothingToExempt", fmt.Sprintf("no binding applies SecurityIntent %s to these workloads' namespaces: nothing to exempt from "+
 			"(a PolicyException is written when one does); expires %s", si.Name, exc.Spec.Expires.UTC().Format(time.RFC3339)), 0)
 		o.RequeueAfter = until + time.Second
@@ -288,19 +294,14 @@ func (r *exceptionReconciler) exempt(ctx context.Context, exc *securityv1alpha1.
 	switch {
 	case err != nil && rejected(err):
 		// What an earlier version of the exception wrote exempts no longer either.
-		if err := r.removePolicyException(ctx, client.ObjectKeyFromObject(exc)); err != nil {
-			return status.Outcome{}, err
-		}
-		st.PolicyException, st.Policies, st.Exempted = "", nil, nil
-		return status.WaitsForPerson("Rejected", "Kyverno's PolicyException is refused: "+err.Error(), retry), nil
+		return refuseAfter(retry, refusal{"Rejected", "Kyverno's PolicyException is refused: " + err.Error()})
 	case err != nil:
 		return status.Outcome{}, err
 	case did == owned.Terminating:
 		return status.Progressing("NamespaceTerminating", "the exception namespace "+r.opts.Namespace+" is being deleted", retry), nil
-	case did == owned.Taken:
-		st.PolicyException, st.Policies, st.Exempted = "", nil, nil
-		return status.WaitsForPerson("Conflict", fmt.Sprintf("PolicyException %s/%s exists and does not carry this exception; it is left alone",
-			want.GetNamespace(), want.GetName()), retry), nil
+	case did == owned.Taken: // withdraw leaves another's PolicyException alone
+		return refuseAfter(retry, refusal{"Conflict", fmt.Sprintf("PolicyException %s/%s exists and does not carry this exception; it is left alone",
+			want.GetNamespace(), want.GetName())})
 	case did != owned.Unchanged:
 		r.recorder.Eventf(exc, nil, corev1.EventTypeNormal, "PolicyException"+strings.ToUpper(string(did[:1]))+string(did[1:]), "Exempt",
 			"%s Kyverno PolicyException %s/%s exempting from %s", did, want.GetNamespace(), want.GetName(), strings.Join(entriesOf(policies), ", "))
@@ -366,29 +367,24 @@ func orNone(s string) string {
 // the namespaced Policy of each SecurityIntentBinding naming it there, the ClusterPolicy of each
 // ClusterSecurityIntentBinding naming it, by their key in Kyverno's results, sorted.
 func (r *exceptionReconciler) exemptedPolicies(ctx context.Context, exc *securityv1alpha1.SecurityIntentException, intentName, id string, namespaced, cluster bool) ([]scannedPolicy, error) {
+	sibs, csibs, err := r.bindingsNamingIntent(ctx, intentName)
+	if err != nil {
+		return nil, err
+	}
 	namespaces := exemptedNamespaces(exc)
 	var out []scannedPolicy
-	if namespaced {
-		sibs := &intentv1alpha1.SecurityIntentBindingList{}
-		if err := r.client.List(ctx, sibs, client.MatchingFields{indexIntents: intentName}, client.UnsafeDisableDeepCopy); err != nil {
-			return nil, err
-		}
-		for _, sib := range sibs.Items {
-			if slices.Contains(namespaces, "*") || slices.Contains(namespaces, sib.Namespace) {
-				_, key, _, _ := kyvernoPolicy(sib.Namespace, intent.PolicyName(sib.Name, id))
-				out = append(out, scannedPolicy{key: key, entry: "KyvernoPolicy/" + key})
-			}
+	for _, sib := range sibs {
+		if namespaced && (slices.Contains(namespaces, "*") || slices.Contains(namespaces, sib.Namespace)) {
+			_, key, _, _ := kyvernoPolicy(sib.Namespace, intent.PolicyName(sib.Name, id))
+			out = append(out, scannedPolicy{key: key, entry: "KyvernoPolicy/" + key})
 		}
 	}
-	if cluster {
-		csibs := &intentv1alpha1.ClusterSecurityIntentBindingList{}
-		if err := r.client.List(ctx, csibs, client.MatchingFields{indexIntents: intentName}, client.UnsafeDisableDeepCopy); err != nil {
-			return nil, err
+	for _, csib := range csibs {
+		if !cluster {
+			break
 		}
-		for _, csib := range csibs.Items {
-			_, key, entry, _ := kyvernoPolicy("", intent.PolicyName(csib.Name, id))
-			out = append(out, scannedPolicy{key: key, entry: entry})
-		}
+		_, key, entry, _ := kyvernoPolicy("", intent.PolicyName(csib.Name, id))
+		out = append(out, scannedPolicy{key: key, entry: entry})
 	}
 	slices.SortFunc(out, func(a, b scannedPolicy) int { return strings.Compare(a.key, b.key) })
 	return slices.CompactFunc(out, func(a, b scannedPolicy) bool { return a.key == b.key }), nil
@@ -420,7 +416,7 @@ func PolicyExceptionName(namespace, name string) string {
 func (r *exceptionReconciler) policyException(exc *securityv1alpha1.SecurityIntentException, policies []scannedPolicy) (*unstructured.Unstructured, error) {
 	// Kyverno matches nothing by an empty resource filter: the namespaces are always written ("*"
 	// is its wildcard for every namespace).
-	resources := map[string]any{"namespaces": toAny(exemptedNamespaces(exc))}
+	resources := map[string]any{"namespaces": intent.AnyList(exemptedNamespaces(exc))}
 	if sel := exc.Spec.Workloads.Selector; len(sel.MatchLabels)+len(sel.MatchExpressions) > 0 {
 		m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(&sel)
 		if err != nil {
@@ -453,25 +449,16 @@ func (r *exceptionReconciler) policyException(exc *securityv1alpha1.SecurityInte
 	return pe, nil
 }
 
-func toAny(ss []string) []any {
-	out := make([]any, 0, len(ss))
-	for _, s := range ss {
-		out = append(out, s)
-	}
-	return out
-}
-
 // removePolicyException deletes the PolicyException carrying the exception key, when there is
 // one and it carries that exception.
-func (b *base) removePolicyException(ctx context.Context, key client.ObjectKey) error {
-	ns := b.exceptionNamespace
-	if ns == "" {
-		return nil
+func (r *exceptionReconciler) removePolicyException(ctx context.Context, key client.ObjectKey) error {
+	if r.opts.Namespace == "" {
+		return nil // none is written (the sweep removes those of an earlier configuration)
 	}
 	pe := &unstructured.Unstructured{}
 	pe.SetGroupVersionKind(PolicyExceptionKind)
-	err := b.apiReader.Get(ctx, client.ObjectKey{Namespace: ns, Name: PolicyExceptionName(key.Namespace, key.Name)}, pe)
-	if apierrors.IsNotFound(err) || meta404(err) {
+	err := r.apiReader.Get(ctx, client.ObjectKey{Namespace: r.opts.Namespace, Name: PolicyExceptionName(key.Namespace, key.Name)}, pe)
+	if notServed(err) {
 		return nil
 	}
 	if err != nil {
@@ -480,13 +467,13 @@ func (b *base) removePolicyException(ctx context.Context, key client.ObjectKey) 
 	if pe.GetAnnotations()[ExceptionAnnotation] != key.String() {
 		return nil // someone else's: left alone (the exception's status said Conflict)
 	}
-	return client.IgnoreNotFound(b.client.Delete(ctx, pe, client.Preconditions{UID: new(pe.GetUID())}))
+	return client.IgnoreNotFound(r.client.Delete(ctx, pe, client.Preconditions{UID: new(pe.GetUID())}))
 }
 
-// meta404 reports an error that says the kind is not served (Kyverno not installed): there is no
-// PolicyException to remove then.
-func meta404(err error) bool {
-	return err != nil && (strings.Contains(err.Error(), "no matches for kind") || apierrors.IsNotFound(err))
+// notServed reports an error that says there is no such object, or no such kind (Kyverno not
+// installed): there is no PolicyException to remove then.
+func notServed(err error) bool {
+	return apierrors.IsNotFound(err) || meta.IsNoMatchError(err)
 }
 
 // exempted counts the workloads Kyverno's reports say it skipped, for any of the policies, under
@@ -519,16 +506,7 @@ func (b *base) exempted(ctx context.Context, policies []scannedPolicy, pe string
 // wakeExceptions sends every exception to its controller (Kyverno appeared: their PolicyExceptions
 // can be written now).
 func (b *base) wakeExceptions(ctx context.Context, ch chan<- event.GenericEvent) error {
-	list := &securityv1alpha1.SecurityIntentExceptionList{}
-	if err := b.client.List(ctx, list); err != nil {
-		return err
-	}
-	for i := range list.Items {
-		if !send(ctx, ch, &list.Items[i]) {
-			return ctx.Err()
-		}
-	}
-	return nil
+	return b.sendListed(ctx, ch, &securityv1alpha1.SecurityIntentExceptionList{})
 }
 
 // exceptionSweep deletes, once each time the controller leads, the PolicyExceptions it wrote that
@@ -536,7 +514,7 @@ func (b *base) wakeExceptions(ctx context.Context, ch chan<- event.GenericEvent)
 // them at once), and every one outside --intents-exception-namespace (all of them when exceptions
 // are off: a manager restarted with the flag changed or empty leaves no exemption in force).
 type exceptionSweep struct {
-	*base
+	*exceptionReconciler
 }
 
 func (s exceptionSweep) NeedLeaderElection() bool { return true }
@@ -545,7 +523,7 @@ func (s exceptionSweep) Start(ctx context.Context) error {
 	list := &unstructured.UnstructuredList{}
 	list.SetGroupVersionKind(PolicyExceptionKind.GroupVersion().WithKind("PolicyExceptionList"))
 	if err := s.apiReader.List(ctx, list, client.MatchingLabels{managedByLabel: managedByValue}); err != nil {
-		if meta404(err) {
+		if notServed(err) {
 			return nil // Kyverno is not installed: nothing was written
 		}
 		s.engines.log.Error(err, "the PolicyExceptions of SecurityIntentExceptions could not be listed: those left behind are not swept until the next start")
@@ -554,7 +532,7 @@ func (s exceptionSweep) Start(ctx context.Context) error {
 	for i := range list.Items {
 		pe := &list.Items[i]
 		nsName := pe.GetAnnotations()[ExceptionAnnotation]
-		if pe.GetNamespace() == s.exceptionNamespace {
+		if pe.GetNamespace() == s.opts.Namespace {
 			ns, name, ok := strings.Cut(nsName, "/")
 			if !ok {
 				continue
@@ -584,7 +562,7 @@ func exceptionShown() predicate.Predicate {
 			if !ok1 || !ok2 {
 				return true
 			}
-			return a.Spec.Intent != b.Spec.Intent || !equalShown(summarize(a), summarize(b))
+			return a.Spec.Intent != b.Spec.Intent || !equality.Semantic.DeepEqual(summarize(a), summarize(b))
 		},
 	}
 }
@@ -595,10 +573,6 @@ func summarize(exc *securityv1alpha1.SecurityIntentException) intentv1alpha1.Int
 		Name: exc.Namespace + "/" + exc.Name, Owner: exc.Spec.Owner, Expires: exc.Spec.Expires,
 		State: status.ReadyReason(exc.Status.Conditions), Exempted: exc.Status.Exempted,
 	}
-}
-
-func equalShown(a, b intentv1alpha1.IntentException) bool {
-	return a.Name == b.Name && a.Owner == b.Owner && a.Expires.Equal(&b.Expires) && a.State == b.State && ptr.Equal(a.Exempted, b.Exempted)
 }
 
 // exceptionsOf maps an exception to the intent it names.

@@ -3,24 +3,19 @@ package intents
 import (
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/yaml"
 
 	intentv1alpha1 "github.com/quartermaster-dev/quartermaster/api/intent/v1alpha1"
 	securityv1alpha1 "github.com/quartermaster-dev/quartermaster/api/security/v1alpha1"
 	"github.com/quartermaster-dev/quartermaster/internal/controller/status"
-	"github.com/quartermaster-dev/quartermaster/internal/testing/enginecrds"
 )
 
 // TestCheckException walks every check of an exception that needs no other object: each refusal
@@ -156,7 +151,7 @@ func TestExceptionLifecycle(t *testing.T) {
 		waitReason(t, "EngineNotInstalled")
 	})
 	t.Run("Kyverno installed, the intent not bound in the namespace: nothing to exempt", func(t *testing.T) {
-		installPolicyExceptionCRD(t, f)
+		f.installKyvernoCRDs(t, "config/crds/kyverno/kyverno.io_policyexceptions.yaml")
 		f.installKyverno(t)
 		waitReason(t, "NothingToExempt") // woken when Kyverno appeared, not at the 5-minute recheck
 		if _, err := policyException(); !apierrors.IsNotFound(err) {
@@ -250,7 +245,7 @@ func TestExceptionsTurnedOff(t *testing.T) {
 	f := start(t)
 	f.namespace(t, "off")
 	f.namespace(t, testExceptions.Namespace)
-	installPolicyExceptionCRD(t, f)
+	f.installKyvernoCRDs(t, "config/crds/kyverno/kyverno.io_policyexceptions.yaml")
 	f.installKyverno(t)
 	f.intent(t, "off-escape", "escapeToHost", nil)
 	f.binding(t, "off", "web", map[string]string{"app": "web"}, "off-escape")
@@ -271,15 +266,4 @@ func TestExceptionsTurnedOff(t *testing.T) {
 		err := f.c.Get(ctx, client.ObjectKey{Namespace: testExceptions.Namespace, Name: "off.legacy"}, pe)
 		return apierrors.IsNotFound(err), fmt.Sprint(err)
 	})
-}
-
-// installPolicyExceptionCRD installs Kyverno's PolicyException CRD.
-func installPolicyExceptionCRD(t *testing.T, f *fixture) {
-	t.Helper()
-	dir := enginecrds.Dir(t, enginecrds.KyvernoModule, []string{"config/crds/kyverno/kyverno.io_policyexceptions.yaml"})
-	b, err := os.ReadFile(filepath.Join(dir, "kyverno.io_policyexceptions.yaml"))
-	must(t, err)
-	crd := &apiextensionsv1.CustomResourceDefinition{}
-	must(t, yaml.Unmarshal(b, crd))
-	must(t, f.c.Create(context.Background(), crd))
 }

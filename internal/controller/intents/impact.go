@@ -535,24 +535,20 @@ func (b *base) intentImpact(ctx context.Context, si *intentv1alpha1.SecurityInte
 		}
 		return b.impact(ctx, in)
 	}
-	sibs := &intentv1alpha1.SecurityIntentBindingList{}
-	if err := b.client.List(ctx, sibs, client.MatchingFields{indexIntents: si.Name}, client.UnsafeDisableDeepCopy); err != nil {
+	sibs, csibs, err := b.bindingsNamingIntent(ctx, si.Name)
+	if err != nil {
 		return nil, err
 	}
-	csibs := &intentv1alpha1.ClusterSecurityIntentBindingList{}
-	if err := b.client.List(ctx, csibs, client.MatchingFields{indexIntents: si.Name}, client.UnsafeDisableDeepCopy); err != nil {
-		return nil, err
-	}
-	if len(sibs.Items)+len(csibs.Items) == 0 {
+	if len(sibs)+len(csibs) == 0 {
 		return &intentv1alpha1.Impact{State: intentv1alpha1.ImpactCurrent, Violations: ptr.To(int32(0)), Scanned: ptr.To(int32(0)),
 			Message: "not bound: no workload is checked against it"}, nil
 	}
-	for _, sib := range sibs.Items {
+	for _, sib := range sibs {
 		if err := b.policyFor(ctx, &in, sib.Namespace, sib.Name, id); err != nil {
 			return nil, err
 		}
 	}
-	for _, csib := range csibs.Items {
+	for _, csib := range csibs {
 		if err := b.policyFor(ctx, &in, "", csib.Name, id); err != nil {
 			return nil, err
 		}
@@ -760,18 +756,26 @@ func (b *base) wakeScanned(si, sib, csib, sie chan<- event.GenericEvent) func(ct
 				{csib, &intentv1alpha1.ClusterSecurityIntentBindingList{}, indexIntents},
 				{sie, &securityv1alpha1.SecurityIntentExceptionList{}, indexExceptionIntent},
 			} {
-				if err := b.client.List(ctx, l.list, client.MatchingFields{l.field: s.Name}); err != nil {
+				if err := b.sendListed(ctx, l.ch, l.list, client.MatchingFields{l.field: s.Name}); err != nil {
 					return err
-				}
-				sent := true
-				_ = forEach(l.list, func(o client.Object) { sent = sent && send(ctx, l.ch, o) })
-				if !sent {
-					return ctx.Err()
 				}
 			}
 		}
 		return nil
 	}
+}
+
+// sendListed lists list's kind from the cache (opts narrow it) and sends each object to ch.
+func (b *base) sendListed(ctx context.Context, ch chan<- event.GenericEvent, list client.ObjectList, opts ...client.ListOption) error {
+	if err := b.client.List(ctx, list, opts...); err != nil {
+		return err
+	}
+	sent := true
+	_ = forEach(list, func(o client.Object) { sent = sent && send(ctx, ch, o) })
+	if !sent {
+		return ctx.Err()
+	}
+	return nil
 }
 
 // send sends obj to ch unless ctx ends first.

@@ -2,22 +2,17 @@ package intents
 
 import (
 	"context"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
-	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/yaml"
 
 	intentv1alpha1 "github.com/quartermaster-dev/quartermaster/api/intent/v1alpha1"
-	"github.com/quartermaster-dev/quartermaster/internal/testing/enginecrds"
 )
 
 // TestImpactSaysWhyItIsUnknown walks an intent's impact through the states that need no report
@@ -76,13 +71,7 @@ func TestImpactSaysWhyItIsUnknown(t *testing.T) {
 		waitImpact(t, si, intentv1alpha1.ImpactUnknown, "PolicyReport kind (wgpolicyk8s.io/v1alpha2) is not served")
 	})
 	t.Run("no reports controller has run: Unknown, naming the Lease", func(t *testing.T) {
-		file := "config/crds/policyreport/wgpolicyk8s.io_policyreports.yaml"
-		dir := enginecrds.Dir(t, enginecrds.KyvernoModule, []string{file})
-		b, err := os.ReadFile(filepath.Join(dir, filepath.Base(file)))
-		must(t, err)
-		crd := &apiextensionsv1.CustomResourceDefinition{}
-		must(t, yaml.Unmarshal(b, crd))
-		must(t, f.c.Create(ctx, crd))
+		f.installKyvernoCRDs(t, "config/crds/policyreport/wgpolicyk8s.io_policyreports.yaml")
 		waitImpact(t, si, intentv1alpha1.ImpactUnknown, "never run here (no Lease kyverno/kyverno-reports-controller")
 		waitImpact(t, sib, intentv1alpha1.ImpactUnknown, "never run here")
 	})

@@ -66,9 +66,7 @@ type base struct {
 	engines     *engines
 	deferred    *deferredReports // NimbusPolicies' status reports, after their enforcement
 	reports     *reports         // Kyverno's reports of existing workloads (impact.go)
-	// exceptionNamespace is where Kyverno accepts PolicyExceptions ("": exceptions refused).
-	exceptionNamespace string
-	now                func() metav1.Time
+	now         func() metav1.Time
 }
 
 // step ends every reconcile of an object the controllers report on (status.Step).
@@ -116,8 +114,6 @@ func setup(mgr ctrl.Manager, o Options, engineInterval time.Duration) (*base, er
 		recorder:  status.NewRecorder(mgr, "quartermaster-intents"),
 		deferred:  newDeferredReports(),
 		now:       metav1.Now,
-
-		exceptionNamespace: o.Exceptions.Namespace,
 	}
 	// Caches of the controller's own: the shared cache may be narrowed to another controller's
 	// Namespaces and NetworkPolicies (the namespaces controller's labels).
@@ -196,7 +192,8 @@ func setup(mgr ctrl.Manager, o Options, engineInterval time.Duration) (*base, er
 	if err != nil {
 		return nil, err
 	}
-	sieCtrl, err := (&exceptionReconciler{base: b, opts: o.Exceptions}).setup(mgr, opts, impact[3])
+	exceptions := &exceptionReconciler{base: b, opts: o.Exceptions}
+	sieCtrl, err := exceptions.setup(mgr, opts, impact[3])
 	if err != nil {
 		return nil, err
 	}
@@ -205,7 +202,7 @@ func setup(mgr ctrl.Manager, o Options, engineInterval time.Duration) (*base, er
 	if err := mgr.Add(b.reports); err != nil {
 		return nil, err
 	}
-	if err := mgr.Add(exceptionSweep{base: b}); err != nil {
+	if err := mgr.Add(exceptionSweep{exceptions}); err != nil {
 		return nil, err
 	}
 	// The watches of the engines there now (NetworkPolicy always; the others looked for above) are

@@ -110,15 +110,21 @@ func (f *fixture) stop(t *testing.T) {
 // and starts the stand-in for Kyverno's status writes (acceptKyvernoPolicies).
 func (f *fixture) installKyverno(t *testing.T) {
 	t.Helper()
-	dir := enginecrds.Dir(t, enginecrds.KyvernoModule, enginecrds.Kyverno)
-	for _, file := range enginecrds.Kyverno {
+	f.installKyvernoCRDs(t, enginecrds.Kyverno...)
+	f.acceptKyvernoPolicies(t)
+}
+
+// installKyvernoCRDs creates the CRDs of files in Kyverno's module (paths within it).
+func (f *fixture) installKyvernoCRDs(t *testing.T, files ...string) {
+	t.Helper()
+	dir := enginecrds.Dir(t, enginecrds.KyvernoModule, files)
+	for _, file := range files {
 		b, err := os.ReadFile(filepath.Join(dir, filepath.Base(file)))
 		must(t, err)
 		crd := &apiextensionsv1.CustomResourceDefinition{}
 		must(t, yaml.Unmarshal(b, crd))
 		must(t, f.c.Create(context.Background(), crd))
 	}
-	f.acceptKyvernoPolicies(t)
 }
 
 // acceptKyvernoPolicies stands in for Kyverno, which envtest does not run: to each Kyverno policy
