@@ -10,9 +10,6 @@ CONTROLLER_GEN := $(GO) tool controller-gen
 K8S_BIN = $$(hack/k8s-bin.sh | tail -n1)
 # The same for the oldest Kubernetes docs/install.md supports: kube-apiserver, etcd and kubectl only.
 K8S_MIN_BIN = $$(hack/k8s-bin.sh 1.30 | tail -n1)
-# The packages whose tests run envtest (a real kube-apiserver and etcd): make test-k8s-min runs them
-# against K8S_MIN_BIN.
-ENVTEST_PACKAGES := ./internal/controller/... ./internal/manager/... ./internal/nodeagent/... ./test/policies/...
 # The folder hack/kyverno-bin.sh builds Kyverno's admission and background controllers and copies its CRDs into
 # (the e2e runs them against the local cluster; QM_KYVERNO_BIN tells it where they are).
 KYVERNO_BIN = $$(hack/kyverno-bin.sh | tail -n1)
@@ -104,28 +101,58 @@ kyverno-bin: ## Build Kyverno's admission and background controllers (v1.19.1) f
 	@hack/kyverno-bin.sh
 
 ##@ Test
+# Each stage runs through bin/testreport (hack/testreport): its wall and CPU time and result land in
+# bin/test-report/, a go test stage's events with them; make test ends with their table.
+STAGE = bin/testreport stage
+
+bin/testreport: hack/testreport/main.go
+	$(GO) build -o $@ ./hack/testreport
+
 .PHONY: test
-test: lint verify-generated test-unit test-k8s-min test-e2e test-real-node ## Everything CI runs: lint, generated-file check, unit + envtest, envtest on the oldest supported Kubernetes, e2e on the local cluster, the chart on a real node.
+test: ## Everything CI runs, in two lanes side by side (hack/test.sh), ending with the table of each stage's time and the slowest tests (bin/test-report/summary.txt).
+	hack/test.sh
+
+.PHONY: test-report
+test-report: bin/testreport ## Print the table of the last make test's stages and slowest tests again.
+	@bin/testreport summary
+
+.PHONY: test-prepare
+test-prepare: ## Build (or find in the cache) every binary the test stages run: Kubernetes 1.37 and 1.30, Kyverno, containerd, a real node's parts, Helm.
+	@hack/k8s-bin.sh >/dev/null
+	@hack/k8s-bin.sh 1.30 >/dev/null
+	@hack/kyverno-bin.sh >/dev/null
+	@hack/containerd-bin.sh >/dev/null
+	@hack/node-bin.sh >/dev/null
+	@hack/helm.sh version >/dev/null
+	@QM_HELM_MAJOR=3 hack/helm.sh version >/dev/null
+
+.PHONY: test-lint
+test-lint: bin/testreport
+	@$(STAGE) lint -- $(MAKE) --no-print-directory lint
+
+.PHONY: test-generated
+test-generated: bin/testreport
+	@$(STAGE) generated -- hack/verify-generated.sh
 
 .PHONY: test-unit
-test-unit: ## Unit and envtest integration tests (real kube-apiserver + etcd).
-	KUBEBUILDER_ASSETS="$(K8S_BIN)" $(GO) test $(TEST_FLAGS) -timeout 20m ./...
+test-unit: bin/testreport ## Unit and envtest integration tests (real kube-apiserver + etcd), with -race.
+	KUBEBUILDER_ASSETS="$(K8S_BIN)" $(STAGE) unit -- $(GO) test -json $(TEST_FLAGS) -timeout 20m ./...
 
 .PHONY: test-k8s-min
-test-k8s-min: ## The envtest suites against the oldest Kubernetes docs/install.md supports (1.30, built from source once into the cache).
-	KUBEBUILDER_ASSETS="$(K8S_MIN_BIN)" $(GO) test -count=1 -timeout 20m $(ENVTEST_PACKAGES)
+test-k8s-min: bin/testreport ## What depends on the API server's version (hack/k8s-min-tests.txt: CRD schemas and CEL, admission policies, each controller's kinds and verbs) against the oldest Kubernetes docs/install.md supports (1.30, built from source once into the cache).
+	KUBEBUILDER_ASSETS="$(K8S_MIN_BIN)" $(STAGE) k8s-min -- hack/k8s-min.sh
 
 .PHONY: test-stress
 test-stress: ## The unit + envtest suite twice at once, three rounds in a row (ROUNDS=n): flakes show here, not in CI.
 	hack/test-stress.sh
 
 .PHONY: test-e2e
-test-e2e: containerd-bin ## End-to-end tests on a local kwok cluster they create and delete, a containerd daemon of their own (as root) and a real Kyverno (each built once into the cache).
-	KUBEBUILDER_ASSETS="$(K8S_BIN)" QM_KYVERNO_BIN="$(KYVERNO_BIN)" $(GO) test -tags e2e -count=1 -timeout 30m ./test/e2e/...
+test-e2e: bin/testreport containerd-bin ## End-to-end tests on a local kwok cluster they create and delete, a containerd daemon of their own (as root) and a real Kyverno (each built once into the cache).
+	KUBEBUILDER_ASSETS="$(K8S_BIN)" QM_KYVERNO_BIN="$(KYVERNO_BIN)" $(STAGE) e2e -- $(GO) test -json -tags e2e -count=1 -timeout 30m ./test/e2e/...
 
 .PHONY: test-real-node
-test-real-node: node-bin ## The chart installed with Helm on a real one-node cluster the tests start and stop (hack/real-cluster.sh; as root): Pods run from the project's image, a kubelet pulls through the mirror.
-	$(GO) test -tags e2e -count=1 -timeout 20m ./test/realnode/...
+test-real-node: bin/testreport node-bin ## The chart installed with Helm on a real one-node cluster the tests start and stop (hack/real-cluster.sh; as root): Pods run from the project's image, a kubelet pulls through the mirror.
+	$(STAGE) real-node -- $(GO) test -json -tags e2e -count=1 -timeout 20m ./test/realnode/...
 
 ##@ Local cluster
 .PHONY: cluster-up

@@ -144,12 +144,12 @@ func TestVerifyRefusals(t *testing.T) {
 
 func TestKeysRotateAndTheIssuerGoesAway(t *testing.T) {
 	gh, gl := oidcissuer.Start(t, "/github"), oidcissuer.Start(t, "/gitlab")
-	clock := time.Now()
-	v := &Verifier{Client: oidcissuer.Client(gh, gl), Now: func() time.Time { return clock }}
+	clock := newTestClock(gh, gl)
+	v := &Verifier{Client: oidcissuer.Client(gh, gl), Now: clock.Now}
 	ctx := context.Background()
 	long := func() oidcissuer.Claims {
 		c := oidcissuer.GitHubClaims(aud, "acme/web", "refs/heads/main", "push")
-		c["exp"] = time.Now().Add(3 * time.Hour).Unix()
+		c["exp"] = clock.Now().Add(3 * time.Hour).Unix()
 		return c
 	}
 	old := gh.Token(t, long())
@@ -174,7 +174,7 @@ func TestKeysRotateAndTheIssuerGoesAway(t *testing.T) {
 
 	// The old key retired: once the keys are refreshed, its tokens stop verifying.
 	gh.Retire()
-	clock = clock.Add(KeysRefresh + time.Second)
+	clock.Advance(KeysRefresh + time.Second)
 	refusedBy(t, second(v.Verify(ctx, old, gh.URL, aud)), CheckSignature, old)
 	if _, err := v.Verify(ctx, rotated, gh.URL, aud); err != nil {
 		t.Errorf("the current key after the refresh: %v", err)
@@ -182,16 +182,16 @@ func TestKeysRotateAndTheIssuerGoesAway(t *testing.T) {
 
 	// The issuer goes away: the cached keys serve until KeysMaxAge, then a clear error.
 	gh.Down(true)
-	clock = clock.Add(KeysRefresh + time.Second)
+	clock.Advance(KeysRefresh + time.Second)
 	if _, err := v.Verify(ctx, rotated, gh.URL, aud); err != nil {
 		t.Errorf("cached keys while the issuer is down: %v", err)
 	}
 	unknown := gh.TokenWithUnpublishedKey(t, long())
-	clock = clock.Add(KeysRefetchEvery)
+	clock.Advance(KeysRefetchEvery)
 	if r := refusedBy(t, second(v.Verify(ctx, unknown, gh.URL, aud)), CheckSignature, unknown); !r.Unavailable {
 		t.Errorf("an unknown key while the issuer is down: %v, want it said unavailable", r.Error())
 	}
-	clock = clock.Add(KeysMaxAge)
+	clock.Advance(KeysMaxAge)
 	r := refusedBy(t, second(v.Verify(ctx, rotated, gh.URL, aud)), CheckIssuer, rotated)
 	if !r.Unavailable || !strings.Contains(r.Message, "could not be read") {
 		t.Errorf("after KeysMaxAge with the issuer down: %v", r.Error())
@@ -211,17 +211,45 @@ func TestKeysRotateAndTheIssuerGoesAway(t *testing.T) {
 
 func second[T any](_ T, err error) error { return err }
 
+// testClock stands still until the test advances it. The verifier and the issuers read the same
+// one: an issuer on the machine's clock signs tokens whose nbf and iat run ahead of a clock that
+// stands still, and a slow machine (this test once ran 148 s under load) saw them refused "not
+// valid before"; a clock that ran with real time would let a slow machine pass a refetch period
+// between two floods. Time here moves only when the test says so.
+type testClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func newTestClock(issuers ...*oidcissuer.Issuer) *testClock {
+	c := &testClock{now: time.Now()}
+	for _, is := range issuers {
+		is.Now = c.Now
+	}
+	return c
+}
+
+func (c *testClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *testClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+}
+
 // TestForgedTokensDoNotFloodTheIssuer: tokens no published key verifies (forged, or of a key the
 // issuer has not published) make at most one key set request per KeysRefetchEvery, however many
 // come at once; they are refused for their signature in between; a key the issuer then publishes
 // verifies once the period has passed.
 func TestForgedTokensDoNotFloodTheIssuer(t *testing.T) {
 	gh := oidcissuer.Start(t, "/github")
-	clock := time.Now()
-	var mu sync.Mutex
-	now := func() time.Time { mu.Lock(); defer mu.Unlock(); return clock }
-	advance := func(d time.Duration) { mu.Lock(); defer mu.Unlock(); clock = clock.Add(d) }
-	v := &Verifier{Client: oidcissuer.Client(gh), Now: now}
+	clock := newTestClock(gh)
+	advance := clock.Advance
+	v := &Verifier{Client: oidcissuer.Client(gh), Now: clock.Now}
 	ctx := context.Background()
 	claims := func() oidcissuer.Claims { return oidcissuer.GitHubClaims(aud, "acme/web", "refs/heads/main", "push") }
 	if _, err := v.Verify(ctx, gh.Token(t, claims()), gh.URL, aud); err != nil {

@@ -276,19 +276,23 @@ func TestHelmUpgradeAndRollbackLoseNothing(t *testing.T) {
 // release is an earlier commit's chart and manager binary.
 type release struct{ commit, dir, bin string }
 
-// previousRelease is the earlier release (testenv.EarlierRelease) with its manager built from its tree.
+// previousRelease is the earlier release (testenv.EarlierRelease) with its manager built from its
+// tree, once per commit (testenv.EarlierReleaseBuild keeps it in the cache).
 func previousRelease(t *testing.T) release {
 	t.Helper()
 	r := release{}
 	r.commit, r.dir = testenv.EarlierRelease(t)
-	r.bin = filepath.Join(t.TempDir(), "quartermaster-"+r.commit[:12])
-	// -trimpath: the build cache serves the packages that did not change since, whatever the folder.
-	build := exec.Command("go", "build", "-trimpath", "-o", r.bin, "./cmd/quartermaster")
-	build.Dir = r.dir
-	build.Env = append(os.Environ(), "GOWORK=off", "GOFLAGS=-buildvcs=false")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("building the manager of %s: %v\n%s", r.commit, err, out)
-	}
+	_, out := testenv.EarlierReleaseBuild(t, "manager", func(src, out string) error {
+		// -trimpath: the build cache serves the packages that did not change since, whatever the folder.
+		build := exec.Command("go", "build", "-trimpath", "-o", filepath.Join(out, "quartermaster"), "./cmd/quartermaster")
+		build.Dir = src
+		build.Env = append(os.Environ(), "GOWORK=off", "GOFLAGS=-buildvcs=false")
+		if b, err := build.CombinedOutput(); err != nil {
+			return fmt.Errorf("%w\n%s", err, b)
+		}
+		return nil
+	})
+	r.bin = filepath.Join(out, "quartermaster")
 	return r
 }
 

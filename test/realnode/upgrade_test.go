@@ -238,13 +238,16 @@ func previousRelease(t *testing.T) earlierRelease {
 	r := earlierRelease{}
 	r.commit, r.dir = testenv.EarlierRelease(t)
 	r.tag = "old-" + r.commit[:12]
-	out := t.TempDir()
-	build := exec.Command("go", "run", "./hack/image", "build", "--out", out, "--tag", r.tag, "--platforms", "linux/"+runtime.GOARCH)
-	build.Dir = r.dir
-	build.Env = append(os.Environ(), "GOWORK=off", "SOURCE_DATE_EPOCH=0")
-	if b, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("building the image of %s: %v\n%s", r.commit, err, b)
-	}
+	// Built once per commit and platform (testenv.EarlierReleaseBuild keeps it in the cache).
+	_, out := testenv.EarlierReleaseBuild(t, "image-"+r.tag+"-"+runtime.GOARCH, func(src, out string) error {
+		build := exec.Command("go", "run", "./hack/image", "build", "--out", out, "--tag", r.tag, "--platforms", "linux/"+runtime.GOARCH)
+		build.Dir = src
+		build.Env = append(os.Environ(), "GOWORK=off", "SOURCE_DATE_EPOCH=0")
+		if b, err := build.CombinedOutput(); err != nil {
+			return fmt.Errorf("%w\n%s", err, b)
+		}
+		return nil
+	})
 	must(t, cluster.Load(realcluster.ProjectImage, filepath.Join(out, "quartermaster.oci.tar")))
 	return r
 }

@@ -32,7 +32,8 @@ const maxCacheBytesPerRequest = 9 << 10
 
 // The cache's cost of a served request: its ten objects, as the API server sends them, decoded,
 // transformed and stored the way the manager's informers do (same transforms, same indexes).
-// CACHECOST_PROFILE=file writes the heap profile of what the cache holds.
+// CACHECOST_PROFILE=file writes the heap profile of what the cache holds. Not parallel: it
+// measures the process's heap.
 func TestCacheCostPerServedRequest(t *testing.T) {
 	if os.Getenv("CACHECOST_PROFILE") != "" {
 		runtime.MemProfileRate = 1

@@ -20,16 +20,16 @@ import (
 // copy namespace into each requested namespace (only sources marked for it), kept as their source
 // is, and removed when the defaults drop them.
 func TestCopiesOfSharedObjects(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
-	env := newEnv(t)
 	// envtest runs no controller-manager, whose aggregation controller fills the admin ClusterRole
-	// from the edit and view roles: give it the part of those rules the copies use.
+	// from the edit and view roles: give it the part of those rules the copies use (no other test
+	// relies on what the admin role lacks).
 	adminRole := &rbacv1.ClusterRole{}
 	must(t, env.Client.Get(ctx, client.ObjectKey{Name: "admin"}, adminRole))
 	adminRole.Rules = append(adminRole.Rules, rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"secrets", "configmaps"}, Verbs: []string{"*"}})
 	must(t, env.Client.Update(ctx, adminRole))
-	const from = "platform-shared"
-	must(t, env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: from}}))
+	from := env.Namespace(t)
 	marked := map[string]string{nsrequest.LabelCopySource: "true"}
 	pull := &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{Namespace: from, Name: "registry-pull", Labels: marked},
@@ -47,20 +47,20 @@ func TestCopiesOfSharedObjects(t *testing.T) {
 			o.DefaultsFile, o.CopyFromNamespace = d, from
 		}
 	}
-	f := runController(t, env, copying("registry-pull", "later"))
+	f := start(t, copying("registry-pull", "later"))
 	f.request(t, "ci-copy", nil)
 
 	t.Run("a source that is missing or not marked holds the request", func(t *testing.T) {
 		cm := f.waitStatus(t, "ci-copy", nsrequest.StatusPending)
 		eventually(t, "the request to name the missing source", func() bool {
 			must(t, f.c.Get(ctx, client.ObjectKeyFromObject(cm), cm))
-			return cm.Annotations[nsrequest.AnnotationReason] == ReasonCopySource && strings.Contains(cm.Annotations[nsrequest.AnnotationMessage], "Secret platform-shared/later")
+			return cm.Annotations[nsrequest.AnnotationReason] == ReasonCopySource && strings.Contains(cm.Annotations[nsrequest.AnnotationMessage], "Secret "+from+"/later")
 		}, func() string { return cm.Annotations[nsrequest.AnnotationMessage] })
 		// What could be copied was.
 		got := &corev1.Secret{}
 		must(t, f.c.Get(ctx, client.ObjectKey{Namespace: "ci-copy", Name: "registry-pull"}, got))
 		if got.Type != corev1.SecretTypeDockerConfigJson || string(got.Data[corev1.DockerConfigJsonKey]) != string(pull.Data[corev1.DockerConfigJsonKey]) ||
-			got.Labels[nsrequest.LabelCopyOf] != "registry-pull" || !nsrequest.IsOurs(got.Labels, requestsNS, "ci-copy") {
+			got.Labels[nsrequest.LabelCopyOf] != "registry-pull" || !nsrequest.IsOurs(got.Labels, f.rns, "ci-copy") {
 			t.Errorf("the copy = %+v", got)
 		}
 		// An object of that name without the mark is not copied.
@@ -91,7 +91,7 @@ func TestCopiesOfSharedObjects(t *testing.T) {
 
 	t.Run("a copy the defaults drop is removed", func(t *testing.T) {
 		f.stop(t)
-		f = runController(t, env, copying("registry-pull"))
+		f = runController(t, f.rns, copying("registry-pull"))
 		eventually(t, "the dropped copy to go", func() bool {
 			return apierrors.IsNotFound(f.c.Get(ctx, client.ObjectKey{Namespace: "ci-copy", Name: "later"}, &corev1.Secret{}))
 		}, func() string { return "Secret ci-copy/later still there" })
@@ -101,13 +101,14 @@ func TestCopiesOfSharedObjects(t *testing.T) {
 }
 
 func TestCopyFlagsAreChecked(t *testing.T) {
+	t.Parallel()
 	d := filepath.Join(t.TempDir(), "defaults.yaml")
 	must(t, os.WriteFile(d, []byte("copy:\n  secrets: [registry-pull]\n"), 0o600))
-	o := &Options{RequestsNamespace: requestsNS, DefaultsFile: d, TokenTTL: MinTokenTTLForTest, MaxTokenTTL: MinTokenTTLForTest, DenyNames: "kube-.*"}
+	o := &Options{RequestsNamespace: "namespace-requests", DefaultsFile: d, TokenTTL: MinTokenTTLForTest, MaxTokenTTL: MinTokenTTLForTest, DenyNames: "kube-.*"}
 	if _, _, err := o.policy(); err == nil || !strings.Contains(err.Error(), "set --copy-from-namespace") {
 		t.Errorf("copies without a source namespace: %v", err)
 	}
-	o.CopyFromNamespace = requestsNS
+	o.CopyFromNamespace = o.RequestsNamespace
 	if _, _, err := o.policy(); err == nil || !strings.Contains(err.Error(), "must not be the requests namespace") {
 		t.Errorf("copies from the requests namespace: %v", err)
 	}

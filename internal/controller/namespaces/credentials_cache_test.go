@@ -12,6 +12,7 @@ import (
 
 // The cache's summary of a credentials Secret reads as the Secret itself does.
 func TestSummarizedCredentialsReadAsTheSecret(t *testing.T) {
+	t.Parallel()
 	config, err := kubeconfig.Render(kubeconfig.Params{Name: "team-a", Server: "https://api.example.com:6443",
 		CAData: []byte("ca-pem"), Token: "a.b.c", Namespace: "team-a"})
 	if err != nil {

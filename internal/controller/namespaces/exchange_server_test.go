@@ -14,6 +14,7 @@ import (
 // listens and again once it has stopped, so that a Service never sends a CI job to a replica that
 // refuses the connection (an e2e step once raced the listener this way).
 func TestExchangeReadiness(t *testing.T) {
+	t.Parallel()
 	certDir := t.TempDir()
 	testenv.ServingCert(t, certDir)
 	listening := make(chan net.Addr, 1)

@@ -21,7 +21,6 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -48,12 +47,10 @@ type exchangeFixture struct {
 func startExchange(t *testing.T) *exchangeFixture {
 	t.Helper()
 	gh, gl := oidcissuer.Start(t, "/github"), oidcissuer.Start(t, "/gitlab")
-	env := newEnv(t)
-	utilruntime.Must(nsv1alpha1.AddToScheme(env.Scheme))
 	certDir := t.TempDir()
 	pool := testenv.ServingCert(t, certDir)
 	addr := make(chan net.Addr, 1)
-	f := runController(t, env, func(o *Options) {
+	f := start(t, func(o *Options) {
 		o.ExchangeAddress, o.ExchangeCertDir = "127.0.0.1:0", certDir
 		o.ExchangeClient = oidcissuer.Client(gh, gl)
 		o.exchangeListening = func(a net.Addr) { addr <- a }
@@ -151,6 +148,7 @@ func (x *exchangeFixture) wantRefused(t *testing.T, r exchangeResult, status int
 }
 
 func TestExchange(t *testing.T) {
+	t.Parallel()
 	x := startExchange(t)
 	ctx := context.Background()
 	pr := func(repo string, n string) oidcissuer.Claims {
@@ -174,7 +172,7 @@ func TestExchange(t *testing.T) {
 			t.Errorf("kubeconfig context = %+v", cfg.Contexts[ctxName])
 		}
 		cm := &corev1.ConfigMap{}
-		must(t, x.c.Get(ctx, client.ObjectKey{Namespace: requestsNS, Name: "ci-web-pr-42"}, cm))
+		must(t, x.c.Get(ctx, client.ObjectKey{Namespace: x.rns, Name: "ci-web-pr-42"}, cm))
 		if cm.Annotations[AnnotationIdentity] != "github:acme/web" || !strings.Contains(cm.Annotations[AnnotationIdentityClaims], `"ref":"refs/pull/42/merge"`) ||
 			!strings.Contains(cm.Annotations[AnnotationIdentityClaims], `"workflow":"deploy"`) || cm.Data[nsrequest.DataTTL] != "2h0m0s" {
 			t.Errorf("request = %+v / %+v", cm.Annotations, cm.Data)
@@ -205,7 +203,7 @@ func TestExchange(t *testing.T) {
 	t.Run("a rule's defaults profile", func(t *testing.T) {
 		// The GitLab rule names profile small: a quota of its own, and nothing of the top level.
 		cm := &corev1.ConfigMap{}
-		must(t, x.c.Get(ctx, client.ObjectKey{Namespace: requestsNS, Name: "gl-api-main"}, cm))
+		must(t, x.c.Get(ctx, client.ObjectKey{Namespace: x.rns, Name: "gl-api-main"}, cm))
 		if cm.Annotations[nsrequest.AnnotationDefaults] != "small" {
 			t.Errorf("request annotations = %v", cm.Annotations)
 		}
@@ -240,7 +238,7 @@ func TestExchange(t *testing.T) {
 		}
 
 		// A request whose profile went from the defaults file is Invalid, naming it.
-		must(t, x.c.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: requestsNS, Name: "direct-huge",
+		must(t, x.c.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: x.rns, Name: "direct-huge",
 			Annotations: map[string]string{nsrequest.AnnotationDefaults: "huge"}}}))
 		got := x.waitStatus(t, "direct-huge", nsrequest.StatusInvalid)
 		if got.Annotations[nsrequest.AnnotationReason] != ReasonUnknownDefaults || !strings.Contains(got.Annotations[nsrequest.AnnotationMessage], `"huge"`) {
@@ -269,15 +267,15 @@ func TestExchange(t *testing.T) {
 
 		// Two jobs of the identity exchanging at the same moment (on two replicas) both passed the
 		// cached count: the recount from the API server withdraws the newer one.
-		late := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: requestsNS, Name: "ci-web-pr-44",
+		late := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: x.rns, Name: "ci-web-pr-44",
 			Labels:      map[string]string{LabelIdentity: identityLabel("github:acme/web")},
 			Annotations: map[string]string{AnnotationIdentity: "github:acme/web", AnnotationRequestedAt: time.Now().UTC().Add(time.Hour).Format("2006-01-02T15:04:05.000000000Z07:00")}}}
 		must(t, x.c.Create(ctx, late))
-		e := &exchanger{client: x.c, apiReader: x.c, policy: &nsrequest.Policy{RequestsNamespace: requestsNS}}
+		e := &exchanger{client: x.c, apiReader: x.c, policy: &nsrequest.Policy{RequestsNamespace: x.rns}}
 		ti := &nsv1alpha1.TrustedIssuer{}
 		must(t, x.c.Get(ctx, client.ObjectKey{Name: "github"}, ti))
 		main := &corev1.ConfigMap{}
-		must(t, x.c.Get(ctx, client.ObjectKey{Namespace: requestsNS, Name: "ci-web-main"}, main))
+		must(t, x.c.Get(ctx, client.ObjectKey{Namespace: x.rns, Name: "ci-web-main"}, main))
 		if ref := e.withinLimit(ctx, ti, main, "github:acme/web", identityLabel("github:acme/web"), 2); ref != nil {
 			t.Errorf("the older request was withdrawn: %+v", ref)
 		}
@@ -374,17 +372,17 @@ func TestExchange(t *testing.T) {
 
 	t.Run("records of used tokens go once the tokens expired", func(t *testing.T) {
 		var leases coordinationv1.LeaseList
-		must(t, x.c.List(ctx, &leases, client.InNamespace(requestsNS), client.MatchingLabels{LabelUsedToken: "true"}))
+		must(t, x.c.List(ctx, &leases, client.InNamespace(x.rns), client.MatchingLabels{LabelUsedToken: "true"}))
 		if len(leases.Items) < 4 {
 			t.Fatalf("%d records of used tokens, want one per exchanged token", len(leases.Items))
 		}
-		s := &usedTokenSweeper{client: x.c, namespace: requestsNS, now: time.Now}
+		s := &usedTokenSweeper{client: x.c, namespace: x.rns, now: time.Now}
 		must(t, s.sweep(ctx))
-		must(t, x.c.List(ctx, &leases, client.InNamespace(requestsNS), client.MatchingLabels{LabelUsedToken: "true"}))
+		must(t, x.c.List(ctx, &leases, client.InNamespace(x.rns), client.MatchingLabels{LabelUsedToken: "true"}))
 		kept := len(leases.Items)
 		s.now = func() time.Time { return time.Now().Add(20 * time.Minute) }
 		must(t, s.sweep(ctx))
-		must(t, x.c.List(ctx, &leases, client.InNamespace(requestsNS), client.MatchingLabels{LabelUsedToken: "true"}))
+		must(t, x.c.List(ctx, &leases, client.InNamespace(x.rns), client.MatchingLabels{LabelUsedToken: "true"}))
 		if kept < 4 || len(leases.Items) != 0 {
 			t.Errorf("records: %d kept while valid, %d left after expiry", kept, len(leases.Items))
 		}
@@ -394,11 +392,11 @@ func TestExchange(t *testing.T) {
 // TestTrustedIssuerValidation: the API server refuses a TrustedIssuer that could never work, each
 // with a message naming the field.
 func TestTrustedIssuerValidation(t *testing.T) {
-	env := newEnv(t)
-	utilruntime.Must(nsv1alpha1.AddToScheme(env.Scheme))
+	t.Parallel()
 	valid := func() *nsv1alpha1.TrustedIssuer {
 		return &nsv1alpha1.TrustedIssuer{
-			ObjectMeta: metav1.ObjectMeta{Name: "github"},
+			// Not TestExchange's github: a dry run of a name taken is refused as such.
+			ObjectMeta: metav1.ObjectMeta{Name: "validated"},
 			Spec: nsv1alpha1.TrustedIssuerSpec{
 				IssuerURL: "https://token.actions.githubusercontent.com", Audience: "https://quartermaster.example.com", IdentityClaim: "repository",
 				Rules: []nsv1alpha1.IssuerRule{{Name: "prs", Claims: map[string][]string{"repository": {"acme/*"}}, Namespace: "ci-{repository|last}-pr-{ref|pull}"}},

@@ -27,6 +27,7 @@ import (
 )
 
 func TestRequestGetsNamespaceRBACDefaultsAndCredentials(t *testing.T) {
+	t.Parallel()
 	f := start(t, nil)
 	ctx := context.Background()
 	f.request(t, "ci-branch-foo", nil)
@@ -34,7 +35,7 @@ func TestRequestGetsNamespaceRBACDefaultsAndCredentials(t *testing.T) {
 
 	ns := &corev1.Namespace{}
 	must(t, f.c.Get(ctx, client.ObjectKey{Name: "ci-branch-foo"}, ns))
-	if ns.Labels[nsrequest.LabelManagedBy] != "quartermaster" || ns.Labels[nsrequest.LabelRequest] != "namespace-requests.ci-branch-foo" {
+	if !nsrequest.IsOurs(ns.Labels, f.rns, "ci-branch-foo") {
 		t.Errorf("namespace labels = %v", ns.Labels)
 	}
 	in := func(name string) client.ObjectKey { return client.ObjectKey{Namespace: "ci-branch-foo", Name: name} }
@@ -70,7 +71,7 @@ func TestRequestGetsNamespaceRBACDefaultsAndCredentials(t *testing.T) {
 	}
 
 	secret := &corev1.Secret{}
-	must(t, f.c.Get(ctx, client.ObjectKey{Namespace: requestsNS, Name: "ci-branch-foo"}, secret))
+	must(t, f.c.Get(ctx, client.ObjectKey{Namespace: f.rns, Name: "ci-branch-foo"}, secret))
 	if secret.Type != corev1.SecretTypeOpaque {
 		t.Errorf("secret type = %s", secret.Type)
 	}
@@ -86,7 +87,7 @@ func TestRequestGetsNamespaceRBACDefaultsAndCredentials(t *testing.T) {
 	kc, err := clientcmd.Load(secret.Data["kubeconfig"])
 	must(t, err)
 	cur := kc.Contexts[kc.CurrentContext]
-	if cur.Namespace != "ci-branch-foo" || kc.Clusters[cur.Cluster].Server != f.env.Config.Host ||
+	if cur.Namespace != "ci-branch-foo" || kc.Clusters[cur.Cluster].Server != env.Config.Host ||
 		kc.AuthInfos[cur.AuthInfo].Token != string(secret.Data["token"]) {
 		t.Errorf("kubeconfig context %+v, server %q", cur, kc.Clusters[cur.Cluster].Server)
 	}
@@ -98,13 +99,13 @@ func TestRequestGetsNamespaceRBACDefaultsAndCredentials(t *testing.T) {
 			t.Errorf("%s ownerReferences = %+v, want the namespace", o.GetName(), refs)
 		}
 	}
-	if msg := cm.Annotations[nsrequest.AnnotationMessage]; !strings.Contains(msg, "the kubeconfig names API server "+f.env.Config.Host+" (the address the manager itself uses)") {
+	if msg := cm.Annotations[nsrequest.AnnotationMessage]; !strings.Contains(msg, "the kubeconfig names API server "+env.Config.Host+" (the address the manager itself uses)") {
 		t.Errorf("the status message does not say which API server the kubeconfig names: %q", msg)
 	}
 
 	// One Event tells the outcome: the request is Ready, with where its credentials are.
 	ready := f.waitEvent(t, cm, "Ready")
-	if !strings.Contains(ready.Note, "credentials in Secret "+requestsNS+"/ci-branch-foo") {
+	if !strings.Contains(ready.Note, "credentials in Secret "+f.rns+"/ci-branch-foo") {
 		t.Errorf("the Ready Event does not say where the credentials are: %q", ready.Note)
 	}
 	for _, obj := range []client.Object{cm, secret, ns} {
@@ -120,12 +121,13 @@ func TestRequestGetsNamespaceRBACDefaultsAndCredentials(t *testing.T) {
 }
 
 func TestRefusedRequestsGetNoNamespaceAndNoSecret(t *testing.T) {
+	t.Parallel()
 	f := start(t, nil)
 	ctx := context.Background()
 	must(t, f.c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "existing"}}))
 	// Someone who may create namespaces forges the operator's labels to catch a future request.
-	must(t, f.c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "forged", Labels: nsrequest.Labels(requestsNS, "forged")}}))
-	must(t, f.c.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: requestsNS, Name: "secret-taken"},
+	must(t, f.c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "forged", Labels: nsrequest.Labels(f.rns, "forged")}}))
+	must(t, f.c.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: f.rns, Name: "secret-taken"},
 		StringData: map[string]string{"mine": "not yours"}}))
 	cases := []struct {
 		name   string
@@ -135,8 +137,8 @@ func TestRefusedRequestsGetNoNamespaceAndNoSecret(t *testing.T) {
 	}{
 		{"kube-tools", nil, nsrequest.StatusInvalid, "Denied"},
 		{"default", nil, nsrequest.StatusInvalid, "Denied"},
-		{requestsNS, nil, nsrequest.StatusInvalid, "Denied"},
-		{"quartermaster-system", nil, nsrequest.StatusInvalid, "Denied"},
+		{f.rns, nil, nsrequest.StatusInvalid, "Denied"},
+		{operatorNS, nil, nsrequest.StatusInvalid, "Denied"},
 		{"dotted.name", nil, nsrequest.StatusInvalid, "InvalidName"},
 		{"bad-ttl", map[string]string{"ttl": "soon"}, nsrequest.StatusInvalid, "InvalidTTL"},
 		{"bad-token-ttl", map[string]string{"token-ttl": "-1h"}, nsrequest.StatusInvalid, "InvalidTokenTTL"},
@@ -158,7 +160,7 @@ func TestRefusedRequestsGetNoNamespaceAndNoSecret(t *testing.T) {
 				t.Errorf("event type %s, want Warning", ev.Type)
 			}
 			secret := &corev1.Secret{}
-			err := f.c.Get(ctx, client.ObjectKey{Namespace: requestsNS, Name: tc.name}, secret)
+			err := f.c.Get(ctx, client.ObjectKey{Namespace: f.rns, Name: tc.name}, secret)
 			if tc.reason == "SecretConflict" {
 				if string(secret.Data["mine"]) != "not yours" || secret.Data["token"] != nil {
 					t.Errorf("the foreign Secret was changed: %v", secret.Data)
@@ -166,7 +168,7 @@ func TestRefusedRequestsGetNoNamespaceAndNoSecret(t *testing.T) {
 			} else if !apierrors.IsNotFound(err) {
 				t.Errorf("a Secret exists for a refused request (err %v)", err)
 			}
-			if tc.reason != "NamespaceConflict" && tc.name != "default" && tc.name != requestsNS && tc.name != "quartermaster-system" {
+			if tc.reason != "NamespaceConflict" && tc.name != "default" && tc.name != f.rns {
 				err := f.c.Get(ctx, client.ObjectKey{Name: tc.name}, &corev1.Namespace{})
 				if !apierrors.IsNotFound(err) {
 					t.Errorf("a namespace was created for a refused request (err %v)", err)
@@ -186,6 +188,7 @@ func TestRefusedRequestsGetNoNamespaceAndNoSecret(t *testing.T) {
 }
 
 func TestAllowNamesRefusesOthers(t *testing.T) {
+	t.Parallel()
 	f := start(t, func(o *Options) { o.AllowNames = "ci-.*" })
 	f.request(t, "ci-ok", nil)
 	f.request(t, "prod", nil)
@@ -195,9 +198,10 @@ func TestAllowNamesRefusesOthers(t *testing.T) {
 }
 
 func TestIgnoredConfigMapsAreNotRequests(t *testing.T) {
+	t.Parallel()
 	f := start(t, nil)
 	ctx := context.Background()
-	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: requestsNS, Name: "not-a-request",
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: f.rns, Name: "not-a-request",
 		Labels: map[string]string{nsrequest.LabelIgnore: "true"}}}
 	must(t, f.c.Create(ctx, cm))
 	f.request(t, "marker", nil)
@@ -214,16 +218,17 @@ func TestIgnoredConfigMapsAreNotRequests(t *testing.T) {
 // TestSecondReconcileWritesNothing counts the API requests of a reconcile of a request that is
 // already served: reads only, no write.
 func TestSecondReconcileWritesNothing(t *testing.T) {
+	t.Parallel()
 	f := start(t, nil)
 	f.request(t, "steady", map[string]string{"ttl": "72h"})
 	f.waitStatus(t, "steady", nsrequest.StatusReady)
 
-	cfg, counter := testenv.Counting(f.env.Config)
-	c, err := client.New(cfg, client.Options{Scheme: f.env.Scheme})
+	cfg, counter := testenv.Counting(env.Config)
+	c, err := client.New(cfg, client.Options{Scheme: env.Scheme})
 	must(t, err)
 	r := *f.reconciler
 	r.Client, r.APIReader = c, c
-	res, err := r.Reconcile(context.Background(), reconcile.Request{NamespacedName: client.ObjectKey{Namespace: requestsNS, Name: "steady"}})
+	res, err := r.Reconcile(context.Background(), reconcile.Request{NamespacedName: client.ObjectKey{Namespace: f.rns, Name: "steady"}})
 	must(t, err)
 	if counter.Writes() != 0 {
 		t.Errorf("a reconcile of a served request wrote %d times: %v", counter.Writes(), counter.Log())
@@ -235,6 +240,7 @@ func TestSecondReconcileWritesNothing(t *testing.T) {
 }
 
 func TestTokenTTLPerRequestIsCapped(t *testing.T) {
+	t.Parallel()
 	f := start(t, nil)
 	f.request(t, "short", map[string]string{"token-ttl": "1h"})
 	f.request(t, "long", map[string]string{"token-ttl": "1000h"})
@@ -242,7 +248,7 @@ func TestTokenTTLPerRequestIsCapped(t *testing.T) {
 	cm := f.waitStatus(t, "long", nsrequest.StatusReady)
 	for name, want := range map[string]time.Duration{"short": time.Hour, "long": 48 * time.Hour} {
 		s := &corev1.Secret{}
-		must(t, f.c.Get(context.Background(), client.ObjectKey{Namespace: requestsNS, Name: name}, s))
+		must(t, f.c.Get(context.Background(), client.ObjectKey{Namespace: f.rns, Name: name}, s))
 		st := tokenState(s)
 		if got := st.ExpiresAt.Sub(st.IssuedAt); got < want-time.Minute || got > want+time.Minute {
 			t.Errorf("%s: token lifetime %s, want %s", name, got, want)
@@ -254,11 +260,12 @@ func TestTokenTTLPerRequestIsCapped(t *testing.T) {
 }
 
 func TestTokenIsRefreshedWhenDue(t *testing.T) {
+	t.Parallel()
 	f := start(t, nil)
 	ctx := context.Background()
 	f.request(t, "refresh", nil)
 	f.waitStatus(t, "refresh", nsrequest.StatusReady)
-	key := client.ObjectKey{Namespace: requestsNS, Name: "refresh"}
+	key := client.ObjectKey{Namespace: f.rns, Name: "refresh"}
 	s := &corev1.Secret{}
 	must(t, f.c.Get(ctx, key, s))
 	oldToken := string(s.Data["token"])
@@ -277,6 +284,7 @@ func TestTokenIsRefreshedWhenDue(t *testing.T) {
 }
 
 func TestDriftIsRepaired(t *testing.T) {
+	t.Parallel()
 	f := start(t, nil)
 	ctx := context.Background()
 	f.request(t, "drift", nil)
@@ -316,6 +324,7 @@ func TestDriftIsRepaired(t *testing.T) {
 // carried) is brought to this release's want by one update that takes the request annotation
 // off and leaves others' annotations.
 func TestObjectsOfAnEarlierReleaseAreTakenOver(t *testing.T) {
+	t.Parallel()
 	f := start(t, nil)
 	ctx := context.Background()
 	f.request(t, "earlier", nil)
@@ -326,7 +335,7 @@ func TestObjectsOfAnEarlierReleaseAreTakenOver(t *testing.T) {
 	ours := sa.Annotations[drift.HashAnnotation]
 	sa.Annotations = map[string]string{
 		drift.HashAnnotation:        "an-earlier-want",
-		nsrequest.AnnotationRequest: requestsNS + "/earlier",
+		nsrequest.AnnotationRequest: f.rns + "/earlier",
 		"team":                      "payments",
 	}
 	must(t, f.c.Update(ctx, sa))
@@ -337,6 +346,7 @@ func TestObjectsOfAnEarlierReleaseAreTakenOver(t *testing.T) {
 }
 
 func TestDeletingTheRequestLeavesTheNamespace(t *testing.T) {
+	t.Parallel()
 	f := start(t, nil)
 	ctx := context.Background()
 	cm := f.request(t, "keep-me", nil)
@@ -351,6 +361,7 @@ func TestDeletingTheRequestLeavesTheNamespace(t *testing.T) {
 }
 
 func TestTTLDeletesTheNamespace(t *testing.T) {
+	t.Parallel()
 	f := start(t, nil)
 	ctx := context.Background()
 	f.request(t, "short-lived", map[string]string{"ttl": "2s"})
@@ -366,6 +377,7 @@ func TestTTLDeletesTheNamespace(t *testing.T) {
 }
 
 func TestTTLHoldsAfterTheRequestIsDeleted(t *testing.T) {
+	t.Parallel()
 	f := start(t, nil)
 	ctx := context.Background()
 	cm := f.request(t, "orphaned", map[string]string{"ttl": "4s"})
@@ -380,25 +392,30 @@ func TestTTLHoldsAfterTheRequestIsDeleted(t *testing.T) {
 // TestKubeconfigNamesThePublishedServer: without --cluster-server, handed-out kubeconfigs name the
 // API server and CA the cluster publishes in kube-public/cluster-info (kubeadm's bootstrap
 // kubeconfig: one cluster, no context), and the request's message says so.
+//
+// Not parallel: kube-public/cluster-info is the server's one, and every manager started while it
+// exists names its server (NewReconciler reads it). Parallel tests run only once the others have
+// ended, and it is gone by then.
 func TestKubeconfigNamesThePublishedServer(t *testing.T) {
-	env := newEnv(t)
 	ctx := context.Background()
 	const server = "https://api.published.example:6443"
 	ca := []byte("-----BEGIN CERTIFICATE-----\npublished\n-----END CERTIFICATE-----\n")
 	published := fmt.Sprintf("apiVersion: v1\nkind: Config\nclusters:\n- name: \"\"\n  cluster:\n    server: %s\n    certificate-authority-data: %s\n",
 		server, base64.StdEncoding.EncodeToString(ca))
-	must(t, env.Client.Create(ctx, &corev1.ConfigMap{
+	clusterInfo := &corev1.ConfigMap{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "kube-public", Name: "cluster-info"},
 		Data:       map[string]string{"kubeconfig": published},
-	}))
-	f := runController(t, env, nil)
+	}
+	must(t, env.Client.Create(ctx, clusterInfo))
+	t.Cleanup(func() { must(t, env.Client.Delete(ctx, clusterInfo)) })
+	f := start(t, nil)
 	f.request(t, "published", nil)
 	cm := f.waitStatus(t, "published", nsrequest.StatusReady)
 	if msg := cm.Annotations[nsrequest.AnnotationMessage]; !strings.Contains(msg, "the kubeconfig names API server "+server+" (published in kube-public/cluster-info)") {
 		t.Errorf("status message %q does not name the published server", msg)
 	}
 	secret := &corev1.Secret{}
-	must(t, f.c.Get(ctx, client.ObjectKey{Namespace: requestsNS, Name: "published"}, secret))
+	must(t, f.c.Get(ctx, client.ObjectKey{Namespace: f.rns, Name: "published"}, secret))
 	kc, err := clientcmd.Load(secret.Data["kubeconfig"])
 	must(t, err)
 	cluster := kc.Clusters[kc.Contexts[kc.CurrentContext].Cluster]

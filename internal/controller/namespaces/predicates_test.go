@@ -11,6 +11,7 @@ import (
 // A quota's usage, rewritten by the quota controller at every pod, neither sits in the cache nor
 // wakes the request; a change to its spec or labels does.
 func TestQuotaUsageDoesNotWakeTheRequest(t *testing.T) {
+	t.Parallel()
 	quota := func(rv, pods string) *corev1.ResourceQuota {
 		return &corev1.ResourceQuota{
 			ObjectMeta: metav1.ObjectMeta{Name: "quartermaster-defaults", Namespace: "n", ResourceVersion: rv,

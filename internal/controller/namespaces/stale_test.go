@@ -20,13 +20,13 @@ import (
 // the last reconcile's writes (as the informer cache does for a few milliseconds): no Event, no
 // annotation write and no token is repeated.
 func TestStaleReadsRepeatNothing(t *testing.T) {
+	t.Parallel()
 	f := start(t, nil)
 	ctx := context.Background()
 	// A requests namespace the running manager does not serve: this reconciler alone acts on it.
-	const rns = "stale-requests"
-	must(t, f.c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: rns}}))
-	cfg, counter := testenv.Counting(f.env.Config)
-	counted, err := client.New(cfg, client.Options{Scheme: f.env.Scheme})
+	rns := env.Namespace(t)
+	cfg, counter := testenv.Counting(env.Config)
+	counted, err := client.New(cfg, client.Options{Scheme: env.Scheme})
 	must(t, err)
 	lagging := testenv.Lagging(counted)
 	rec := events.NewFakeRecorder(100)

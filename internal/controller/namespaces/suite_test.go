@@ -19,6 +19,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime/pkg/manager"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
+	nsv1alpha1 "github.com/quartermaster-dev/quartermaster/api/namespaces/v1alpha1"
 	"github.com/quartermaster-dev/quartermaster/internal/controllers"
 	"github.com/quartermaster-dev/quartermaster/internal/manager"
 	"github.com/quartermaster-dev/quartermaster/internal/nsrequest"
@@ -26,12 +27,25 @@ import (
 	"github.com/quartermaster-dev/quartermaster/internal/testing/testenv"
 )
 
-const requestsNS = "namespace-requests"
+// env is the package's API server (TestMain): each test keeps to a requests namespace of its own
+// (Options.RequestsNamespace, which the labels of everything made for its requests name) and to
+// names of Namespaces no other test requests. (The names are literal: with -count above 1 a run
+// finds the Namespaces of the one before, which envtest never deletes.)
+var env *testenv.Env
 
-// fixture is an envtest API server with the namespaces controller running in a manager.
+func TestMain(m *testing.M) {
+	logf.SetLogger(zap.New(zap.UseDevMode(true), zap.WriteTo(os.Stderr), zap.Level(zap.Options{}.Level)))
+	os.Exit(testenv.Package(m, &env, func(e *testenv.Env) error { return nsv1alpha1.AddToScheme(e.Scheme) }))
+}
+
+// operatorNS is the fixtures' operator namespace: the controller only refuses it as a request's
+// name (it is never made), so the tests share it.
+const operatorNS = "quartermaster-system"
+
+// fixture is the namespaces controller running in a manager, serving a requests namespace of its own.
 type fixture struct {
-	env        *testenv.Env
 	c          client.Client
+	rns        string // the requests namespace
 	reconciler *Reconciler
 	opts       *Options
 	running    *testenv.Running
@@ -61,34 +75,21 @@ profiles:
       hard: {pods: "5"}
 `
 
-// start runs the controller; tweak adjusts its options before it starts.
+// start runs the controller serving a new requests namespace; tweak adjusts its options before it starts.
 func start(t *testing.T, tweak func(*Options)) *fixture {
 	t.Helper()
-	return runController(t, newEnv(t), tweak)
+	return runController(t, env.Namespace(t), tweak)
 }
 
-// newEnv starts an API server with the requests and operator namespaces.
-func newEnv(t *testing.T) *testenv.Env {
-	t.Helper()
-	logf.SetLogger(zap.New(zap.UseDevMode(true), zap.WriteTo(os.Stderr), zap.Level(zap.Options{}.Level)))
-	env := testenv.Start(t)
-	for _, ns := range []string{requestsNS, "quartermaster-system"} {
-		if err := env.Client.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return env
-}
-
-// runController runs the controller against env.
-func runController(t *testing.T, env *testenv.Env, tweak func(*Options)) *fixture {
+// runController runs the controller serving the requests namespace rns.
+func runController(t *testing.T, rns string, tweak func(*Options)) *fixture {
 	t.Helper()
 	defaults := filepath.Join(t.TempDir(), "defaults.yaml")
 	if err := os.WriteFile(defaults, []byte(defaultsYAML), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	o := &Options{
-		RequestsNamespace: requestsNS, OperatorNamespace: "quartermaster-system", DefaultsFile: defaults,
+		RequestsNamespace: rns, OperatorNamespace: operatorNS, DefaultsFile: defaults,
 		TokenTTL: 24 * time.Hour, MaxTokenTTL: 48 * time.Hour, DenyNames: "kube-.*,default", Concurrency: 4,
 	}
 	if tweak != nil {
@@ -122,7 +123,7 @@ func runController(t *testing.T, env *testenv.Env, tweak func(*Options)) *fixtur
 		}
 	}
 	running := testenv.Run(mgr)
-	f := &fixture{env: env, c: env.Client, reconciler: r, opts: o, running: running}
+	f := &fixture{c: env.Client, rns: rns, reconciler: r, opts: o, running: running}
 	t.Cleanup(func() { f.stop(t) })
 	return f
 }
@@ -130,7 +131,7 @@ func runController(t *testing.T, env *testenv.Env, tweak func(*Options)) *fixtur
 // request creates a request ConfigMap.
 func (f *fixture) request(t *testing.T, name string, data map[string]string) *corev1.ConfigMap {
 	t.Helper()
-	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: requestsNS, Name: name}, Data: data}
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: f.rns, Name: name}, Data: data}
 	if err := f.c.Create(context.Background(), cm); err != nil {
 		t.Fatal(err)
 	}
@@ -142,7 +143,7 @@ func (f *fixture) waitStatus(t *testing.T, name string, status nsrequest.Status)
 	t.Helper()
 	cm := &corev1.ConfigMap{}
 	eventually(t, "request "+name+" to be "+string(status), func() bool {
-		err := f.c.Get(context.Background(), client.ObjectKey{Namespace: requestsNS, Name: name}, cm)
+		err := f.c.Get(context.Background(), client.ObjectKey{Namespace: f.rns, Name: name}, cm)
 		return err == nil && cm.Annotations[nsrequest.AnnotationStatus] == string(status)
 	}, func() string { return cm.Annotations[nsrequest.AnnotationMessage] })
 	return cm

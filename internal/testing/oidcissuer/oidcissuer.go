@@ -39,6 +39,9 @@ type Issuer struct {
 	srv *httptest.Server
 	// URL is the issuer identifier (https://127.0.0.1:port/path): the iss claim of its tokens.
 	URL string
+	// Now is the issuer's clock for iat, nbf and exp (time.Now when nil): a test whose verifier
+	// runs on a clock of its own gives the issuer the same one.
+	Now func() time.Time
 
 	mu        sync.Mutex
 	keys      []*rsa.PrivateKey // published; the last one signs
@@ -46,6 +49,7 @@ type Issuer struct {
 	down      bool
 	jwksFetch atomic.Int64
 	seq       int
+	forger    *rsa.PrivateKey // never published: TokenWithUnpublishedKey's
 }
 
 // Start serves an issuer at path (e.g. "/github") on a loopback TLS listener until the test ends.
@@ -184,13 +188,22 @@ func (is *Issuer) Token(t T, c Claims) string {
 }
 
 // TokenWithUnpublishedKey is a token signed by a key the issuer never published, with a kid of its
-// own (as a forger would make one).
+// own (as a forger would make one). The forger's key is made once per issuer: an RSA key costs
+// tens of milliseconds (seconds under -race on a busy machine), and the verifier cannot tell one
+// unpublished key from another.
 func (is *Issuer) TokenWithUnpublishedKey(t T, c Claims) string {
 	t.Helper()
-	k, err := rsa.GenerateKey(rand.Reader, 2048)
-	if err != nil {
-		t.Fatal(err)
+	is.mu.Lock()
+	if is.forger == nil {
+		k, err := rsa.GenerateKey(rand.Reader, 2048)
+		if err != nil {
+			is.mu.Unlock()
+			t.Fatal(err)
+		}
+		is.forger = k
 	}
+	k := is.forger
+	is.mu.Unlock()
 	return Sign(t, k, "forged", is.complete(c))
 }
 
@@ -221,6 +234,9 @@ func (is *Issuer) complete(c Claims) Claims {
 		out[k] = v
 	}
 	now := time.Now()
+	if is.Now != nil {
+		now = is.Now()
+	}
 	defaults := Claims{"iss": is.URL, "iat": now.Unix(), "nbf": now.Unix(), "exp": now.Add(10 * time.Minute).Unix(), "jti": newJTI()}
 	for k, v := range defaults {
 		if _, ok := out[k]; !ok {

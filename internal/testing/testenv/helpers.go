@@ -84,15 +84,22 @@ func WaitForEvent(t testing.TB, c client.Client, obj client.Object, reason strin
 // detail when a minute passes first. It returns the last detail.
 func Poll(t testing.TB, what string, every time.Duration, cond func() (ok bool, detail string)) string {
 	t.Helper()
+	return PollFor(t, what, every, time.Minute, cond)
+}
+
+// PollFor is Poll with a limit of its own, for what takes longer than a minute by design (a
+// rollout, a lease expiring, an engine's scan); the limit only bounds a failure, never a pass.
+func PollFor(t testing.TB, what string, every, limit time.Duration, cond func() (ok bool, detail string)) string {
+	t.Helper()
 	last := ""
-	err := wait.PollUntilContextTimeout(context.Background(), every, time.Minute, true,
+	err := wait.PollUntilContextTimeout(context.Background(), every, limit, true,
 		func(context.Context) (bool, error) {
 			ok, detail := cond()
 			last = detail
 			return ok, nil
 		})
 	if err != nil {
-		t.Fatalf("timed out waiting for %s (%s)", what, last)
+		t.Fatalf("timed out after %s waiting for %s (%s)", limit, what, last)
 	}
 	return last
 }

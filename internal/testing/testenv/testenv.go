@@ -4,6 +4,7 @@ package testenv
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -11,9 +12,12 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
@@ -101,28 +105,111 @@ type Env struct {
 }
 
 // Start runs kube-apiserver and etcd with the CRDs under config/crd/bases installed, and stops
-// them when the test ends. extraCRDDirs adds test-only CRDs.
+// them when the test ends. extraCRDDirs adds test-only CRDs. A test that starts its own server
+// needs one nobody else touches (its CRDs installed or removed, a server stopped under it): say
+// why beside the call. Every other test shares its package's (Package).
 func Start(t testing.TB, extraCRDDirs ...string) *Env {
 	t.Helper()
-	env := &envtest.Environment{
-		BinaryAssetsDirectory: Assets(t),
-		CRDDirectoryPaths:     append([]string{filepath.Join(RepoRoot(), "config", "crd", "bases")}, extraCRDDirs...),
-		Scheme:                manager.Scheme(apiextensionsv1.AddToScheme),
-	}
-	cfg, err := env.Start()
+	env, err := start(extraCRDDirs...)
 	if err != nil {
-		t.Fatalf("starting envtest: %v", err)
+		t.Fatal(err)
 	}
 	t.Cleanup(func() {
 		if err := env.Stop(); err != nil {
 			t.Logf("stopping envtest: %v", err)
 		}
 	})
+	return env
+}
+
+func start(extraCRDDirs ...string) (*Env, error) {
+	assets, err := AssetsDir()
+	if err != nil {
+		return nil, err
+	}
+	env := &envtest.Environment{
+		BinaryAssetsDirectory: assets,
+		CRDDirectoryPaths:     append([]string{filepath.Join(RepoRoot(), "config", "crd", "bases")}, extraCRDDirs...),
+		Scheme:                manager.Scheme(apiextensionsv1.AddToScheme),
+	}
+	cfg, err := env.Start()
+	if err != nil {
+		return nil, fmt.Errorf("starting envtest: %w", err)
+	}
 	c, err := client.New(cfg, client.Options{Scheme: env.Scheme})
 	if err != nil {
-		t.Fatal(err)
+		_ = env.Stop()
+		return nil, err
 	}
-	return &Env{Environment: env, Config: cfg, Client: c}
+	return &Env{Environment: env, Config: cfg, Client: c}, nil
+}
+
+// Package runs a package's tests (m.Run) against one API server, started before the first test
+// and stopped after the last, and returns the exit code for TestMain:
+//
+//	var env *testenv.Env
+//
+//	func TestMain(m *testing.M) { os.Exit(testenv.Package(m, &env, nil)) }
+//
+// *env is set before any test runs; setup, when not nil, runs once the server is up (what every
+// test of the package needs: a namespace, a CRD). Tests sharing it keep to their own namespaces
+// and names (Namespace) and may run in parallel. Starting the server costs 3-10 s: once per
+// package, not per test.
+func Package(m *testing.M, env **Env, setup func(*Env) error, extraCRDDirs ...string) int {
+	e, err := start(extraCRDDirs...)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer func() {
+		if err := e.Stop(); err != nil {
+			fmt.Fprintln(os.Stderr, "stopping envtest:", err)
+		}
+	}()
+	if setup != nil {
+		if err := setup(e); err != nil {
+			fmt.Fprintln(os.Stderr, "setting up envtest:", err)
+			return 1
+		}
+	}
+	*env = e
+	return m.Run()
+}
+
+// Namespace creates a namespace of the test's own (its name made from the test's, unique in the
+// package's server) and returns its name. envtest runs no namespace controller, so it is not
+// deleted: it is only the test's.
+func (e *Env) Namespace(t testing.TB) string {
+	t.Helper()
+	name := namespaceName(t.Name())
+	if err := e.Client.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}); err != nil {
+		t.Fatalf("creating the test's namespace %s: %v", name, err)
+	}
+	return name
+}
+
+var namespaceSeq atomic.Int64
+
+// namespaceName is a DNS label from a test's name and a sequence number: lower case, [a-z0-9-],
+// at most 63 characters.
+func namespaceName(test string) string {
+	var b strings.Builder
+	dash := false
+	for _, r := range strings.ToLower(test) {
+		if (r >= 'a' && r <= 'z') || (r >= '0' && r <= '9') {
+			b.WriteRune(r)
+			dash = false
+		} else if !dash && b.Len() > 0 {
+			b.WriteByte('-')
+			dash = true
+		}
+	}
+	suffix := fmt.Sprintf("-%d", namespaceSeq.Add(1))
+	base := strings.TrimRight(b.String(), "-")
+	if limit := 63 - len(suffix); len(base) > limit {
+		base = strings.TrimRight(base[:limit], "-")
+	}
+	return base + suffix
 }
 
 // KubeconfigFor writes a kubeconfig for a user of the environment and returns its path. Users are
