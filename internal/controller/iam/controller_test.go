@@ -11,6 +11,7 @@ import (
 // the controller naming the flag; a --cluster-name that is no EKS name only keeps Pod Identity
 // objects from running, with a message saying to set the flag.
 func TestEKSClusterNameFlag(t *testing.T) {
+	t.Parallel()
 	base := Options{ClusterName: "prod", OIDCIssuer: "https://oidc.example.com/id/X", Partition: "aws", Resync: time.Hour, Concurrency: 1}
 	for _, tc := range []struct {
 		cluster, eks string
@@ -47,6 +48,7 @@ func TestEKSClusterNameFlag(t *testing.T) {
 // TestOIDCIssuerFlag: --oidc-issuer is optional (a Pod Identity-only cluster has no OIDC provider
 // to trust); when set it is normalized, and a bad value stops the controller naming the flag.
 func TestOIDCIssuerFlag(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		issuer, want, startErr string
 	}{
@@ -72,6 +74,7 @@ func TestOIDCIssuerFlag(t *testing.T) {
 // TestSharedRoleNamespacesFlag: --iam-shared-role-namespaces is a comma list of namespace names
 // and * patterns; anything else stops the controller naming the flag and the value.
 func TestSharedRoleNamespacesFlag(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		value    string
 		want     []string

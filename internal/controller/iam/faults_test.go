@@ -315,7 +315,7 @@ func testFaults(t *testing.T, f *fixture) {
 	}
 	// Without faults or stops the work takes about 40 + 20×8 + deletions ≈ 300 calls; each
 	// restart reads everything again (≈ 80).
-	t.Logf("reconciles interrupted by the stops (logged errors with context canceled): %d", strings.Count(f.logs.String(), "context canceled"))
+	t.Logf("reconciles interrupted by the stops (logged errors with context canceled): %d", strings.Count(logs.String(), "context canceled"))
 	t.Logf("%d IAM calls in all, %d faults injected; by action: %v", total, sumValues(st.Faults)-sumValues(before.Faults), diffCalls(before.Calls, st.Calls))
 	if total > 3000 {
 		t.Errorf("%d IAM calls: a retry loop?", total)

@@ -20,10 +20,11 @@ import (
 	"github.com/quartermaster-dev/quartermaster/internal/testing/testenv"
 )
 
-// TestIAM runs every envtest case against one API server and one IAM emulator (starting them
-// takes seconds). Validation runs first, before any manager exists.
+// TestIAM runs every envtest case against the package's API server and one IAM emulator, in
+// order. Validation runs first, before any manager exists.
 func TestIAM(t *testing.T) {
-	f := start(t)
+	t.Parallel()
+	f := start(t, env)
 	t.Run("validation", func(t *testing.T) { testValidation(t, f) })
 	// Before the other cases: it counts every AWS call made while it runs.
 	t.Run("without --oidc-issuer", func(t *testing.T) { testWithoutIssuer(t, f) })

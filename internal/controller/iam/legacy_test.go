@@ -14,6 +14,7 @@ import (
 )
 
 func TestLegacyDocument(t *testing.T) {
+	t.Parallel()
 	allow := func(s iamv1alpha1.Statement) iamv1alpha1.PolicyDocument {
 		return iamv1alpha1.PolicyDocument{Version: "2012-10-17", Statement: []iamv1alpha1.Statement{s}}
 	}
@@ -102,6 +103,7 @@ func TestLegacyDocument(t *testing.T) {
 }
 
 func TestTranslate(t *testing.T) {
+	t.Parallel()
 	cm := func(policies, attachments string) *corev1.ConfigMap {
 		return &corev1.ConfigMap{
 			ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: CompatConfigMap},

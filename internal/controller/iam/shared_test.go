@@ -75,8 +75,11 @@ func sharedSpec(owner bool, m iamv1alpha1.Mechanism) iamv1alpha1.IAMServiceAccou
 // the role's trust policy, including when both write at the same moment, and one owner writes the
 // permissions.
 func TestSharedRoleAcrossClusters(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
-	west := start(t)
+	// Two clusters of their own: an operator serves every IAM object of its API server, and
+	// TestIAM's runs on the package's.
+	west := start(t, testenv.Start(t))
 	west.opts.SharedRoleNamespaces = "team*,outsider"
 	east := west.otherCluster(t, eastCluster, eastIssuer)
 	west.run(t, west.opts)

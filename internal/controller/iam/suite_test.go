@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"net/http/httptest"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -46,7 +47,20 @@ const (
 	allowedARNs     = "arn:aws:iam::aws:policy/ReadOnly*,arn:aws:iam::000000000000:policy/shared/*"
 )
 
-// fixture is one envtest API server and one IAM emulator shared by the package's tests; managers
+var (
+	// env is the package's API server: TestIAM's cluster.
+	env *testenv.Env
+	// logs is what the package's managers log (controller-runtime has one logger per process).
+	logs = &testenv.LogBuffer{}
+)
+
+func TestMain(m *testing.M) {
+	// No stack traces: the tail printed on failure should hold log lines, not frames.
+	logf.SetLogger(zap.New(zap.UseDevMode(true), zap.WriteTo(logs), zap.StacktraceLevel(zapcore.PanicLevel)))
+	os.Exit(testenv.Package(m, &env, nil))
+}
+
+// fixture is one cluster's API server and one IAM emulator shared by a test's cases; managers
 // start when a test needs one, so API validation runs with no controller around.
 type fixture struct {
 	env    *testenv.Env
@@ -57,7 +71,6 @@ type fixture struct {
 	eks    *awseks.Client // the same for EKS
 	awsCfg aws.Config     // what both were made from
 	url    string         // the emulator's endpoint
-	logs   *testenv.LogBuffer
 	opts   Options
 
 	running *testenv.Running // the running manager; nil when none runs
@@ -66,12 +79,10 @@ type fixture struct {
 	stuck string
 }
 
-func start(t *testing.T) *fixture {
+// start makes the fixture of the cluster whose API server is cluster, with an emulator of its own.
+func start(t *testing.T, cluster *testenv.Env) *fixture {
 	t.Helper()
-	f := &fixture{logs: &testenv.LogBuffer{}}
-	// No stack traces: the tail printed on failure should hold log lines, not frames.
-	logf.SetLogger(zap.New(zap.UseDevMode(true), zap.WriteTo(f.logs), zap.StacktraceLevel(zapcore.PanicLevel)))
-	f.env = testenv.Start(t)
+	f := &fixture{env: cluster}
 	f.scheme = manager.Scheme(iamv1alpha1.AddToScheme)
 	c, err := client.New(f.env.Config, client.Options{Scheme: f.scheme})
 	must(t, err)
@@ -90,7 +101,7 @@ func start(t *testing.T) *fixture {
 	t.Cleanup(func() {
 		f.stop(t)
 		if t.Failed() {
-			t.Logf("controller logs (last 20 kB):\n%s", f.logs.Tail(20000))
+			t.Logf("the package's controller logs (last 20 kB):\n%s", logs.Tail(20000))
 		}
 		if f.stuck != "" {
 			t.Logf("the manager failed to stop cleanly: %s", f.stuck)
@@ -103,8 +114,8 @@ func start(t *testing.T) *fixture {
 // OIDC issuer, EKS cluster), in f's AWS account: its managers call f's emulator.
 func (f *fixture) otherCluster(t *testing.T, name, issuer string) *fixture {
 	t.Helper()
-	g := &fixture{logs: f.logs, emu: f.emu, aws: f.aws, eks: f.eks, awsCfg: f.awsCfg, url: f.url, scheme: f.scheme}
-	g.env = testenv.Start(t)
+	// Another cluster: an API server of its own.
+	g := &fixture{env: testenv.Start(t), emu: f.emu, aws: f.aws, eks: f.eks, awsCfg: f.awsCfg, url: f.url, scheme: f.scheme}
 	c, err := client.New(g.env.Config, client.Options{Scheme: g.scheme})
 	must(t, err)
 	g.c = c

@@ -42,7 +42,7 @@ func testTerminatingNamespace(t *testing.T, f *fixture) {
 		t.Error("AWS objects left behind")
 	}
 	for _, refused := range []string{"because it is being terminated", "unable to create new content"} {
-		if strings.Contains(f.logs.String(), refused) {
+		if strings.Contains(logs.String(), refused) {
 			t.Errorf("the controller logged a refusal (%q) in the terminating namespace", refused)
 		}
 	}

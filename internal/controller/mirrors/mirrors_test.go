@@ -27,6 +27,7 @@ import (
 )
 
 func TestMirrors(t *testing.T) {
+	t.Parallel()
 	f := start(t)
 	t.Run("validation", func(t *testing.T) { testValidation(t, f) })
 	t.Run("objects", func(t *testing.T) { testObjects(t, f) })

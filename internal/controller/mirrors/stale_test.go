@@ -34,7 +34,7 @@ func testStaleCache(t *testing.T, f *fixture) {
 	testenv.StartCache(t, built.usage) // the images pinning reads
 	// Mirrors are read from that cache, their objects from the API server; both lag behind the
 	// reconciler's own writes. Every request is counted.
-	cfg, api := testenv.Counting(f.env.Config)
+	cfg, api := testenv.Counting(env.Config)
 	objectKinds := []client.Object{&corev1.Secret{}, &corev1.ConfigMap{}, &corev1.Service{}, &appsv1.StatefulSet{}, &appsv1.DaemonSet{}, &policyv1.PodDisruptionBudget{}}
 	counted, err := client.New(cfg, client.Options{Scheme: f.scheme, Cache: &client.CacheOptions{Reader: mgr.GetCache(), DisableFor: objectKinds}})
 	must(t, err)

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -25,11 +24,11 @@ import (
 // own cache, which must start in the standby too. On a real node the chart's second replica exited
 // every two minutes (CacheSyncTimeout) with "timed out waiting for cache to be synced".
 func TestStandbyKeepsRunning(t *testing.T) {
-	env := testenv.Start(t)
+	t.Parallel()
 	ctx := context.Background()
-	must(t, env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: testNamespace}}))
+	ns := env.Namespace(t)
 	must(t, env.Client.Create(ctx, &coordinationv1.Lease{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "mirrors-standby"},
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "mirrors-standby"},
 		Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To("the-leader"), LeaseDurationSeconds: ptr.To[int32](3600),
 			RenewTime: &metav1.MicroTime{Time: time.Now()}, AcquireTime: &metav1.MicroTime{Time: time.Now()}},
 	}))
@@ -37,13 +36,13 @@ func TestStandbyKeepsRunning(t *testing.T) {
 		Scheme:         manager.Scheme(registryv1alpha1.AddToScheme),
 		Cache:          cache.Options{DefaultTransform: cachemeta.Transform},
 		Metrics:        metricsserver.Options{BindAddress: "0"},
-		LeaderElection: true, LeaderElectionID: "mirrors-standby", LeaderElectionNamespace: "default",
+		LeaderElection: true, LeaderElectionID: "mirrors-standby", LeaderElectionNamespace: ns,
 		Controller: config.Controller{
 			EnableWarmup: ptr.To(true), SkipNameValidation: ptr.To(true), CacheSyncTimeout: 3 * time.Second,
 		},
 	})
 	must(t, err)
-	_, err = setup(mgr, Options{Namespace: testNamespace, Image: "quartermaster:test", AgentServiceAccount: "quartermaster-node-agent",
+	_, err = setup(mgr, Options{Namespace: ns, Image: "quartermaster:test", AgentServiceAccount: "quartermaster-node-agent",
 		Concurrency: 1, Resync: time.Hour, PrepareStorage: true})
 	must(t, err)
 	running := testenv.Run(mgr)

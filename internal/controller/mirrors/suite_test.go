@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"slices"
 	"sync"
 	"testing"
@@ -34,16 +35,27 @@ import (
 	"github.com/quartermaster-dev/quartermaster/internal/testing/testenv"
 )
 
+// testNamespace is the fixture's: its mirrors' objects are there.
 const testNamespace = "quartermaster-mirrors"
 
-// fixture is one envtest API server with the mirrors controller running as it would in the
+var (
+	// env is the package's API server.
+	env *testenv.Env
+	// logs is what the package's managers log (controller-runtime has one logger per process).
+	logs = &testenv.LogBuffer{}
+)
+
+func TestMain(m *testing.M) {
+	logf.SetLogger(zap.New(zap.UseDevMode(true), zap.WriteTo(logs), zap.StacktraceLevel(zapcore.PanicLevel)))
+	os.Exit(testenv.Package(m, &env, nil))
+}
+
+// fixture is the mirrors controller running on the package's API server as it would in the
 // operator, its API requests counted, and two loopback upstreams: one open to anonymous pulls
 // and one that wants the user "puller" with the password "right" (or "rotated").
 type fixture struct {
-	env     *testenv.Env
 	scheme  *runtime.Scheme
 	c       client.Client
-	logs    *testenv.LogBuffer
 	opts    Options
 	r       *Reconciler             // the running manager's
 	api     *testenv.RequestCounter // API requests of the running manager
@@ -55,11 +67,8 @@ type fixture struct {
 
 func start(t *testing.T) *fixture {
 	t.Helper()
-	f := &fixture{logs: &testenv.LogBuffer{}}
-	logf.SetLogger(zap.New(zap.UseDevMode(true), zap.WriteTo(f.logs), zap.StacktraceLevel(zapcore.PanicLevel)))
-	f.env = testenv.Start(t)
-	f.scheme = manager.Scheme(registryv1alpha1.AddToScheme)
-	c, err := client.New(f.env.Config, client.Options{Scheme: f.scheme})
+	f := &fixture{scheme: manager.Scheme(registryv1alpha1.AddToScheme)}
+	c, err := client.New(env.Config, client.Options{Scheme: f.scheme})
 	must(t, err)
 	f.c = c
 	must(t, c.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: testNamespace}}))
@@ -74,7 +83,7 @@ func start(t *testing.T) *fixture {
 	t.Cleanup(func() {
 		f.stop(t)
 		if t.Failed() {
-			t.Logf("controller logs (last 20 kB):\n%s", f.logs.Tail(20000))
+			t.Logf("the package's controller logs (last 20 kB):\n%s", logs.Tail(20000))
 		}
 	})
 	return f
@@ -84,7 +93,7 @@ func start(t *testing.T) *fixture {
 // its API requests counted.
 func (f *fixture) newManager(t *testing.T) (ctrl.Manager, *Reconciler, *testenv.RequestCounter) {
 	t.Helper()
-	cfg, api := testenv.Counting(f.env.Config)
+	cfg, api := testenv.Counting(env.Config)
 	mgr, err := ctrl.New(cfg, ctrl.Options{
 		Scheme:     f.scheme,
 		Cache:      cache.Options{DefaultTransform: cachemeta.Transform},

@@ -47,7 +47,8 @@ func usagePod(i int) *corev1.Pod {
 }
 
 // The usage cache's cost: 10,000 Pods as its informer keeps them (the transformed objects in a
-// store with the namespace and image-host indexes) within the 30 MB budget.
+// store with the namespace and image-host indexes) within the 30 MB budget. Not parallel:
+// it measures the process's heap.
 func TestUsageCacheCost(t *testing.T) {
 	const pods = 10000
 	store := toolscache.NewIndexer(toolscache.MetaNamespaceKeyFunc, toolscache.Indexers{

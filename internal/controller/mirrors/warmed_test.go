@@ -15,6 +15,7 @@ import (
 // pins is asked, again after pinsAskAgain while its note stays behind, pinsAsks times in all; a
 // pod that notes nothing once; a pod that read the pins, or does not run, never.
 func TestPinsAsk(t *testing.T) {
+	t.Parallel()
 	now := time.Date(2026, 11, 27, 12, 0, 0, 0, time.UTC)
 	const hash = "current"
 	note := func(h string) string { return mirror.NewCacheReport(h, 1, 0, false, 0, nil).Annotation() }

@@ -2,6 +2,7 @@ package owned
 
 import (
 	"context"
+	"os"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -16,11 +17,16 @@ import (
 	"github.com/quartermaster-dev/quartermaster/internal/testing/testenv"
 )
 
+// env is the package's API server: each test keeps to a namespace of its own.
+var env *testenv.Env
+
+func TestMain(m *testing.M) { os.Exit(testenv.Package(m, &env, nil)) }
+
 // TestEnsure drives one generated ConfigMap, controlled by another, through every outcome against
 // a real API server: what each call writes is read back from the server, and the requests are
 // counted (a current object costs none).
 func TestEnsure(t *testing.T) {
-	env := testenv.Start(t)
+	t.Parallel()
 	ctx := context.Background()
 	scheme := manager.Scheme()
 	cfg, counter := testenv.Counting(env.Config)
@@ -28,8 +34,7 @@ func TestEnsure(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	const ns = "owned"
-	must(t, api.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}))
+	ns := env.Namespace(t)
 	owner := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "owner"}}
 	must(t, api.Create(ctx, owner))
 	// The cache a controller reads first: here one that lags behind the writer's writes until
@@ -133,9 +138,8 @@ func TestEnsure(t *testing.T) {
 	}
 
 	// A namespace being deleted takes no new object.
-	const gone = "owned-terminating"
+	gone := env.Namespace(t)
 	// No namespace controller runs here: its "kubernetes" finalizer keeps it terminating.
-	must(t, api.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: gone}}))
 	must(t, api.Delete(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: gone}}))
 	desired := want("v1")
 	desired.Namespace = gone
@@ -155,13 +159,12 @@ func TestEnsure(t *testing.T) {
 // and a RoleBinding whose roleRef changed (which the API server does not update) is deleted and
 // made again.
 func TestEnsureWithoutController(t *testing.T) {
-	env := testenv.Start(t)
+	t.Parallel()
 	ctx := context.Background()
 	cfg, counter := testenv.Counting(env.Config)
 	api, err := client.New(cfg, client.Options{Scheme: manager.Scheme()})
 	must(t, err)
-	const ns = "uncontrolled"
-	must(t, api.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}))
+	ns := env.Namespace(t)
 	w := &Writer{Client: api, Reader: api, APIReader: api}
 	binding := func(role string) *rbacv1.RoleBinding {
 		return &rbacv1.RoleBinding{

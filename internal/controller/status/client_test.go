@@ -3,6 +3,7 @@ package status
 import (
 	"context"
 	"fmt"
+	"os"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -14,22 +15,27 @@ import (
 	"github.com/quartermaster-dev/quartermaster/internal/testing/testenv"
 )
 
+// env is the package's API server: each test keeps to a namespace of its own.
+var env *testenv.Env
+
+func TestMain(m *testing.M) { os.Exit(testenv.Package(m, &env, nil)) }
+
 // TestClientNeverReadsOlderThanItsOwnWrite injects stale copies (a lagging reader over a real API
 // server) under the client and checks each read against what was last written.
 func TestClientNeverReadsOlderThanItsOwnWrite(t *testing.T) {
-	env := testenv.Start(t)
+	t.Parallel()
 	ctx := context.Background()
 	scheme := manager.Scheme(computev1alpha1.AddToScheme)
 	api, err := client.New(env.Config, client.Options{Scheme: scheme})
 	if err != nil {
 		t.Fatal(err)
 	}
-	must(t, api.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "guard"}}))
+	ns := env.Namespace(t)
 	lagging := testenv.Lagging(api)
 	c := NewClient(lagging, &computev1alpha1.VmGroup{}, &corev1.ConfigMap{})
 
 	vg := &computev1alpha1.VmGroup{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "guard", Name: "g"},
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "g"},
 		Spec:       computev1alpha1.VmGroupSpec{CPU: 1, Memory: 1, Template: "t"},
 	}
 	must(t, api.Create(ctx, vg))
@@ -57,7 +63,7 @@ func TestClientNeverReadsOlderThanItsOwnWrite(t *testing.T) {
 		}
 
 		list := &computev1alpha1.VmGroupList{}
-		must(t, c.List(ctx, list, client.InNamespace("guard")))
+		must(t, c.List(ctx, list, client.InNamespace(ns)))
 		if len(list.Items) != 1 || list.Items[0].Status.Phase != computev1alpha1.PhaseRunning {
 			t.Errorf("List shows %+v, want the written status", list.Items)
 		}
@@ -79,7 +85,7 @@ func TestClientNeverReadsOlderThanItsOwnWrite(t *testing.T) {
 	})
 
 	t.Run("metadata patches of a guarded kind are guarded", func(t *testing.T) {
-		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "guard", Name: "request"}}
+		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "request"}}
 		must(t, api.Create(ctx, cm))
 		before := cm.DeepCopy()
 		cm.Annotations = map[string]string{"state": "Ready"}
@@ -92,7 +98,7 @@ func TestClientNeverReadsOlderThanItsOwnWrite(t *testing.T) {
 	})
 
 	t.Run("other kinds read as the reader has them", func(t *testing.T) {
-		sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: "guard", Name: "sa"}}
+		sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "sa"}}
 		must(t, api.Create(ctx, sa))
 		before := sa.DeepCopy()
 		sa.Labels = map[string]string{"x": "y"}
@@ -106,14 +112,14 @@ func TestClientNeverReadsOlderThanItsOwnWrite(t *testing.T) {
 
 	t.Run("a re-created object is not mistaken for the one written", func(t *testing.T) {
 		lagging.CatchUp()
-		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "guard", Name: "again"}}
+		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "again"}}
 		must(t, api.Create(ctx, cm))
 		before := cm.DeepCopy()
 		cm.Annotations = map[string]string{"state": "Ready"}
 		must(t, c.Patch(ctx, cm, client.MergeFrom(before)))
 		must(t, api.Delete(ctx, cm))
 		lagging.CatchUp()
-		must(t, api.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "guard", Name: "again"}}))
+		must(t, api.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "again"}}))
 		got := &corev1.ConfigMap{}
 		must(t, c.Get(ctx, client.ObjectKeyFromObject(cm), got))
 		if got.Annotations["state"] != "" || got.UID == cm.UID {
@@ -124,7 +130,7 @@ func TestClientNeverReadsOlderThanItsOwnWrite(t *testing.T) {
 	t.Run("copies nobody reads again are dropped by later writes", func(t *testing.T) {
 		lagging.CatchUp()
 		write := func(name string) client.Object {
-			cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "guard", Name: name}}
+			cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}
 			must(t, api.Create(ctx, cm))
 			before := cm.DeepCopy()
 			cm.Annotations = map[string]string{"state": "Ready"}
@@ -155,7 +161,7 @@ func TestClientNeverReadsOlderThanItsOwnWrite(t *testing.T) {
 	t.Run("copies the reader has caught up with are dropped", func(t *testing.T) {
 		lagging.CatchUp()
 		for _, obj := range []client.Object{&computev1alpha1.VmGroup{}, &corev1.ConfigMap{}} {
-			_ = c.List(ctx, listFor(obj), client.InNamespace("guard"))
+			_ = c.List(ctx, listFor(obj), client.InNamespace(ns))
 		}
 		f := c.(*fresh)
 		f.mu.Lock()

@@ -14,6 +14,7 @@ import (
 )
 
 func TestResult(t *testing.T) {
+	t.Parallel()
 	boom := errors.New("boom")
 	for _, tc := range []struct {
 		name     string
@@ -43,6 +44,7 @@ func TestResult(t *testing.T) {
 }
 
 func TestSetConditions(t *testing.T) {
+	t.Parallel()
 	type want struct{ ready, reconciling, stalled metav1.ConditionStatus }
 	const absent = metav1.ConditionStatus("")
 	for _, tc := range []struct {
@@ -84,6 +86,7 @@ func statusOf(conds []metav1.Condition, t string) metav1.ConditionStatus {
 }
 
 func TestConcludeAnnouncesTransitionsOnly(t *testing.T) {
+	t.Parallel()
 	rec := events.NewFakeRecorder(10)
 	obj := &metav1.PartialObjectMetadata{ObjectMeta: metav1.ObjectMeta{Generation: 3}}
 	var conds []metav1.Condition
@@ -120,6 +123,7 @@ func TestConcludeAnnouncesTransitionsOnly(t *testing.T) {
 }
 
 func TestValidReason(t *testing.T) {
+	t.Parallel()
 	for s, want := range map[string]bool{"Synced": true, "NoSuchEntity": true, "Throttling:Rate": true, "": false, "404": false, "bad reason": false} {
 		if got := ValidReason(s); got != want {
 			t.Errorf("ValidReason(%q) = %v, want %v", s, got, want)
@@ -128,6 +132,7 @@ func TestValidReason(t *testing.T) {
 }
 
 func TestTruncateKeepsEventsWithinTheAPILimit(t *testing.T) {
+	t.Parallel()
 	long := strings.Repeat("é", 600) // 1200 bytes, two per rune
 	got := Truncate(long, MaxEventNote)
 	if len(got) > MaxEventNote || !utf8.ValidString(got) || !strings.HasSuffix(got, "…") {

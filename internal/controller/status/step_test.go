@@ -23,15 +23,14 @@ import (
 // between neither conflicts nor is undone); a reconcile whose context has ended still writes; an
 // object deleted meanwhile is no error.
 func TestStepWritesOnlyChanges(t *testing.T) {
-	env := testenv.Start(t)
+	t.Parallel()
 	ctx := context.Background()
 	scheme := manager.Scheme(computev1alpha1.AddToScheme)
 	counted, requests := testenv.Counting(env.Config)
 	c, err := client.New(counted, client.Options{Scheme: scheme})
 	must(t, err)
-	must(t, c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "step"}}))
 	vg := &computev1alpha1.VmGroup{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "step", Name: "g"},
+		ObjectMeta: metav1.ObjectMeta{Namespace: env.Namespace(t), Name: "g"},
 		Spec:       computev1alpha1.VmGroupSpec{CPU: 1, Memory: 1, Template: "t"},
 	}
 	must(t, c.Create(ctx, vg))
@@ -99,6 +98,7 @@ func TestStepWritesOnlyChanges(t *testing.T) {
 // status (a required field left at its zero value included: the stored object may have no status
 // yet) and null for what was removed, at any depth.
 func TestStatusPatchSendsTheWholeStatusAndItsRemovals(t *testing.T) {
+	t.Parallel()
 	was := json.RawMessage(`{"count":0,"name":"","association":{"cluster":"a","id":"x"},"gone":"yes","conditions":[{"type":"Ready"}]}`)
 	now := json.RawMessage(`{"count":0,"name":"","association":{"cluster":"a"},"conditions":[{"type":"Ready"},{"type":"Stalled"}]}`)
 	patch, err := statusPatch(was, now)
@@ -112,15 +112,14 @@ func TestStatusPatchSendsTheWholeStatusAndItsRemovals(t *testing.T) {
 // TestWriteAnnotationsWritesOnlyChangesAndCountsEveryError: against a real API server, a status
 // kept in annotations is written in one patch when it changed and not at all when it did not; an
 // Event marks a new reason only; a transient error is counted every time it is reported, written
-// or not (the namespaces controller's errors once went uncounted).
+// or not (the namespaces controller's errors once went uncounted). Not parallel: it reads the
+// process's error counter.
 func TestWriteAnnotationsWritesOnlyChangesAndCountsEveryError(t *testing.T) {
-	env := testenv.Start(t)
 	ctx := context.Background()
 	counted, requests := testenv.Counting(env.Config)
 	c, err := client.New(counted, client.Options{Scheme: manager.Scheme()})
 	must(t, err)
-	must(t, c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "annotated"}}))
-	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "annotated", Name: "request"}}
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: env.Namespace(t), Name: "request"}}
 	must(t, c.Create(ctx, cm))
 	recorder := events.NewFakeRecorder(10)
 	step := Step{Client: c, Recorder: recorder}
