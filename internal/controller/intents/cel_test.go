@@ -20,23 +20,23 @@ import (
 // generates; an expression that cannot be a selector stalls the binding and keeps what it made.
 func testCEL(t *testing.T, f *fixture) {
 	ctx := context.Background()
-	f.namespace(t, "cel")
-	f.intent(t, "cel-dns", "dnsManipulation", nil)
+	ns := f.env.Namespace(t)
+	dns := f.intent(t, unique("cel-dns"), "dnsManipulation", nil)
 	sib := &intentv1alpha1.SecurityIntentBinding{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "cel", Name: "web"},
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "web"},
 		Spec: intentv1alpha1.SecurityIntentBindingSpec{
-			Intents: []intentv1alpha1.MatchIntent{{Name: "cel-dns"}},
+			Intents: []intentv1alpha1.MatchIntent{{Name: dns.Name}},
 			CEL:     []string{`labels["app"] == "nginx" && labels["tier"] == "web"`},
 		},
 	}
-	np := &intentv1alpha1.NimbusPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: "cel", Name: "web"}}
+	np := &intentv1alpha1.NimbusPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "web"}}
 	policies := []string{"KubeArmorPolicy/web-dnsmanipulation", "NetworkPolicy/web-dnsmanipulation"}
 	selectorIs := func(t *testing.T, want map[string]string) {
 		t.Helper()
 		if !maps.Equal(np.Spec.Selector.MatchLabels, want) {
 			t.Errorf("NimbusPolicy selector %v, want %v", np.Spec.Selector.MatchLabels, want)
 		}
-		ksp, err := f.engineObject("KubeArmorPolicy", "cel", "web-dnsmanipulation")
+		ksp, err := f.engineObject("KubeArmorPolicy", ns, "web-dnsmanipulation")
 		must(t, err)
 		got, _, _ := unstructured.NestedStringMap(ksp.Object, "spec", "selector", "matchLabels")
 		if !maps.Equal(got, want) {

@@ -20,27 +20,23 @@ import (
 	"github.com/quartermaster-dev/quartermaster/internal/intent"
 )
 
-// TestClusterBindingFailingNamespace: one namespace whose NimbusPolicy the API server refuses (its
+// testClusterBindingFailingNamespace: one namespace whose NimbusPolicy the API server refuses (its
 // quota of NimbusPolicies is used up) and one where a hand-made NimbusPolicy is in the way do not
 // stop a cluster binding from writing the others'; its status names both, and the refused one is
 // written once the quota allows it, by the binding's retries alone (nothing it watches changes).
 //
 // The failing namespaces sort first: the binding used to write the namespaces one after another, in
 // name order, and stop at the first error.
-func TestClusterBindingFailingNamespace(t *testing.T) {
-	f := start(t)
+func testClusterBindingFailingNamespace(t *testing.T, f *fixture) {
 	ctx := context.Background()
-	const (
-		refused  = "cb-a-refused"
-		conflict = "cb-b-conflict"
-		binding  = "spread"
-		name     = intent.ClusterPolicyNamePrefix + binding
-	)
-	ok := []string{"cb-c-ok", "cb-d-ok", "cb-e-ok"}
+	refused, conflict := unique("cb-a-refused"), unique("cb-b-conflict")
+	ok := []string{unique("cb-c-ok"), unique("cb-d-ok"), unique("cb-e-ok")}
 	for _, ns := range append([]string{refused, conflict}, ok...) {
 		f.namespace(t, ns)
 	}
-	f.intent(t, "no-egress", intent.DenyExternalNetworkAccess, nil)
+	binding := unique("spread")
+	name := intent.ClusterPolicyNamePrefix + binding
+	si := f.intent(t, unique("no-egress"), intent.DenyExternalNetworkAccess, nil)
 
 	// The quota: no NimbusPolicy in refused (its status as the quota controller, absent here, would
 	// write it). Admission sees a new quota a moment later: wait for a refusal.
@@ -75,7 +71,7 @@ func TestClusterBindingFailingNamespace(t *testing.T) {
 	csib := &intentv1alpha1.ClusterSecurityIntentBinding{
 		ObjectMeta: metav1.ObjectMeta{Name: binding},
 		Spec: intentv1alpha1.ClusterSecurityIntentBindingSpec{
-			Intents: []intentv1alpha1.MatchIntent{{Name: "no-egress"}},
+			Intents: []intentv1alpha1.MatchIntent{{Name: si.Name}},
 			Selector: intentv1alpha1.ClusterMatchWorkloads{
 				NsSelector:       intentv1alpha1.NamespaceSelector{MatchNames: append([]string{refused, conflict}, ok...)},
 				WorkloadSelector: intentv1alpha1.LabelSelector{MatchLabels: map[string]string{"app": "web"}},
@@ -127,21 +123,19 @@ func TestClusterBindingFailingNamespace(t *testing.T) {
 	})
 }
 
-// TestClusterBindingEnforcesFirst: the reports of a cluster binding's NimbusPolicies wait until the
+// testClusterBindingEnforcesFirst: the reports of a cluster binding's NimbusPolicies wait until the
 // binding is enforced (reports.go): when the first NimbusPolicy reports, every namespace has its
 // NimbusPolicy and its NetworkPolicy. (That each reports once, make bench counts: 3 writes per
 // namespace.)
-func TestClusterBindingEnforcesFirst(t *testing.T) {
-	f := start(t)
+func testClusterBindingEnforcesFirst(t *testing.T, f *fixture) {
 	ctx := context.Background()
-	const binding = "first"
+	binding := unique("first")
 	name := intent.ClusterPolicyNamePrefix + binding
 	var namespaces []string
-	for i := range 20 {
-		namespaces = append(namespaces, fmt.Sprintf("ef-%02d", i))
-		f.namespace(t, namespaces[i])
+	for range 20 {
+		namespaces = append(namespaces, f.env.Namespace(t))
 	}
-	f.intent(t, "first-egress", intent.DenyExternalNetworkAccess, nil)
+	si := f.intent(t, unique("first-egress"), intent.DenyExternalNetworkAccess, nil)
 
 	wc, err := client.NewWithWatch(f.env.Config, client.Options{Scheme: f.scheme})
 	must(t, err)
@@ -152,7 +146,7 @@ func TestClusterBindingEnforcesFirst(t *testing.T) {
 	must(t, f.c.Create(ctx, &intentv1alpha1.ClusterSecurityIntentBinding{
 		ObjectMeta: metav1.ObjectMeta{Name: binding},
 		Spec: intentv1alpha1.ClusterSecurityIntentBindingSpec{
-			Intents: []intentv1alpha1.MatchIntent{{Name: "first-egress"}},
+			Intents: []intentv1alpha1.MatchIntent{{Name: si.Name}},
 			Selector: intentv1alpha1.ClusterMatchWorkloads{
 				NsSelector:       intentv1alpha1.NamespaceSelector{MatchNames: namespaces},
 				WorkloadSelector: intentv1alpha1.LabelSelector{MatchLabels: map[string]string{"app": "web"}},

@@ -10,6 +10,7 @@ import (
 )
 
 func TestEnginesFlag(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		flag string
 		want []intent.Engine // nil: every engine

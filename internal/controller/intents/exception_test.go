@@ -22,6 +22,7 @@ import (
 // names the failed check (and the flag that sets it), the first failed one wins, and an exception
 // within the platform's rules passes.
 func TestCheckException(t *testing.T) {
+	t.Parallel()
 	created := time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC)
 	now := created.Add(time.Hour)
 	opts := ExceptionOptions{Namespace: "kyverno-exceptions", MaxTTL: 72 * time.Hour, Warning: 24 * time.Hour, AdminNamespaces: []string{"platform"}}
@@ -83,6 +84,7 @@ func TestCheckException(t *testing.T) {
 // TestPolicyExceptionShape: the PolicyException always names the namespaces (Kyverno matches
 // nothing by an empty filter; "*" is its wildcard), and a selector only when it requires something.
 func TestPolicyExceptionShape(t *testing.T) {
+	t.Parallel()
 	r := &exceptionReconciler{opts: testExceptions}
 	policies := []scannedPolicy{{key: "csib-escapetohost", entry: "KyvernoClusterPolicy/csib-escapetohost"}}
 	for _, tc := range []struct {
@@ -107,6 +109,7 @@ func TestPolicyExceptionShape(t *testing.T) {
 
 // TestPolicyExceptionName: one name per exception, a valid object name however long its parts.
 func TestPolicyExceptionName(t *testing.T) {
+	t.Parallel()
 	if got := PolicyExceptionName("shop", "legacy.v1"); got != "shop.legacy.v1" {
 		t.Errorf("got %q", got)
 	}
@@ -124,8 +127,9 @@ func TestPolicyExceptionName(t *testing.T) {
 // intent's list of its exceptions; and, deleted while no manager runs, its PolicyException deleted
 // by the next manager's sweep.
 func TestExceptionLifecycle(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
-	f := start(t)
+	f := start(t) // an API server of its own: Kyverno is installed late, and the manager stopped
 	f.namespace(t, "exc")
 	f.namespace(t, testExceptions.Namespace)
 	f.intent(t, "exc-escape", "escapeToHost", nil)
@@ -241,8 +245,9 @@ func waitReasonOf(t *testing.T, f *fixture, exc *securityv1alpha1.SecurityIntent
 // TestExceptionsTurnedOff: a manager restarted without --intents-exception-namespace leaves no
 // PolicyException in force (its sweep deletes them), and its exceptions say why they exempt nothing.
 func TestExceptionsTurnedOff(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
-	f := start(t)
+	f := start(t) // an API server of its own: Kyverno is installed, and the manager reconfigured
 	f.namespace(t, "off")
 	f.namespace(t, testExceptions.Namespace)
 	f.installKyvernoCRDs(t, "config/crds/kyverno/kyverno.io_policyexceptions.yaml")

@@ -21,8 +21,9 @@ import (
 // PolicyReport kind is not served, while its reports controller has never held its Lease or has
 // stopped renewing it; and Current as soon as the Lease is held.
 func TestImpactSaysWhyItIsUnknown(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
-	f := start(t)
+	f := start(t) // an API server of its own: Kyverno and its report kinds are installed late
 	f.namespace(t, "imp")
 	f.intent(t, "imp-dns", "dnsManipulation", nil)
 	f.binding(t, "imp", "dns", map[string]string{"app": "web"}, "imp-dns")
@@ -103,6 +104,7 @@ func TestImpactSaysWhyItIsUnknown(t *testing.T) {
 // TestCompactReport checks the report cache's transform and the indexes read from it, on a report
 // as Kyverno 1.19.1's reports controller writes one (fields from its PolicyReport of a Pod).
 func TestCompactReport(t *testing.T) {
+	t.Parallel()
 	long := strings.Repeat("x", 400)
 	report := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": "wgpolicyk8s.io/v1alpha2", "kind": "PolicyReport",

@@ -25,21 +25,20 @@ import (
 	"github.com/quartermaster-dev/quartermaster/internal/testing/testenv"
 )
 
-// TestIntents shares one API server between its steps, which run in order.
+// TestIntents runs its steps in order on an API server of its own: they install Kyverno and
+// nimbus-k8tls late, bind intents in every namespace, and stop and reconfigure the manager.
 func TestIntents(t *testing.T) {
+	t.Parallel()
 	f := start(t)
 	for _, s := range []struct {
 		name string
 		run  func(*testing.T, *fixture)
 	}{
-		{"validation at admission", testValidation},
 		{"a binding generates its engine policies", testBinding},
 		{"cluster bindings", testClusterBinding},
 		{"a reconcile of what is right writes nothing", testNoOpWritesNothing},
 		{"the samples", testSamples},
 		{"Kyverno mutate and generate intents", testMutateAndGenerate},
-		{"edge cases", testEdgeCases},
-		{"spec.cel selects workloads", testCEL},
 		{"assessTLS once nimbus-k8tls is installed", testAssessTLS},
 		{"one Event per new binding", testEvents},
 		{"a policy's cache behind its writes repeats nothing", testEngineCacheBehind},
@@ -52,9 +51,34 @@ func TestIntents(t *testing.T) {
 	}
 }
 
+// TestSharedManager runs its tests in parallel on the package's API server and one manager: each
+// keeps to its own namespaces and names, and none changes what the others rely on (the engines
+// installed, the manager and its flags). One manager: a second would reconcile every test's
+// objects too, as a second leader would, and hold their reports apart from the first's
+// (deferredReports).
+func TestSharedManager(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, env)
+	for _, s := range []struct {
+		name string
+		run  func(*testing.T, *fixture)
+	}{
+		{"validation at admission", testValidation},
+		{"edge cases", testEdgeCases},
+		{"spec.cel selects workloads", testCEL},
+		{"a cluster binding's failing namespaces", testClusterBindingFailingNamespace},
+		{"a cluster binding enforced first", testClusterBindingEnforcesFirst},
+	} {
+		t.Run(s.name, func(t *testing.T) {
+			t.Parallel()
+			s.run(t, f)
+		})
+	}
+}
+
 func testValidation(t *testing.T, f *fixture) {
 	ctx := context.Background()
-	f.namespace(t, "t-valid")
+	ns := f.env.Namespace(t)
 	intentWith := func(in intentv1alpha1.Intent) client.Object {
 		return &intentv1alpha1.SecurityIntent{ObjectMeta: metav1.ObjectMeta{GenerateName: "si-"}, Spec: intentv1alpha1.SecurityIntentSpec{Intent: in}}
 	}
@@ -77,10 +101,10 @@ func testValidation(t *testing.T, f *fixture) {
 		{"* not alone", `"*" in nsSelector.matchNames must be its only entry`, csib(intentv1alpha1.NamespaceSelector{MatchNames: []string{"a", "*"}})},
 		{"names and exclusions", "nsSelector.excludeNames can only be combined with matchNames", csib(intentv1alpha1.NamespaceSelector{MatchNames: []string{"a"}, ExcludeNames: []string{"b"}})},
 		{"binding without workloads", "select the workloads with selector.workloadSelector.matchLabels or cel",
-			&intentv1alpha1.SecurityIntentBinding{ObjectMeta: metav1.ObjectMeta{Namespace: "t-valid", GenerateName: "sib-"},
+			&intentv1alpha1.SecurityIntentBinding{ObjectMeta: metav1.ObjectMeta{Namespace: ns, GenerateName: "sib-"},
 				Spec: intentv1alpha1.SecurityIntentBindingSpec{Intents: []intentv1alpha1.MatchIntent{{Name: "x"}}}}},
 		{"binding without intents", "spec.intents",
-			&intentv1alpha1.SecurityIntentBinding{ObjectMeta: metav1.ObjectMeta{Namespace: "t-valid", GenerateName: "sib-"},
+			&intentv1alpha1.SecurityIntentBinding{ObjectMeta: metav1.ObjectMeta{Namespace: ns, GenerateName: "sib-"},
 				Spec: intentv1alpha1.SecurityIntentBindingSpec{Selector: intentv1alpha1.MatchWorkloads{WorkloadSelector: intentv1alpha1.LabelSelector{MatchLabels: map[string]string{"a": "b"}}}}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -459,23 +483,24 @@ func testMutateAndGenerate(t *testing.T, f *fixture) {
 
 func testEdgeCases(t *testing.T, f *fixture) {
 	ctx := context.Background()
-	f.namespace(t, "edge")
+	ns := f.env.Namespace(t)
+	block := unique("dns-block")
 	t.Run("two intents of one id: the first rule's policies, no tug of war", func(t *testing.T) {
-		f.intent(t, "dns-block", "dnsManipulation", nil)
-		audit := &intentv1alpha1.SecurityIntent{ObjectMeta: metav1.ObjectMeta{Name: "dns-audit"},
+		f.intent(t, block, "dnsManipulation", nil)
+		audit := &intentv1alpha1.SecurityIntent{ObjectMeta: metav1.ObjectMeta{Name: unique("dns-audit")},
 			Spec: intentv1alpha1.SecurityIntentSpec{Intent: intentv1alpha1.Intent{ID: "dnsManipulation", Action: "Audit"}}}
 		must(t, f.c.Create(ctx, audit))
-		f.binding(t, "edge", "twice", map[string]string{"app": "x"}, "dns-block", "dns-audit")
-		np := &intentv1alpha1.NimbusPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: "edge", Name: "twice"}}
+		f.binding(t, ns, "twice", map[string]string{"app": "x"}, block, audit.Name)
+		np := &intentv1alpha1.NimbusPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "twice"}}
 		f.waitPolicyStatus(t, np, "Generated", "KubeArmorPolicy/twice-dnsmanipulation", "NetworkPolicy/twice-dnsmanipulation")
-		ksp, err := f.engineObject("KubeArmorPolicy", "edge", "twice-dnsmanipulation")
+		ksp, err := f.engineObject("KubeArmorPolicy", ns, "twice-dnsmanipulation")
 		must(t, err)
 		rv := ksp.GetResourceVersion()
 		if action, _, _ := unstructured.NestedString(ksp.Object, "spec", "action"); action != "Block" {
 			t.Errorf("action %s, want the first rule's Block", action)
 		}
 		// Settled: a reconcile now (woken by a label change) rewrites nothing.
-		sib := &intentv1alpha1.SecurityIntentBinding{ObjectMeta: metav1.ObjectMeta{Namespace: "edge", Name: "twice"}}
+		sib := &intentv1alpha1.SecurityIntentBinding{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "twice"}}
 		f.get(t, sib)
 		base := sib.DeepCopy()
 		sib.Labels["touched"] = "yes"
@@ -485,7 +510,7 @@ func testEdgeCases(t *testing.T, f *fixture) {
 			return np.Labels["touched"] == "yes", fmt.Sprint(np.Labels)
 		})
 		f.waitPolicyStatus(t, np, "Generated", "KubeArmorPolicy/twice-dnsmanipulation", "NetworkPolicy/twice-dnsmanipulation")
-		ksp, err = f.engineObject("KubeArmorPolicy", "edge", "twice-dnsmanipulation")
+		ksp, err = f.engineObject("KubeArmorPolicy", ns, "twice-dnsmanipulation")
 		must(t, err)
 		if ksp.GetResourceVersion() != rv {
 			t.Errorf("the KubeArmorPolicy was rewritten (%s → %s)", rv, ksp.GetResourceVersion())
@@ -493,8 +518,8 @@ func testEdgeCases(t *testing.T, f *fixture) {
 	})
 	t.Run("a policy the API server refuses stalls, naming it, without holding back the others", func(t *testing.T) {
 		long := strings.Repeat("a", 245) // a valid binding name, but <name>-dnsmanipulation is over 253
-		f.binding(t, "edge", long, map[string]string{"app": "x"}, "dns-block")
-		np := &intentv1alpha1.NimbusPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: "edge", Name: long}}
+		f.binding(t, ns, long, map[string]string{"app": "x"}, block)
+		np := &intentv1alpha1.NimbusPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: long}}
 		f.waitPolicyStatus(t, np, "Rejected")
 		if c := meta.FindStatusCondition(np.Status.Conditions, "Stalled"); c == nil || c.Status != "True" || !strings.Contains(c.Message, "KubeArmorPolicy/"+long) {
 			t.Errorf("Stalled = %+v", c)
@@ -502,16 +527,16 @@ func testEdgeCases(t *testing.T, f *fixture) {
 	})
 	t.Run("a hand-made NimbusPolicy generates nothing", func(t *testing.T) {
 		np := &intentv1alpha1.NimbusPolicy{
-			ObjectMeta: metav1.ObjectMeta{Namespace: "edge", Name: "handmade"},
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "handmade"},
 			Spec: intentv1alpha1.NimbusPolicySpec{Selector: intentv1alpha1.LabelSelector{MatchLabels: map[string]string{"app": "y"}},
 				NimbusRules: []intentv1alpha1.NimbusRules{{ID: "dnsManipulation", Rule: intentv1alpha1.Rule{RuleAction: "Block"}}}},
 		}
 		must(t, f.c.Create(ctx, np))
 		// A binding's policy made after it is generated, so the hand-made one had its turn.
-		f.binding(t, "edge", "after", map[string]string{"app": "z"}, "dns-block")
-		f.waitPolicyStatus(t, &intentv1alpha1.NimbusPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: "edge", Name: "after"}}, "Generated",
+		f.binding(t, ns, "after", map[string]string{"app": "z"}, block)
+		f.waitPolicyStatus(t, &intentv1alpha1.NimbusPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "after"}}, "Generated",
 			"KubeArmorPolicy/after-dnsmanipulation", "NetworkPolicy/after-dnsmanipulation")
-		if _, err := f.engineObject("KubeArmorPolicy", "edge", "handmade-dnsmanipulation"); !apierrors.IsNotFound(err) {
+		if _, err := f.engineObject("KubeArmorPolicy", ns, "handmade-dnsmanipulation"); !apierrors.IsNotFound(err) {
 			t.Errorf("a policy was generated for a hand-made NimbusPolicy: %v", err)
 		}
 	})

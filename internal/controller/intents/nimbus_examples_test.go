@@ -87,7 +87,10 @@ var nimbusNamespaces = []string{"ns-1", "ns-2", "ns-3", "prod", "spire", intent.
 // resourceVersion, timestamps, managedFields, generation) and status are left out; the golden's
 // ownerReferences get the uid of the owner the controller made.
 func TestNimbusExamples(t *testing.T) {
-	f := start(t) // an API server of its own: "*" selects every namespace there is
+	t.Parallel()
+	// An API server of its own: "*" selects every namespace there is, the examples install Kyverno,
+	// and every generated object on the server is compared and removed.
+	f := start(t)
 	ctx := context.Background()
 	f.installKyverno(t)
 	for _, ns := range nimbusNamespaces {

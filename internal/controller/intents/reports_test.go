@@ -16,6 +16,7 @@ import (
 // NimbusPolicy it created passed once); the held ones are then reconciled again, and that pass
 // gets what the passes before it made and changed.
 func TestDeferredReports(t *testing.T) {
+	t.Parallel()
 	const binding = types.UID("binding-uid")
 	np := func(name string, uid types.UID) *intentv1alpha1.NimbusPolicy {
 		return &intentv1alpha1.NimbusPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name, UID: uid,

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -35,7 +36,43 @@ import (
 	"github.com/quartermaster-dev/quartermaster/internal/testing/testenv"
 )
 
-// fixture is one envtest API server with KubeArmor's CRDs (Kyverno's are installed by a test,
+// env is the package's API server, with KubeArmor's CRDs: TestSharedManager's tests run on it.
+var env *testenv.Env
+
+// runtimeLogs are what controller-runtime logs outside a manager's logger (its sources, the API
+// server's warnings), for a failed run; each manager logs to its fixture's buffer.
+var runtimeLogs testenv.LogBuffer
+
+func TestMain(m *testing.M) {
+	logf.SetLogger(zap.New(zap.UseDevMode(true), zap.WriteTo(&runtimeLogs)))
+	code := runPackage(m)
+	if code != 0 {
+		fmt.Fprintf(os.Stderr, "controller-runtime's own logs (last 20 kB):\n%s\n", runtimeLogs.Tail(20000))
+	}
+	os.Exit(code)
+}
+
+func runPackage(m *testing.M) int {
+	crds, err := os.MkdirTemp("", "kubearmor-crds")
+	if err == nil {
+		defer os.RemoveAll(crds)
+		err = enginecrds.Copy(enginecrds.KubeArmorModule, enginecrds.KubeArmor, crds)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	return testenv.Package(m, &env, nil, crds)
+}
+
+var nameSeq atomic.Int64
+
+// unique returns name with a suffix of its own, for TestSharedManager's cluster-scoped objects
+// and the namespaces a test names: the package's server keeps every test's objects, those of a
+// test run again (-count) included.
+func unique(name string) string { return fmt.Sprintf("%s-%d", name, nameSeq.Add(1)) }
+
+// fixture is an envtest API server with KubeArmor's CRDs (Kyverno's are installed by a test,
 // late) and the intents controller running.
 type fixture struct {
 	env    *testenv.Env
@@ -55,11 +92,18 @@ type fixture struct {
 // testExceptions are the fixture's --intents-exception-* flags.
 var testExceptions = ExceptionOptions{Namespace: "kyverno-exceptions", MaxTTL: 48 * time.Hour, Warning: time.Hour}
 
+// start runs the intents controllers on an API server of the test's own, for a test that changes
+// what every test of a server shares: it installs an engine, stops or reconfigures the manager,
+// or selects every namespace. Every other test is one of TestSharedManager's.
 func start(t *testing.T) *fixture {
 	t.Helper()
-	f := &fixture{logs: &testenv.LogBuffer{}, root: t, exceptions: testExceptions}
-	logf.SetLogger(zap.New(zap.UseDevMode(true), zap.WriteTo(f.logs)))
-	f.env = testenv.Start(t, enginecrds.Dir(t, enginecrds.KubeArmorModule, enginecrds.KubeArmor))
+	return newFixture(t, testenv.Start(t, enginecrds.Dir(t, enginecrds.KubeArmorModule, enginecrds.KubeArmor)))
+}
+
+// newFixture runs the intents controllers on e until t ends.
+func newFixture(t *testing.T, e *testenv.Env) *fixture {
+	t.Helper()
+	f := &fixture{env: e, logs: &testenv.LogBuffer{}, root: t, exceptions: testExceptions}
 	f.scheme = manager.Scheme(intentv1alpha1.AddToScheme, securityv1alpha1.AddToScheme, apiextensionsv1.AddToScheme)
 	c, err := client.New(f.env.Config, client.Options{Scheme: f.scheme})
 	must(t, err)
@@ -79,6 +123,7 @@ func (f *fixture) newManager(t *testing.T) (ctrl.Manager, *base) {
 	t.Helper()
 	mgr, err := ctrl.New(f.env.Config, ctrl.Options{
 		Scheme:     f.scheme,
+		Logger:     zap.New(zap.UseDevMode(true), zap.WriteTo(f.logs)),
 		Cache:      cache.Options{DefaultTransform: cachemeta.Transform},
 		Metrics:    metricsserver.Options{BindAddress: "0"},
 		Controller: config.Controller{SkipNameValidation: ptr.To(true)},

@@ -14,6 +14,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
@@ -131,6 +132,10 @@ func start(extraCRDDirs ...string) (*Env, error) {
 		BinaryAssetsDirectory: assets,
 		CRDDirectoryPaths:     append([]string{filepath.Join(RepoRoot(), "config", "crd", "bases")}, extraCRDDirs...),
 		Scheme:                manager.Scheme(apiextensionsv1.AddToScheme),
+		// envtest gives etcd and kube-apiserver 20 s to start: on a busy machine (two lanes of
+		// make test, several servers of one package starting at once) an API server took longer
+		// and the test failed for the machine's speed. The limit bounds a failure only.
+		ControlPlaneStartTimeout: 2 * time.Minute,
 	}
 	cfg, err := env.Start()
 	if err != nil {
