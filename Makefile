@@ -148,7 +148,7 @@ test-stress: ## The unit + envtest suite twice at once, three rounds in a row (R
 
 .PHONY: test-e2e
 test-e2e: bin/testreport containerd-bin ## End-to-end tests on a local kwok cluster they create and delete, a containerd daemon of their own (as root) and a real Kyverno (each built once into the cache).
-	KUBEBUILDER_ASSETS="$(K8S_BIN)" QM_KYVERNO_BIN="$(KYVERNO_BIN)" $(STAGE) e2e -- $(GO) test -json -tags e2e -count=1 -timeout 30m ./test/e2e/...
+	KUBEBUILDER_ASSETS="$(K8S_BIN)" QM_KYVERNO_BIN="$(KYVERNO_BIN)" $(STAGE) e2e -- $(GO) test -json -tags e2e -count=1 -parallel 8 -timeout 30m ./test/e2e/...
 
 .PHONY: test-real-node
 test-real-node: bin/testreport node-bin ## The chart installed with Helm on a real one-node cluster the tests start and stop (hack/real-cluster.sh; as root): Pods run from the project's image, a kubelet pulls through the mirror.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"maps"
+	"math"
 	"slices"
 	"strings"
 	"testing"
@@ -498,10 +499,16 @@ func testDrift(t *testing.T, f *fixture) {
 		})
 	})
 	t.Run("a deleted role is re-created", func(t *testing.T) {
+		// Someone deletes the role: IAM wants its policies detached first, and a reconcile between
+		// the two (the last step's, late on a busy machine) would attach them again and the
+		// deletion be refused DeleteConflict. The controller's attachments wait until the role
+		// is gone, as they would behind a slower deleter.
+		open := f.emu.Gate("AttachRolePolicy", math.MaxInt)
 		for _, arn := range f.role(role).AttachedPolicies {
 			must(t, f.aws.DetachPolicy(ctx, role, arn))
 		}
 		must(t, f.aws.DeleteRole(ctx, role))
+		open()
 		testenv.Eventually(t, "the role re-created", func() (bool, string) {
 			r := f.role(role)
 			return r != nil && slices.Contains(r.AttachedPolicies, p.Status.ARN), ""
