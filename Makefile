@@ -15,7 +15,9 @@ K8S_MIN_BIN = $$(hack/k8s-bin.sh 1.30 | tail -n1)
 KYVERNO_BIN = $$(hack/kyverno-bin.sh | tail -n1)
 # Every controller of cmd/quartermaster: each gets its own generated ClusterRole quartermaster-NAME.
 CONTROLLERS := namespaces vmgroups iam mirrors intents
-TEST_FLAGS ?= -race -count=1
+# -p 4: four test packages at once (go test's default is GOMAXPROCS, 2 here); most of them wait on
+# their API servers, vcsim's ticks or the AWS CLI, not on the CPU.
+TEST_FLAGS ?= -race -count=1 -p 4
 
 ##@ General
 .PHONY: help
