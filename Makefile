@@ -111,7 +111,7 @@ bin/testreport: hack/testreport/main.go
 	$(GO) build -o $@ ./hack/testreport
 
 .PHONY: test
-test: ## Everything CI runs, in two lanes side by side (hack/test.sh), ending with the table of each stage's time and the slowest tests (bin/test-report/summary.txt).
+test: ## Everything CI runs, in three lanes side by side (hack/test.sh), ending with the table of each stage's time and the slowest tests (bin/test-report/summary.txt).
 	hack/test.sh
 
 .PHONY: test-report

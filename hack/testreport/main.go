@@ -226,8 +226,7 @@ func (p *printer) event(e Event) {
 			b := p.buffer(e.Package, e.Test)
 			// A parent's failure prints its subtests' failures within its own output (go test
 			// does the same): print it when the top-level test ends.
-			if strings.Contains(e.Test, "/") {
-				parent := e.Test[:strings.Index(e.Test, "/")]
+			if parent, _, sub := strings.Cut(e.Test, "/"); sub {
 				p.buffer(e.Package, parent).WriteString(b.String())
 				delete(p.tests[e.Package], e.Test)
 				return
