@@ -344,9 +344,18 @@ func testNoOpWritesNothing(t *testing.T, f *fixture) {
 		&intentv1alpha1.SecurityIntentBinding{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "late"}},
 		&intentv1alpha1.SecurityIntent{ObjectMeta: metav1.ObjectMeta{Name: "later"}},
 	} {
-		eventually(t, client.ObjectKeyFromObject(obj).String()+" Ready", func() (bool, string) {
+		// Ready as stored, and the manager's cache caught up with it: the reconciles below read
+		// that cache, and a copy older than the manager's last status write would make them write
+		// that status again (on a busy machine the cache lags by more than the wait for Ready).
+		cached := obj.DeepCopyObject().(client.Object)
+		eventually(t, client.ObjectKeyFromObject(obj).String()+" Ready, and the manager's cache as stored", func() (bool, string) {
 			f.get(t, obj)
-			return readyReason(obj) == "Bound" || readyReason(obj) == "Accepted", readyReason(obj)
+			if err := f.mgr.GetCache().Get(ctx, client.ObjectKeyFromObject(obj), cached); err != nil {
+				return false, err.Error()
+			}
+			ready := readyReason(obj) == "Bound" || readyReason(obj) == "Accepted"
+			return ready && cached.GetResourceVersion() == obj.GetResourceVersion(),
+				fmt.Sprintf("%s, stored at %s, cached at %s", readyReason(obj), obj.GetResourceVersion(), cached.GetResourceVersion())
 		})
 	}
 	cfg, counter := testenv.Counting(f.env.Config)
