@@ -171,9 +171,10 @@ mkdir -p "${state}/kubearmor-crds"
 bin/demo-helper kubearmor-crds "${state}/kubearmor-crds"
 kubectl apply --server-side --force-conflicts -f "${state}/kubearmor-crds" -f "${kyverno_bin}/crds" >/dev/null
 # Polled: a CRD just created may have no conditions yet, which kubectl wait reports as an error.
-# Kyverno's CRDs are large: on a busy machine (make test's lanes beside another run) the API server
-# took over 60 s to establish them all. The limit bounds a failure only.
-until_ok 300 "the CRDs to be Established" kubectl wait --for=condition=Established crd --all --timeout=5s || die "not every CRD is served"
+# Each attempt waits up to 60 s: under load (make test's lanes beside another run) one kubectl wait
+# over all of Kyverno's and KubeArmor's CRDs took longer than 5 s, and every attempt failed however
+# long the loop ran. The limits bound a failure only.
+until_ok 300 "the CRDs to be Established" kubectl wait --for=condition=Established crd --all --timeout=60s || die "not every CRD is served"
 
 # The services the controllers talk to, started at once; each is waited for where it is used.
 # A development vCenter (govmomi's simulator with a template) for the vmgroups controller.
