@@ -322,7 +322,7 @@ func TestIAMServiceAccountsOnTheLocalCluster(t *testing.T) {
 	// Deleting the namespace deletes the objects (their finalizers release them once AWS is clean)
 	// and then the namespace itself.
 	must(t, admin.Delete(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}))
-	eventually(t, "the namespace to be deleted", func() bool {
+	eventuallyWithin(t, "the namespace to be deleted", namespaceDeletion, func() bool {
 		return apierrors.IsNotFound(admin.Get(ctx, client.ObjectKey{Name: ns}, &corev1.Namespace{}))
 	})
 	st = emu.state(t)
@@ -507,7 +507,7 @@ spec:
 	}
 
 	must(t, admin.Delete(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}))
-	eventually(t, "the namespace to be deleted", func() bool {
+	eventuallyWithin(t, "the namespace to be deleted", namespaceDeletion, func() bool {
 		return apierrors.IsNotFound(admin.Get(ctx, client.ObjectKey{Name: ns}, &corev1.Namespace{}))
 	})
 	if left := associations(); len(left) != 0 || findRole(emu.state(t), irsa.RoleName(ns, "app")) != nil {

@@ -117,7 +117,7 @@ func TestNamespaceCredentialsWorkInTheirNamespaceOnly(t *testing.T) {
 	if err := pipeline.CoreV1().Namespaces().Delete(ctx, "e2e-ci-branch", metav1.DeleteOptions{}); err != nil {
 		t.Fatalf("deleting its own namespace: %v", err)
 	}
-	eventually(t, "the namespace, the request and the Secret to be gone", func() bool {
+	eventuallyWithin(t, "the namespace, the request and the Secret to be gone", namespaceDeletion, func() bool {
 		return apierrors.IsNotFound(admin.Get(ctx, client.ObjectKey{Name: "e2e-ci-branch"}, &corev1.Namespace{})) &&
 			apierrors.IsNotFound(admin.Get(ctx, client.ObjectKey{Namespace: requestsNamespace, Name: "e2e-ci-branch"}, &corev1.ConfigMap{})) &&
 			apierrors.IsNotFound(admin.Get(ctx, client.ObjectKey{Namespace: requestsNamespace, Name: "e2e-ci-branch"}, &corev1.Secret{}))
@@ -128,7 +128,7 @@ func TestNamespaceTTLDeletesIt(t *testing.T) {
 	startNamespacesManager(t)
 	ctx := context.Background()
 	requestNamespace(t, "e2e-ttl", map[string]string{"ttl": "5s"})
-	eventually(t, "the namespace and its request to be deleted after the ttl", func() bool {
+	eventuallyWithin(t, "the namespace and its request to be deleted after the ttl", namespaceDeletion, func() bool {
 		return apierrors.IsNotFound(admin.Get(ctx, client.ObjectKey{Name: "e2e-ttl"}, &corev1.Namespace{})) &&
 			apierrors.IsNotFound(admin.Get(ctx, client.ObjectKey{Namespace: requestsNamespace, Name: "e2e-ttl"}, &corev1.ConfigMap{})) &&
 			apierrors.IsNotFound(admin.Get(ctx, client.ObjectKey{Namespace: requestsNamespace, Name: "e2e-ttl"}, &corev1.Secret{}))
