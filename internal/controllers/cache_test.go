@@ -9,7 +9,6 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -59,13 +58,10 @@ func TestAddCacheStartsInAStandby(t *testing.T) {
 		defer cancel()
 		return c.List(rctx, &corev1.ConfigMapList{}, client.InNamespace("default"))
 	}
-	var last error
-	if err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
-		last = list(standby)
-		return last == nil, nil
-	}); err != nil {
-		t.Fatalf("the cache added with AddCache is not read in the standby: %v", last)
-	}
+	testenv.PollFor(t, "the cache added with AddCache to be read in the standby", 50*time.Millisecond, 30*time.Second, func() (bool, string) {
+		err := list(standby)
+		return err == nil, "last list: " + testenv.ErrString(err)
+	})
 	// The control: added plainly, it waits for leadership (reads say it has not started).
 	if err := list(leaderOnly); !errors.As(err, new(*cache.ErrCacheNotStarted)) {
 		t.Fatalf("a namespaced cache added with mgr.Add answered in a standby (%v): the test shows nothing", err)

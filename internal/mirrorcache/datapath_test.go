@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/opencontainers/go-digest"
+
+	"github.com/quartermaster-dev/quartermaster/internal/testing/testenv"
 )
 
 func randomBytes(n int) []byte {
@@ -123,13 +125,10 @@ func getFrom(ctx context.Context, t *testing.T, url, rng string, want int) *http
 // waitMetric waits until the cache's metric satisfies ok (a condition, not a time).
 func waitMetric(t *testing.T, c *runningCache, name string, ok func(float64) bool) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !ok(c.metrics(t)[name]) {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s is %v: the condition did not hold within 30s", name, c.metrics(t)[name])
-		}
-		time.Sleep(5 * time.Millisecond) // polling interval
-	}
+	testenv.PollFor(t, "the cache's "+name+" to meet the test's condition", 5*time.Millisecond, 30*time.Second, func() (bool, string) {
+		v := c.metrics(t)[name]
+		return ok(v), fmt.Sprintf("%s is %v", name, v)
+	})
 }
 
 func count(seen []string, want string) int {

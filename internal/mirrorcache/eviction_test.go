@@ -1,6 +1,7 @@
 package mirrorcache
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,6 +15,7 @@ import (
 	"github.com/opencontainers/go-digest"
 
 	"github.com/quartermaster-dev/quartermaster/internal/mirror"
+	"github.com/quartermaster-dev/quartermaster/internal/testing/testenv"
 )
 
 // The eviction rule as a table: least recently pulled first (ties by digest), pinned content
@@ -131,12 +133,10 @@ func TestVolumeAboveHighWaterEvicts(t *testing.T) {
 	waitStored(t, files, older.blobs[1].Digest)
 	clock.advance(time.Minute)
 	mustPull(t, hosts, newer.byTag(up)) // 3.5 MiB of 4 used: above 85%
-	for deadline := time.Now().Add(time.Minute); stored(files, older.blobs[1].Digest); {
-		if time.Now().After(deadline) {
-			t.Fatalf("the older image's layer is still stored with %d of %d bytes used", used(), size)
-		}
-		time.Sleep(100 * time.Millisecond) // polling: the cache looks at its volume every flushInterval
-	}
+	// Every 100 ms: the cache looks at its volume every flushInterval.
+	testenv.PollFor(t, "the older image's layer to be evicted", 100*time.Millisecond, time.Minute, func() (bool, string) {
+		return !stored(files, older.blobs[1].Digest), fmt.Sprintf("%d of %d bytes used", used(), size)
+	})
 	if !stored(files, newer.blobs[1].Digest) || used() > size*3/4 {
 		t.Errorf("after eviction: the newer layer stored %v, %d of %d bytes used (want at most 75%%)", stored(files, newer.blobs[1].Digest), used(), size)
 	}
@@ -209,12 +209,9 @@ func TestMarksOfTheConfiguration(t *testing.T) {
 // waitStored waits until the fill of d has committed it.
 func waitStored(t *testing.T, files cacheFiles, d digest.Digest) {
 	t.Helper()
-	for deadline := time.Now().Add(time.Minute); !stored(files, d); {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s was not stored", d)
-		}
-		time.Sleep(10 * time.Millisecond) // polling
-	}
+	testenv.PollFor(t, fmt.Sprintf("%s to be stored", d), 10*time.Millisecond, time.Minute, func() (bool, string) {
+		return stored(files, d), "not stored"
+	})
 }
 
 // The volume is measured as df measures it (its Use% is what the marks are of): the blocks

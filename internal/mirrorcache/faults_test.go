@@ -157,24 +157,14 @@ func freeAddr(t *testing.T) string {
 
 func waitReady(t *testing.T, url string, exited chan struct{}, logs *testenv.LogBuffer) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	testenv.PollFor(t, "the cache to be ready", 10*time.Millisecond, 20*time.Second, func() (bool, string) {
 		select {
 		case <-exited:
 			t.Fatalf("the cache exited\n%s", logs)
 		default:
 		}
-		if resp, err := testClient.Get(url + mirror.ReadyPath); err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the cache was not ready within 20s\n%s", logs)
-		}
-		time.Sleep(10 * time.Millisecond) // polling interval of the readiness check
-	}
+		return readyz(url), "logs:\n" + logs.String()
+	})
 }
 
 // With the volume full, pulls are streamed from the upstream (not stored) and the store_full

@@ -362,24 +362,25 @@ func startCacheWith(t *testing.T, f cacheFiles, extra Options) *runningCache {
 			Log: zap.New(zap.WriteTo(c.log)), Peers: extra.Peers, PinsPath: extra.PinsPath, Report: extra.Report, now: extra.now, started: extra.started})
 	}()
 	t.Cleanup(func() { c.stop(t) })
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	testenv.PollFor(t, "the cache to be ready", 10*time.Millisecond, 20*time.Second, func() (bool, string) {
 		select {
 		case err := <-c.done:
 			t.Fatalf("the cache stopped before it was ready: %v\n%s", err, c.log)
 		default:
 		}
-		if resp, err := testClient.Get(c.URL + mirror.ReadyPath); err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return c
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the cache was not ready within 20s\n%s", c.log)
-		}
-		time.Sleep(10 * time.Millisecond) // polling interval of the readiness check
+		return readyz(c.URL), "logs:\n" + c.log.String()
+	})
+	return c
+}
+
+// readyz says whether the cache at url answers its readiness check with 200.
+func readyz(url string) bool {
+	resp, err := testClient.Get(url + mirror.ReadyPath)
+	if err != nil {
+		return false
 	}
+	resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
 }
 
 // stop ends the cache's context and waits for Run to return, which must be without error.

@@ -20,6 +20,7 @@ import (
 
 	"github.com/quartermaster-dev/quartermaster/internal/mirror"
 	"github.com/quartermaster-dev/quartermaster/internal/testing/dnstest"
+	"github.com/quartermaster-dev/quartermaster/internal/testing/testenv"
 )
 
 // The replicas change while pulls run, as `kubectl scale` changes them. Each replica finds the
@@ -76,25 +77,22 @@ func waitPeers(t *testing.T, rs []*replica, members ...*replica) {
 		names = append(names, m.name)
 	}
 	want := `"peers":"` + strings.Join(names, ",") + `"`
-	deadline := time.Now().Add(30 * time.Second)
-	for _, r := range rs {
-		for {
-			logs := strings.Split(r.logs.String(), "\n")
+	// One limit for all: the replicas are checked in turn, each until its last change names them.
+	i := 0
+	testenv.PollFor(t, fmt.Sprintf("each replica to see the replicas %v", names), 5*time.Millisecond, 30*time.Second, func() (bool, string) {
+		for ; i < len(rs); i++ {
 			last := ""
-			for _, l := range logs {
+			for _, l := range strings.Split(rs[i].logs.String(), "\n") {
 				if strings.Contains(l, "cache peers changed") {
 					last = l
 				}
 			}
-			if strings.Contains(last, want) {
-				break
+			if !strings.Contains(last, want) {
+				return false, fmt.Sprintf("%s's last change: %s", rs[i].name, last)
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s did not see the replicas %v within 30s; its last change: %s", r.name, names, last)
-			}
-			time.Sleep(5 * time.Millisecond) // polling interval
 		}
-	}
+		return true, ""
+	})
 }
 
 // blobsWhere returns n random blobs of size bytes whose digest satisfies ok.

@@ -3,6 +3,7 @@ package mirrorcache
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -87,12 +88,11 @@ func TestPinnedImageOutlivesItsTTL(t *testing.T) {
 
 	// The workload is gone and its ttl after it too: the controller drops the pin.
 	writePins(t, pinsPath, "team/by-digest@"+byDigest.manifest.Digest.String())
-	for deadline := time.Now().Add(30 * time.Second); cache.metrics(t)["quartermaster_mirror_pinned_images"] != 1; {
-		if time.Now().After(deadline) {
-			t.Fatal("the changed pins file was not read again")
-		}
-		time.Sleep(100 * time.Millisecond) // polling: the cache looks at the file every flushInterval
-	}
+	// Every 100 ms: the cache looks at the file every flushInterval.
+	testenv.PollFor(t, "the changed pins file to be read again (1 pinned image)", 100*time.Millisecond, 30*time.Second, func() (bool, string) {
+		n := cache.metrics(t)["quartermaster_mirror_pinned_images"]
+		return n == 1, fmt.Sprintf("%v pinned images", n)
+	})
 	clock.advance(2 * ttl)
 	data.sweep()
 	if stored(files, inUse.blobs[2].Digest) || !stored(files, byDigest.blobs[1].Digest) {
@@ -102,12 +102,10 @@ func TestPinnedImageOutlivesItsTTL(t *testing.T) {
 	if err := os.WriteFile(pinsPath, []byte(`{"images":{"not a pin":""}}`), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(30 * time.Second); !strings.Contains(cache.log.String(), "the pins file does not parse"); {
-		if time.Now().After(deadline) {
-			t.Fatal("the bad pins file was not reported")
-		}
-		time.Sleep(100 * time.Millisecond) // polling, as above
-	}
+	testenv.PollFor(t, "the bad pins file to be reported", 100*time.Millisecond, 30*time.Second, func() (bool, string) {
+		out := cache.log.String()
+		return strings.Contains(out, "the pins file does not parse"), "logs:\n" + out
+	})
 	clock.advance(2 * ttl)
 	data.sweep()
 	if !stored(files, byDigest.blobs[1].Digest) {
@@ -258,12 +256,9 @@ func TestPinsAreWarmed(t *testing.T) {
 func waitCommitted(t *testing.T, f *front, ds ...digest.Digest) {
 	t.Helper()
 	for _, d := range ds {
-		for deadline := time.Now().Add(time.Minute); f.store.content(d) == nil; {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s was not committed", d)
-			}
-			time.Sleep(10 * time.Millisecond) // polling
-		}
+		testenv.PollFor(t, fmt.Sprintf("%s to be committed", d), 10*time.Millisecond, time.Minute, func() (bool, string) {
+			return f.store.content(d) != nil, "not committed"
+		})
 	}
 }
 
@@ -339,10 +334,8 @@ func TestPinsWarmEveryNodePlatform(t *testing.T) {
 	if err := os.Rename(pinsPath+".new", pinsPath); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(30 * time.Second); !strings.Contains(cache.log.String(), "team/multi:s390x-only has no manifest for linux/amd64"); {
-		if time.Now().After(deadline) {
-			t.Fatalf("the warm of an index without the nodes' platform did not fail saying so:\n%s", cache.log)
-		}
-		time.Sleep(50 * time.Millisecond) // polling the cache's log
-	}
+	testenv.PollFor(t, "the warm of an index without the nodes' platform to fail saying so", 50*time.Millisecond, 30*time.Second, func() (bool, string) {
+		out := cache.log.String()
+		return strings.Contains(out, "team/multi:s390x-only has no manifest for linux/amd64"), "logs:\n" + out
+	})
 }

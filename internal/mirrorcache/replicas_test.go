@@ -18,6 +18,7 @@ import (
 	"github.com/opencontainers/go-digest"
 
 	"github.com/quartermaster-dev/quartermaster/internal/mirrorcache/peerset"
+	"github.com/quartermaster-dev/quartermaster/internal/testing/testenv"
 )
 
 // replica is one of a mirror's cache pods, run as its own process.
@@ -88,13 +89,10 @@ func sum(t *testing.T, rs []*replica, series string) float64 {
 // before its fill's commit).
 func waitFillsDone(t *testing.T, rs []*replica) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for sum(t, rs, fillsInFlightSeries) != 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("fills still running after 30s")
-		}
-		time.Sleep(5 * time.Millisecond) // polling interval
-	}
+	testenv.PollFor(t, "no replica to have a fill running", 5*time.Millisecond, 30*time.Second, func() (bool, string) {
+		n := sum(t, rs, fillsInFlightSeries)
+		return n == 0, fmt.Sprintf("%v fills running", n)
+	})
 }
 
 const (

@@ -3,7 +3,7 @@ package nodeagent
 import (
 	"context"
 	"encoding/json"
-	"errors"
+	"fmt"
 	"maps"
 	"net"
 	"net/http"
@@ -18,7 +18,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/ptr"
@@ -388,13 +387,19 @@ func (f *apiFixture) testRun(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = stop() })
 
-	eventually(t, "/readyz to answer 200", func() bool { return get(readyz) == http.StatusOK })
+	testenv.PollFor(t, "/readyz to answer 200", 20*time.Millisecond, 30*time.Second, func() (bool, string) {
+		code := get(readyz)
+		return code == http.StatusOK, fmt.Sprintf("last status %d", code)
+	})
 	if err := os.Remove(filepath.Join(root, hubFile)); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "hosts.toml to be restored", func() bool {
+	testenv.PollFor(t, "hosts.toml to be restored", 20*time.Millisecond, 30*time.Second, func() (bool, string) {
 		b, err := os.ReadFile(filepath.Join(root, hubFile))
-		return err == nil && string(b) == string(wantContent("running"))
+		if err != nil {
+			return false, err.Error()
+		}
+		return string(b) == string(wantContent("running")), "hosts.toml:\n" + string(b)
 	})
 
 	if err := stop(); err != nil {
@@ -416,15 +421,6 @@ func get(url string) int {
 	}
 	resp.Body.Close()
 	return resp.StatusCode
-}
-
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	err := wait.PollUntilContextTimeout(context.Background(), 20*time.Millisecond, 30*time.Second, true,
-		func(context.Context) (bool, error) { return cond(), nil })
-	if errors.Is(err, context.DeadlineExceeded) || err != nil {
-		t.Fatalf("timed out waiting for %s", what)
-	}
 }
 
 // Only Ready's reason and status.mirrorHost count; a mirror not reconciled yet serves its host.

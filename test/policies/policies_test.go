@@ -6,6 +6,7 @@ package policies
 
 import (
 	"context"
+	"fmt"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -18,7 +19,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
@@ -60,13 +60,10 @@ func TestManagerPoliciesAreEnforced(t *testing.T) {
 		return err
 	}
 	const annotationsOnly = "Quartermaster's manager may change only a pod's registry.quartermaster.dev/ annotations."
-	var last error
-	if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
-		last = patchPod(`{"spec":{"containers":[{"name":"cache","image":"evil:latest"}]}}`)
-		return last != nil && strings.Contains(last.Error(), annotationsOnly), nil
-	}); err != nil {
-		t.Errorf("changing a cache pod's image: %v, want refused with %q", last, annotationsOnly)
-	}
+	testenv.PollFor(t, fmt.Sprintf("changing a cache pod's image to be refused with %q", annotationsOnly), 100*time.Millisecond, time.Minute, func() (bool, string) {
+		err := patchPod(`{"spec":{"containers":[{"name":"cache","image":"evil:latest"}]}}`)
+		return err != nil && strings.Contains(err.Error(), annotationsOnly), fmt.Sprintf("last: %v", err)
+	})
 	if err := patchPod(`{"metadata":{"annotations":{"example.com/x":"y"}}}`); err == nil || !strings.Contains(err.Error(), annotationsOnly) {
 		t.Errorf("another annotation of a cache pod: %v, want refused with %q", err, annotationsOnly)
 	}
@@ -145,13 +142,10 @@ func TestNodeAgentPolicyIsEnforced(t *testing.T) {
 				annotOnly = "A node agent or a cache may change only its Pod's registry.quartermaster.dev/ annotations."
 			)
 			// The API server loads a policy from a watch a moment after it is created.
-			var last error
-			if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
-				last = patch("pod-b", mine)
-				return last != nil && strings.Contains(last.Error(), ownOnly), nil
-			}); err != nil {
-				t.Fatalf("annotating another Pod: %v, want refused with %q", last, ownOnly)
-			}
+			testenv.PollFor(t, fmt.Sprintf("annotating another Pod to be refused with %q", ownOnly), 100*time.Millisecond, time.Minute, func() (bool, string) {
+				err := patch("pod-b", mine)
+				return err != nil && strings.Contains(err.Error(), ownOnly), fmt.Sprintf("last: %v", err)
+			})
 			if err := patch("pod-a", mine); err != nil {
 				t.Errorf("annotating its own Pod's registry.quartermaster.dev/ key: %v, want allowed", err)
 			}
@@ -191,13 +185,10 @@ func TestExchangeRequestsPolicyIsEnforced(t *testing.T) {
 		Labels:      map[string]string{"quartermaster.dev/identity": "0123456789abcdef"},
 		Annotations: map[string]string{"quartermaster.dev/identity": "github:acme/web"}}}
 	// The API server loads a policy from a watch a moment after it is created.
-	var last error
-	if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
-		_, last = asAdmin.CoreV1().ConfigMaps(ns).Create(ctx, forged, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
-		return last != nil && strings.Contains(last.Error(), refusal), nil
-	}); err != nil {
-		t.Fatalf("a request claiming an identity, made by an administrator: %v, want refused with %q", last, refusal)
-	}
+	testenv.PollFor(t, fmt.Sprintf("a request claiming an identity, made by an administrator, to be refused with %q", refusal), 100*time.Millisecond, time.Minute, func() (bool, string) {
+		_, err := asAdmin.CoreV1().ConfigMaps(ns).Create(ctx, forged, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		return err != nil && strings.Contains(err.Error(), refusal), fmt.Sprintf("last: %v", err)
+	})
 	plain := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "ci-plain"}, Data: map[string]string{"ttl": "1h"}}
 	if _, err := asAdmin.CoreV1().ConfigMaps(ns).Create(ctx, plain, metav1.CreateOptions{}); err != nil {
 		t.Errorf("a request of the ConfigMap path: %v, want allowed", err)

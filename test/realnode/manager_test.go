@@ -22,11 +22,11 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/quartermaster-dev/quartermaster/internal/nsrequest"
+	"github.com/quartermaster-dev/quartermaster/internal/testing/testenv"
 )
 
 // managerLabels select the manager's Pods (the chart's selector labels and component).
@@ -335,13 +335,11 @@ func must(t *testing.T, err error) {
 	}
 }
 
+// eventually is testenv.PollFor every 100 ms for up to two minutes; cond says no more than
+// whether it holds.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	err := wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, 2*time.Minute, true,
-		func(context.Context) (bool, error) { return cond(), nil })
-	if err != nil {
-		t.Fatalf("timed out waiting for %s", what)
-	}
+	testenv.PollFor(t, what, 100*time.Millisecond, 2*time.Minute, func() (bool, string) { return cond(), "" })
 }
 
 // TestAnImageNotOnTheNodeIsNamedAtOnce: the harness's wait (helm install's, every Pod wait of these

@@ -352,7 +352,17 @@ func TestDeletingTheRequestLeavesTheNamespace(t *testing.T) {
 	cm := f.request(t, "keep-me", nil)
 	f.waitStatus(t, "keep-me", nsrequest.StatusReady)
 	must(t, f.c.Delete(ctx, cm))
-	time.Sleep(time.Second) // let a (wrong) reaction happen
+	// The controller's reaction to the deletion, run here rather than waited for: a reconcile of
+	// the request once its cache no longer has it (the manager's own may run beside it).
+	key := client.ObjectKeyFromObject(cm)
+	eventually(t, "the controller's cache to see the request deleted", func() bool {
+		return apierrors.IsNotFound(f.reconciler.Client.Get(ctx, key, &corev1.ConfigMap{}))
+	}, nil)
+	res, err := f.reconciler.Reconcile(ctx, reconcile.Request{NamespacedName: key})
+	must(t, err)
+	if res.RequeueAfter != 0 {
+		t.Errorf("the deleted request (no ttl) is looked at again in %s", res.RequeueAfter)
+	}
 	ns := &corev1.Namespace{}
 	must(t, f.c.Get(ctx, client.ObjectKey{Name: "keep-me"}, ns))
 	if ns.DeletionTimestamp != nil {

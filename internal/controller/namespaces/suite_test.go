@@ -10,7 +10,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/config"
@@ -160,17 +159,17 @@ func (f *fixture) waitEvent(t *testing.T, obj client.Object, reason string) even
 	return testenv.WaitForEvent(t, f.c, obj, reason)
 }
 
+// eventually is testenv.PollFor every 50 ms for up to 30 s; detail, when not nil, says what
+// was last seen.
 func eventually(t *testing.T, what string, cond func() bool, detail func() string) {
 	t.Helper()
-	err := wait.PollUntilContextTimeout(context.Background(), 50*time.Millisecond, 30*time.Second, true,
-		func(context.Context) (bool, error) { return cond(), nil })
-	if err != nil {
-		d := ""
-		if detail != nil {
-			d = detail()
+	testenv.PollFor(t, what, 50*time.Millisecond, 30*time.Second, func() (bool, string) {
+		ok := cond()
+		if detail == nil {
+			return ok, ""
 		}
-		t.Fatalf("timed out waiting for %s (%s)", what, d)
-	}
+		return ok, detail()
+	})
 }
 
 func must(t *testing.T, err error) {

@@ -61,22 +61,17 @@ func EventsAbout(t testing.TB, c client.Client, obj client.Object) []eventsv1.Ev
 func WaitForEvent(t testing.TB, c client.Client, obj client.Object, reason string) eventsv1.Event {
 	t.Helper()
 	var found eventsv1.Event
-	var seen []string
-	err := wait.PollUntilContextTimeout(context.Background(), 50*time.Millisecond, time.Minute, true,
-		func(context.Context) (bool, error) {
-			seen = seen[:0]
-			for _, e := range EventsAbout(t, c, obj) {
-				if e.Reason == reason {
-					found = e
-					return true, nil
-				}
-				seen = append(seen, e.Reason)
+	PollFor(t, "an Event "+reason+" about "+obj.GetName(), 50*time.Millisecond, time.Minute, func() (bool, string) {
+		var seen []string
+		for _, e := range EventsAbout(t, c, obj) {
+			if e.Reason == reason {
+				found = e
+				return true, ""
 			}
-			return false, nil
-		})
-	if err != nil {
-		t.Fatalf("timed out waiting for an Event %s about %s (events: %s)", reason, obj.GetName(), strings.Join(seen, ","))
-	}
+			seen = append(seen, e.Reason)
+		}
+		return false, "events: " + strings.Join(seen, ",")
+	})
 	return found
 }
 
