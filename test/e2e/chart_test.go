@@ -34,6 +34,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/quartermaster-dev/quartermaster/internal/cloud/vsphere/vsimtest"
+	"github.com/quartermaster-dev/quartermaster/internal/mirror"
 	"github.com/quartermaster-dev/quartermaster/internal/nsrequest"
 	"github.com/quartermaster-dev/quartermaster/internal/testing/chart"
 	"github.com/quartermaster-dev/quartermaster/internal/testing/testenv"
@@ -57,7 +58,10 @@ const (
 // create what the aggregated roles allow there and nothing else. Uninstalling leaves the kept
 // namespaces and removes the rest.
 func TestHelmChartAsInstalled(t *testing.T) {
+	alone(t)
 	ctx := context.Background()
+	// Its manager meets KubeArmor absent first (the binding says so), then installed.
+	removeKubeArmorCRD(t)
 	sim := vsimtest.Start(t)
 	sim.AddTemplate(t, "ubuntu-22.04-template") // the VmGroup sample's template
 	emu := startIAMEmulator(t)
@@ -152,12 +156,10 @@ func TestHelmChartAsInstalled(t *testing.T) {
 	proc, err := chart.ProcessFor(ctx, admin, pod, "manager", t.TempDir())
 	must(t, err)
 	t.Logf("the Pod's manager: args %v; env names %v; volumes skipped: %v", proc.Args, envNames(proc.Env), proc.Skipped)
-	// The process environment is the test's plus the Pod's: keep the test's AWS settings out.
-	for _, k := range []string{"AWS_PROFILE", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE"} {
-		t.Setenv(k, "")
-	}
-	t.Setenv("AWS_EC2_METADATA_DISABLED", "true")
-	mgr := startAs(t, "chart manager", chartNamespace, proc.ServiceAccount, proc.Env, proc.Args...)
+	// The process environment is the test's (without its AWS settings: processEnv) plus the Pod's,
+	// the machine's AWS profile and instance metadata kept out.
+	env := append([]string{"AWS_PROFILE=", "AWS_CONFIG_FILE=", "AWS_SHARED_CREDENTIALS_FILE=", "AWS_EC2_METADATA_DISABLED=true"}, proc.Env...)
+	mgr := startAs(t, "chart manager", chartNamespace, proc.ServiceAccount, env, proc.Args...)
 	// Leading first: a manager that cannot take the Lease (its leader election Role elsewhere)
 	// would only show as every sample timing out.
 	leaseName := chartValue(proc.Args, "--leader-election-id")
@@ -234,9 +236,12 @@ func TestHelmChartAsInstalled(t *testing.T) {
 		waitConditionReady(t, ns, "iamserviceaccount/reports", mgr)
 	})
 	run("mirrors serves the sample RegistryMirror", func(t *testing.T) {
+		const mirrorName = "qm-chart-docker-hub"
+		// Reserved for the cache pod's claim: no other claim left unbound may take it.
 		pv := &corev1.PersistentVolume{
 			ObjectMeta: metav1.ObjectMeta{Name: "qm-chart-mirror"},
 			Spec: corev1.PersistentVolumeSpec{
+				ClaimRef:                      &corev1.ObjectReference{Namespace: chartMirrors, Name: mirror.PVCName(mirrorName, 0)},
 				Capacity:                      corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")},
 				AccessModes:                   []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
 				PersistentVolumeReclaimPolicy: corev1.PersistentVolumeReclaimDelete,
@@ -248,7 +253,7 @@ func TestHelmChartAsInstalled(t *testing.T) {
 		rm := sample(t, "registry/docker-hub.yaml")[0]
 		// What differs on this cluster: the upstream on loopback, no credentials, one replica on
 		// the volume above (no provisioner runs).
-		rm.SetName("qm-chart-docker-hub")
+		rm.SetName(mirrorName)
 		must(t, unstructured.SetNestedField(rm.Object, upstream, "spec", "upstreamUrl"))
 		unstructured.RemoveNestedField(rm.Object, "spec", "credentialsSecret")
 		must(t, unstructured.SetNestedField(rm.Object, int64(1), "spec", "replicas"))
@@ -287,6 +292,7 @@ func TestHelmChartAsInstalled(t *testing.T) {
 
 	t.Run("a tenant with edit in one namespace", func(t *testing.T) { testTenantRoles(t, ns) })
 
+	deleteNamespace(t, ns) // while the manager runs: its objects' finalizers are its own
 	mgr.stop(t)
 	if out, err := testenv.Helm4.Run("uninstall", chartRelease, "--namespace", chartNamespace, "--kubeconfig", cluster.Kubeconfig, "--wait"); err != nil {
 		t.Fatalf("%v\n%s", err, out)
@@ -485,6 +491,7 @@ func envNames(env []string) []string {
 // Deployment's Pod says (args, environment, the namespace defaults mounted from the generated
 // ConfigMap), authenticated as its ServiceAccount, serving a namespace request.
 func TestConfigDefaultAsInstalled(t *testing.T) {
+	alone(t)
 	ctx := context.Background()
 	out := kubectlOK(t, "kustomize", "config/default")
 	objs, err := chart.Objects([]byte(out))

@@ -4,6 +4,9 @@ package e2e
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -14,14 +17,21 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	computev1alpha1 "github.com/quartermaster-dev/quartermaster/api/compute/v1alpha1"
+	iamv1alpha1 "github.com/quartermaster-dev/quartermaster/api/iam/v1alpha1"
+	"github.com/quartermaster-dev/quartermaster/internal/testing/kyverno"
+	"github.com/quartermaster-dev/quartermaster/internal/testing/testenv"
 )
 
 // These tests prove the local cluster has what envtest lacks and what the controllers rely on.
 
 func TestClusterGarbageCollectsDependents(t *testing.T) {
+	parallel(t)
 	ctx := context.Background()
 	ns := newNamespace(t)
 	owner := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "owner"}}
@@ -38,6 +48,7 @@ func TestClusterGarbageCollectsDependents(t *testing.T) {
 }
 
 func TestClusterDeletesNamespacesWithTheirContents(t *testing.T) {
+	parallel(t)
 	ctx := context.Background()
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "qm-e2e-nsdel-"}}
 	must(t, admin.Create(ctx, ns))
@@ -49,6 +60,7 @@ func TestClusterDeletesNamespacesWithTheirContents(t *testing.T) {
 }
 
 func TestClusterIssuesServiceAccountTokensAndEnforcesRBAC(t *testing.T) {
+	parallel(t)
 	ctx := context.Background()
 	ns := newNamespace(t)
 	must(t, admin.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "robot"}}))
@@ -79,6 +91,7 @@ func TestClusterIssuesServiceAccountTokensAndEnforcesRBAC(t *testing.T) {
 }
 
 func TestClusterRunsPodsOnFakeNodesWithPodCIDRs(t *testing.T) {
+	parallel(t)
 	ctx := context.Background()
 	nodes := &corev1.NodeList{}
 	must(t, admin.List(ctx, nodes))
@@ -118,18 +131,102 @@ func TestClusterRunsPodsOnFakeNodesWithPodCIDRs(t *testing.T) {
 	})
 }
 
-// newNamespace creates a namespace for one test and deletes it afterwards.
+// newNamespace creates a namespace for one test, named after it, and deletes it when the test
+// ends (deleteNamespace): the finalizers of its objects are served by the managers the test
+// started before it (they stop after this cleanup), never left to another test's.
 func newNamespace(t *testing.T) string {
 	t.Helper()
-	name := "qm-e2e-" + strings.ToLower(strings.NewReplacer("/", "-", "_", "-").Replace(t.Name()))
-	if len(name) > 63 {
-		name = name[:63]
-	}
-	name = strings.TrimRight(name, "-")
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}
+	return newNamespaceWith(t, nil)
+}
+
+// newKyvernoNamespace is newNamespace for a test that runs Kyverno: labelled so that Kyverno's
+// webhooks see it (kyverno.OnlyLabelledNamespaces).
+func newKyvernoNamespace(t *testing.T) string {
+	t.Helper()
+	return newNamespaceWith(t, kyverno.NamespaceLabels())
+}
+
+// newNamespaceWith is newNamespace with labels.
+func newNamespaceWith(t *testing.T, labels map[string]string) string {
+	t.Helper()
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespaceName("qm-e2e-", t.Name()), Labels: labels}}
 	must(t, admin.Create(context.Background(), ns))
-	t.Cleanup(func() { _ = admin.Delete(context.Background(), ns) })
-	return name
+	t.Cleanup(func() { deleteNamespace(t, ns.Name) })
+	return ns.Name
+}
+
+// namespaceName is a DNS label made of prefix and name: lower case, [a-z0-9-], at most 63
+// characters; a name cut short ends in a hash of the whole, so two long names stay apart.
+func namespaceName(prefix, name string) string {
+	var b strings.Builder
+	b.WriteString(prefix)
+	for _, r := range strings.ToLower(name) {
+		switch {
+		case r >= 'a' && r <= 'z', r >= '0' && r <= '9':
+			b.WriteRune(r)
+		case !strings.HasSuffix(b.String(), "-"):
+			b.WriteByte('-')
+		}
+	}
+	full := strings.Trim(b.String(), "-")
+	if len(full) <= 63 {
+		return full
+	}
+	sum := sha256.Sum256([]byte(full))
+	return strings.TrimRight(full[:63-9], "-") + "-" + hex.EncodeToString(sum[:])[:8]
+}
+
+// finalized are the kinds whose controllers hold their objects with a finalizer until the outside
+// is clean (iam.Finalizer: the AWS objects; vmgroups.Finalizer: the VMs): only a manager running
+// that controller lets them go.
+var finalized = []schema.GroupVersionKind{
+	iamv1alpha1.GroupVersion.WithKind("IAMPolicy"),
+	iamv1alpha1.GroupVersion.WithKind("IAMServiceAccount"),
+	computev1alpha1.GroupVersion.WithKind("VmGroup"),
+}
+
+// finalizersServed bounds the wait for a deleted namespace's finalized objects to go.
+const finalizersServed = 3 * time.Minute
+
+// deleteNamespace deletes the namespace, then at once its pods (kwok runs no container to stop)
+// and its objects of the finalized kinds, and waits until those are gone: their finalizers
+// served by the managers that run now. It fails the test with what is left. The rest, which no
+// manager holds, the namespace controller removes in its own time: it may be minutes behind when
+// hundreds of namespaces go at once (the failover and upgrade tests'), so nothing waits for it.
+func deleteNamespace(t *testing.T, name string) {
+	t.Helper()
+	ctx := context.Background()
+	if err := admin.Delete(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}); apierrors.IsNotFound(err) {
+		return
+	} else if err != nil {
+		t.Errorf("deleting the namespace %s: %v", name, err)
+		return
+	}
+	// After the namespace: being deleted, it takes no new object from a controller.
+	if err := admin.DeleteAllOf(ctx, &corev1.Pod{}, client.InNamespace(name), client.GracePeriodSeconds(0)); err != nil {
+		t.Errorf("deleting the pods of the namespace %s: %v", name, err)
+	}
+	for _, gvk := range finalized {
+		obj := &unstructured.Unstructured{}
+		obj.SetGroupVersionKind(gvk)
+		if err := admin.DeleteAllOf(ctx, obj, client.InNamespace(name)); err != nil {
+			t.Errorf("deleting the %ss of the namespace %s: %v", gvk.Kind, name, err)
+		}
+	}
+	testenv.PollFor(t, "the finalized objects of the namespace "+name+" to be gone", 200*time.Millisecond, finalizersServed, func() (bool, string) {
+		var left []string
+		for _, gvk := range finalized {
+			list := &unstructured.UnstructuredList{}
+			list.SetGroupVersionKind(gvk.GroupVersion().WithKind(gvk.Kind + "List"))
+			if err := admin.List(ctx, list, client.InNamespace(name)); err != nil {
+				return false, err.Error()
+			}
+			for _, o := range list.Items {
+				left = append(left, fmt.Sprintf("%s %s (finalizers %v)", gvk.Kind, o.GetName(), o.GetFinalizers()))
+			}
+		}
+		return len(left) == 0, strings.Join(left, ", ")
+	})
 }
 
 func must(t *testing.T, err error) {
@@ -139,23 +236,25 @@ func must(t *testing.T, err error) {
 	}
 }
 
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	eventuallyWithin(t, what, 90*time.Second, cond)
-}
+// e2eWait bounds the tests' condition waits: what a busy machine running the tests in parallel
+// takes, never a timing the tests assert.
+const e2eWait = 2 * time.Minute
 
 // namespaceDeletion bounds a wait that includes a namespace's deletion, done by the cluster's
 // namespace controller: ten workers, each deleting every namespaced kind of a namespace, minutes
-// behind on a busy machine after hundreds of namespaces went at once (the requests of the failover
+// behind on a busy machine while hundreds of namespaces go at once (the requests of the failover
 // and upgrade tests).
 const namespaceDeletion = 5 * time.Minute
+
+// eventually polls cond every 100 ms (testenv.PollFor) until it holds, failing the test after
+// e2eWait.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	eventuallyWithin(t, what, e2eWait, cond)
+}
 
 // eventuallyWithin is eventually with a limit of its own, for what takes longer by design.
 func eventuallyWithin(t *testing.T, what string, limit time.Duration, cond func() bool) {
 	t.Helper()
-	err := wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, limit, true,
-		func(context.Context) (bool, error) { return cond(), nil })
-	if err != nil {
-		t.Fatalf("timed out after %s waiting for %s", limit, what)
-	}
+	testenv.PollFor(t, what, 100*time.Millisecond, limit, func() (bool, string) { return cond(), "" })
 }

@@ -87,6 +87,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
 	eventually(t, "containerd's CRI to answer", func() bool {
 		select {
 		case err := <-node.proc.done:
+			node.proc.stopped = true // it exited: nothing to stop
 			t.Fatalf("containerd exited: %v\n%s", err, node.proc.logs)
 		default:
 		}
@@ -159,12 +160,12 @@ func startInMounts(t *testing.T, name string, mounts []mount, env []string, comm
 
 func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
 
-// startProcess starts cmd with env added to the test's environment; it is stopped when the test
-// ends and its output is shown if the test failed.
+// startProcess starts cmd with env added to the test's environment (processEnv); it is stopped
+// when the test ends and its output is shown if the test failed.
 func startProcess(t *testing.T, name string, cmd *exec.Cmd, env []string) *process {
 	t.Helper()
 	p := &process{name: name, cmd: cmd, logs: &testenv.LogBuffer{}, done: make(chan error, 1)}
-	p.cmd.Env = append(os.Environ(), env...)
+	p.cmd.Env = processEnv(env...)
 	p.cmd.Stdout, p.cmd.Stderr = p.logs, p.logs
 	must(t, p.cmd.Start())
 	go func() { p.done <- p.cmd.Wait() }()

@@ -22,6 +22,7 @@ import (
 // sources' namespace only, a requested namespace gets the marked pull Secret, written with the
 // namespace's admin token (the real admin ClusterRole, aggregated by the controller-manager).
 func TestSharedObjectsAreCopiedAsTheNamespacesAdmin(t *testing.T) {
+	parallel(t)
 	ctx := context.Background()
 	const from, name = "e2e-shared", "e2e-copies"
 	for _, obj := range []client.Object{
@@ -39,15 +40,15 @@ func TestSharedObjectsAreCopiedAsTheNamespacesAdmin(t *testing.T) {
 	} {
 		must(t, admin.Create(ctx, obj))
 	}
-	t.Cleanup(func() {
-		_ = admin.Delete(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: from}})
-	})
+	t.Cleanup(func() { deleteNamespace(t, from) })
 	defaults := filepath.Join(t.TempDir(), "defaults.yaml")
 	must(t, os.WriteFile(defaults, []byte("copy:\n  secrets: [registry-pull]\n"), 0o600))
-	startManager(t, "--controllers=namespaces", "--health-probe-bind-address=0", "--namespace-defaults="+defaults, "--copy-from-namespace="+from)
+	requests := newRequestsNamespace(t)
+	startManager(t, "--controllers=namespaces", "--health-probe-bind-address=0", "--namespace-defaults="+defaults, "--copy-from-namespace="+from,
+		"--requests-namespace="+requests)
 
-	requestNamespace(t, name, nil)
-	waitReady(t, name)
+	requestNamespace(t, requests, name, nil)
+	waitReady(t, requests, name)
 	copied := &corev1.Secret{}
 	must(t, admin.Get(ctx, client.ObjectKey{Namespace: name, Name: "registry-pull"}, copied))
 	if copied.Type != corev1.SecretTypeDockerConfigJson || string(copied.Data[corev1.DockerConfigJsonKey]) != `{"auths":{}}` {

@@ -19,6 +19,7 @@ import (
 // `make demo-down`, and asserts that the demo left nothing behind: no process it started (Kyverno's
 // included), no mount, no folder, no cluster. So the demo cannot rot.
 func TestDemoSteps(t *testing.T) {
+	parallel(t) // a cluster of its own
 	demoCluster := clusterName + "-demo"
 	script := filepath.Join(testenv.RepoRoot(), "hack", "demo.sh")
 	run := func(mode string) (string, error) {

@@ -22,6 +22,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	iamv1alpha1 "github.com/quartermaster-dev/quartermaster/api/iam/v1alpha1"
 	"github.com/quartermaster-dev/quartermaster/internal/cloud/vsphere/vsimtest"
 	"github.com/quartermaster-dev/quartermaster/internal/irsa"
 	"github.com/quartermaster-dev/quartermaster/internal/manager"
@@ -35,6 +36,7 @@ import (
 // Namespace and Secret written once, 100 roles each created once, 20 clones and no VM removed.
 // The takeover times are logged (make bench reports them; no timed assertion here).
 func TestFailoverUnderKillAcrossControllers(t *testing.T) {
+	parallel(t, iamController, vmgroupsController)
 	ctx := context.Background()
 	const (
 		requests = 200
@@ -46,17 +48,22 @@ func TestFailoverUnderKillAcrossControllers(t *testing.T) {
 	cs, err := kubernetes.NewForConfig(cluster.Config)
 	must(t, err)
 
+	requestsNS := newRequestsNamespace(t)
 	// Every write the test must see once, watched from before the first manager starts.
-	writes := watchRequestWrites(t, cs, requestsNamespace, prefix)
+	writes := watchRequestWrites(t, cs, requestsNS, prefix)
 
-	emu, sim, args := outsideSystems(t, "e2e-ha")
-	args = append(args, "--controllers=namespaces,iam,vmgroups", "--health-probe-bind-address=0",
+	emu, sim, env, args := outsideSystems(t, "e2e-ha")
+	args = append(args, "--controllers=namespaces,iam,vmgroups", "--health-probe-bind-address=0", "--requests-namespace="+requestsNS,
 		"--leader-elect", "--leader-election-namespace="+managerNamespace, "--leader-election-id="+lease,
 		"--vsphere-clone-concurrency=2")
+	// The emulator's counts of calls are this test's managers' only: the managers serve every
+	// IAMServiceAccount of the cluster, and no other exists (a test runs the iam controller only
+	// holding its lock, and leaves none behind).
+	noOtherIAMObjects(t)
 	managers := 0
 	start := func() *process {
 		managers++
-		return startManager(t, args...)
+		return startAs(t, "manager", managerNamespace, "quartermaster-manager", env, args...)
 	}
 	holder := func() string {
 		l := &coordinationv1.Lease{}
@@ -90,10 +97,10 @@ func TestFailoverUnderKillAcrossControllers(t *testing.T) {
 		name := fmt.Sprintf("%s%03d", prefix, i)
 		t.Cleanup(func() {
 			_ = admin.Delete(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}})
-			_ = admin.Delete(context.Background(), &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: requestsNamespace, Name: name}})
+			_ = admin.Delete(context.Background(), &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: requestsNS, Name: name}})
 		})
 		wg.Go(func() {
-			created <- admin.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: requestsNamespace, Name: name}})
+			created <- admin.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: requestsNS, Name: name}})
 		})
 	}
 	var manifest strings.Builder
@@ -139,7 +146,7 @@ func TestFailoverUnderKillAcrossControllers(t *testing.T) {
 	kubectlOK(t, "wait", "-n", ns, "iamsa", "--all", "--for=condition=Ready", "--timeout=180s")
 	kubectlOK(t, "wait", "-n", ns, "vg/ha", "--for=jsonpath={.status.readyReplicas}="+fmt.Sprint(vms), "--timeout=180s")
 	for i := range requests {
-		waitReady(t, fmt.Sprintf("%s%03d", prefix, i))
+		waitReady(t, requestsNS, fmt.Sprintf("%s%03d", prefix, i))
 	}
 
 	// A graceful stop hands over at once (the Lease is released).
@@ -169,15 +176,17 @@ func TestFailoverUnderKillAcrossControllers(t *testing.T) {
 		st := emu.state(t)
 		var names []string
 		for _, r := range st.Roles {
-			names = append(names, r.Name)
+			if strings.Contains(r.Name, ns) {
+				names = append(names, r.Name)
+			}
 		}
 		for i := range roles {
 			if want := irsa.RoleName(ns, fmt.Sprintf("sa-%03d", i)); !slices.Contains(names, want) {
 				t.Errorf("no role %s", want)
 			}
 		}
-		if len(st.Roles) != roles || st.Calls["CreateRole"] != roles || st.Calls["DeleteRole"] != 0 {
-			t.Errorf("%d roles, %d CreateRole and %d DeleteRole calls; want %d, %d, 0", len(st.Roles), st.Calls["CreateRole"], st.Calls["DeleteRole"], roles, roles)
+		if len(names) != roles || st.Calls["CreateRole"] != roles || st.Calls["DeleteRole"] != 0 {
+			t.Errorf("%d roles of %s, %d CreateRole and %d DeleteRole calls; want %d, %d, 0", len(names), ns, st.Calls["CreateRole"], st.Calls["DeleteRole"], roles, roles)
 		}
 	})
 	t.Run("20 VMs, each cloned once, none removed", func(t *testing.T) {
@@ -186,6 +195,29 @@ func TestFailoverUnderKillAcrossControllers(t *testing.T) {
 		}
 		clonedOnce(t, sim, []string{ns + "-ha"}, vms)
 	})
+	// The objects' finalizers served while a manager of this test runs (the standby leads now).
+	deleteNamespace(t, ns)
+}
+
+// noOtherIAMObjects fails the test when the cluster holds IAMPolicies or IAMServiceAccounts it
+// did not make: what the IAM emulator counts would then not be the test's alone.
+func noOtherIAMObjects(t *testing.T) {
+	t.Helper()
+	c, err := client.New(cluster.Config, client.Options{Scheme: manager.Scheme(iamv1alpha1.AddToScheme)})
+	must(t, err)
+	pols, sas := &iamv1alpha1.IAMPolicyList{}, &iamv1alpha1.IAMServiceAccountList{}
+	must(t, c.List(context.Background(), pols))
+	must(t, c.List(context.Background(), sas))
+	var others []string
+	for _, p := range pols.Items {
+		others = append(others, "IAMPolicy "+p.Namespace+"/"+p.Name)
+	}
+	for _, sa := range sas.Items {
+		others = append(others, "IAMServiceAccount "+sa.Namespace+"/"+sa.Name)
+	}
+	if len(others) > 0 {
+		t.Fatalf("the cluster holds IAM objects of another test, which this test's managers would serve too: %s", strings.Join(others, ", "))
+	}
 }
 
 // clonedOnce checks vcsim's event log: want VMs cloned into the folders, each once, and none of
@@ -218,9 +250,9 @@ func clonedOnce(t *testing.T, sim *vsimtest.Sim, folders []string, want int) {
 }
 
 // outsideSystems starts the IAM emulator and vcsim (with the template ha-template) for a manager
-// running namespaces, iam and vmgroups, and returns the flags that point it at them (the AWS SDK
-// reads its endpoint from the environment, set here for the test).
-func outsideSystems(t *testing.T, name string) (*iamEmulatorProcess, *vsimtest.Sim, []string) {
+// running namespaces, iam and vmgroups, and returns the environment (awsEnv: the AWS SDK reads its
+// endpoint from it) and the flags that point it at them.
+func outsideSystems(t *testing.T, name string) (*iamEmulatorProcess, *vsimtest.Sim, []string, []string) {
 	ctx := context.Background()
 	emu := startIAMEmulator(t)
 	sim := vsimtest.Start(t)
@@ -231,17 +263,9 @@ func outsideSystems(t *testing.T, name string) (*iamEmulatorProcess, *vsimtest.S
 	}
 	must(t, admin.Create(ctx, secret))
 	t.Cleanup(func() { _ = admin.Delete(context.Background(), secret) })
-	for k, v := range map[string]string{
-		"AWS_ENDPOINT_URL_IAM": emu.url, "AWS_ENDPOINT_URL_STS": emu.url, "AWS_ENDPOINT_URL_EKS": emu.url, "AWS_REGION": "us-east-1",
-		"AWS_ACCESS_KEY_ID": "AKIDE2EEXAMPLE", "AWS_SECRET_ACCESS_KEY": iamSecretKey,
-		"AWS_EC2_METADATA_DISABLED": "true", "AWS_PROFILE": "", "AWS_CONFIG_FILE": os.DevNull,
-		"AWS_SHARED_CREDENTIALS_FILE": os.DevNull,
-	} {
-		t.Setenv(k, v)
-	}
 	defaults := filepath.Join(t.TempDir(), "defaults.yaml")
 	must(t, os.WriteFile(defaults, []byte("resourceQuota:\n  hard: {pods: \"10\"}\n"), 0o600))
-	return emu, sim, []string{"--namespace-defaults=" + defaults,
+	return emu, sim, awsEnv(emu), []string{"--namespace-defaults=" + defaults,
 		"--cluster-name=" + iamCluster, "--oidc-issuer=" + iamIssuer, "--aws-account-id=" + iamAccount,
 		"--allowed-policy-arns=" + readOnlyARN,
 		"--vsphere-secret=" + managerNamespace + "/" + secret.Name, "--vsphere-insecure"}

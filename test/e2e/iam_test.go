@@ -13,6 +13,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -48,26 +49,22 @@ type iamEmulatorProcess struct {
 
 var emulatorListening = regexp.MustCompile(`listening on (http://\S+)`)
 
-// startIAMEmulator builds and runs cmd/iam-emulator on a port the kernel picks, and reads its
-// address from the line it logs.
+// iamEmulatorBinary is cmd/iam-emulator, built once per run into binDir.
+var iamEmulatorBinary = sync.OnceValues(func() (string, error) {
+	bin := filepath.Join(binDir, "iam-emulator")
+	return bin, testenv.GoBuild(bin, "./cmd/iam-emulator")
+})
+
+// startIAMEmulator runs cmd/iam-emulator on a port the kernel picks, and reads its address from
+// the line it logs.
 func startIAMEmulator(t *testing.T) *iamEmulatorProcess {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "iam-emulator")
-	must(t, testenv.GoBuild(bin, "./cmd/iam-emulator"))
+	bin, err := iamEmulatorBinary()
+	must(t, err)
 	e := &iamEmulatorProcess{logs: &testenv.LogBuffer{}}
 	e.cmd = exec.Command(bin, "--listen=127.0.0.1:0", "--account-id="+iamAccount, "--eks-clusters="+iamCluster)
 	e.cmd.Stdout, e.cmd.Stderr = e.logs, e.logs
 	must(t, e.cmd.Start())
-	for deadline := time.Now().Add(30 * time.Second); e.url == "" && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-		if m := emulatorListening.FindStringSubmatch(e.logs.String()); m != nil {
-			e.url = m[1]
-		}
-	}
-	if e.url == "" {
-		_ = e.cmd.Process.Kill()
-		_ = e.cmd.Wait()
-		t.Fatalf("the IAM emulator did not report its address:\n%s", e.logs)
-	}
 	t.Cleanup(func() {
 		_ = e.cmd.Process.Signal(syscall.SIGTERM)
 		_ = e.cmd.Wait()
@@ -75,7 +72,29 @@ func startIAMEmulator(t *testing.T) *iamEmulatorProcess {
 			t.Logf("IAM emulator logs:\n%s", e.logs)
 		}
 	})
+	testenv.PollFor(t, "the IAM emulator to log its address", 50*time.Millisecond, 30*time.Second, func() (bool, string) {
+		if m := emulatorListening.FindStringSubmatch(e.logs.String()); m != nil {
+			e.url = m[1]
+		}
+		return e.url != "", e.logs.String()
+	})
 	return e
+}
+
+// noneLeftIn fails t for each role and policy in st whose name has the namespace ns in it: none
+// may be left in AWS after what happened.
+func noneLeftIn(t *testing.T, st iamemulator.State, ns, after string) {
+	t.Helper()
+	for _, r := range st.Roles {
+		if strings.Contains(r.Name, ns) {
+			t.Errorf("role %s is still in AWS after %s", r.Name, after)
+		}
+	}
+	for _, p := range st.Policies {
+		if strings.Contains(p.Name, ns) {
+			t.Errorf("policy %s is still in AWS after %s", p.Arn, after)
+		}
+	}
 }
 
 // state fetches GET /_emulator/state.
@@ -89,23 +108,25 @@ func (e *iamEmulatorProcess) state(t *testing.T) iamemulator.State {
 	return st
 }
 
+// awsEnv points a process's AWS SDK at the emulator through the standard environment variables,
+// with credentials of its own and nothing read from the machine's AWS configuration.
+func awsEnv(emu *iamEmulatorProcess) []string {
+	return []string{
+		"AWS_ENDPOINT_URL_IAM=" + emu.url, "AWS_ENDPOINT_URL_STS=" + emu.url, "AWS_ENDPOINT_URL_EKS=" + emu.url, "AWS_REGION=us-east-1",
+		"AWS_ACCESS_KEY_ID=AKIDE2EEXAMPLE", "AWS_SECRET_ACCESS_KEY=" + iamSecretKey,
+		"AWS_EC2_METADATA_DISABLED=true", "AWS_PROFILE=", "AWS_CONFIG_FILE=" + os.DevNull,
+		"AWS_SHARED_CREDENTIALS_FILE=" + os.DevNull,
+	}
+}
+
 // startIAMManager runs the manager with only the iam controller, its AWS SDK pointed at the
-// emulator through the standard environment variables.
+// emulator (awsEnv).
 func startIAMManager(t *testing.T, emu *iamEmulatorProcess, extra ...string) *process {
 	t.Helper()
-	// The manager process inherits the test's environment.
-	for k, v := range map[string]string{
-		"AWS_ENDPOINT_URL_IAM": emu.url, "AWS_ENDPOINT_URL_STS": emu.url, "AWS_ENDPOINT_URL_EKS": emu.url, "AWS_REGION": "us-east-1",
-		"AWS_ACCESS_KEY_ID": "AKIDE2EEXAMPLE", "AWS_SECRET_ACCESS_KEY": iamSecretKey,
-		"AWS_EC2_METADATA_DISABLED": "true", "AWS_PROFILE": "", "AWS_CONFIG_FILE": os.DevNull,
-		"AWS_SHARED_CREDENTIALS_FILE": os.DevNull,
-	} {
-		t.Setenv(k, v)
-	}
 	args := append([]string{"--controllers=iam", "--health-probe-bind-address=0",
 		"--cluster-name=" + iamCluster, "--oidc-issuer=" + iamIssuer, "--aws-account-id=" + iamAccount,
 		"--allowed-policy-arns=" + readOnlyARN}, extra...)
-	return startManager(t, args...)
+	return startAs(t, "manager", managerNamespace, "quartermaster-manager", awsEnv(emu), args...)
 }
 
 func kubectlApply(t *testing.T, ns, manifest string) {
@@ -240,6 +261,7 @@ spec:
 // exactly their ServiceAccount, the ServiceAccounts carry the role annotation, and deleting the
 // namespace removes every object and every AWS object.
 func TestIAMServiceAccountsOnTheLocalCluster(t *testing.T) {
+	parallel(t, iamController)
 	ctx := context.Background()
 	emu := startIAMEmulator(t)
 	mgr := startIAMManager(t, emu)
@@ -326,16 +348,7 @@ func TestIAMServiceAccountsOnTheLocalCluster(t *testing.T) {
 		return apierrors.IsNotFound(admin.Get(ctx, client.ObjectKey{Name: ns}, &corev1.Namespace{}))
 	})
 	st = emu.state(t)
-	for _, r := range st.Roles {
-		if strings.Contains(r.Name, ns) {
-			t.Errorf("role %s is still in AWS after its namespace was deleted", r.Name)
-		}
-	}
-	for _, p := range st.Policies {
-		if strings.Contains(p.Name, ns) {
-			t.Errorf("policy %s is still in AWS after its namespace was deleted", p.Arn)
-		}
-	}
+	noneLeftIn(t, st, ns, "its namespace was deleted")
 	t.Logf("IAM calls by action: %v", st.Calls)
 	if strings.Contains(mgr.logs.String(), iamSecretKey) {
 		t.Error("the AWS secret key appears in the manager's logs")
@@ -347,6 +360,7 @@ func TestIAMServiceAccountsOnTheLocalCluster(t *testing.T) {
 // status annotation; deleting the ConfigMap lets the garbage collector remove the objects, whose
 // finalizers remove the AWS objects.
 func TestIAMConfigMapCompat(t *testing.T) {
+	parallel(t, iamController)
 	ctx := context.Background()
 	emu := startIAMEmulator(t)
 	startIAMManager(t, emu, "--iam-configmap-compat")
@@ -428,10 +442,7 @@ data:
 		return c.List(ctx, pols, client.InNamespace(ns)) == nil && c.List(ctx, sas, client.InNamespace(ns)) == nil &&
 			len(pols.Items) == 0 && len(sas.Items) == 0
 	})
-	st = emu.state(t)
-	if len(st.Roles) != 0 || len(st.Policies) != 0 {
-		t.Errorf("AWS still holds %d roles and %d policies after the ConfigMap was deleted: %+v %+v", len(st.Roles), len(st.Policies), st.Roles, st.Policies)
-	}
+	noneLeftIn(t, emu.state(t), ns, "the ConfigMap was deleted")
 	must(t, admin.Get(ctx, client.ObjectKey{Namespace: ns, Name: "legacy-app"}, sa))
 	if _, ok := sa.Annotations[iamv1alpha1.AnnotationRoleARN]; ok {
 		t.Errorf("the ServiceAccount keeps the role annotation after its role was deleted: %v", sa.Annotations)
@@ -444,6 +455,7 @@ data:
 // with Both while the annotation stays, the annotation goes with PodIdentity, and deleting the
 // namespace deletes the association and the role.
 func TestIAMPodIdentityMigrationOnTheLocalCluster(t *testing.T) {
+	parallel(t, iamController)
 	ctx := context.Background()
 	emu := startIAMEmulator(t)
 	startIAMManager(t, emu)

@@ -24,14 +24,15 @@ import (
 // intents controller, applies the samples, and follows the generated policies through real
 // garbage collection. The bindings are Ready only once Kyverno has put their policies in force.
 func TestSecurityIntentsOnTheLocalCluster(t *testing.T) {
+	parallel(t, intentsController, kyvernoEngine)
 	ctx := context.Background()
 	installKubeArmorCRD(t)
 	granted := grantKyvernoBackground(t)
-	kyverno.Start(t, cluster.Config)
+	kyverno.Start(t, cluster.Config, kyverno.OnlyLabelledNamespaces())
 	granted()
 	mgr := startManager(t, "--controllers=intents", "--health-probe-bind-address=0")
 
-	ns := newNamespace(t)
+	ns := newKyvernoNamespace(t)
 	t.Run("the manager's Kyverno policies are only the catalogue's", func(t *testing.T) { testManagerKyvernoPolicies(t, ns) })
 	samples := filepath.Join(testenv.RepoRoot(), "config", "samples", "intents")
 	for _, f := range []string{"escape-to-host.yaml", "multiple-intents.yaml"} {
@@ -120,6 +121,19 @@ func TestSecurityIntentsOnTheLocalCluster(t *testing.T) {
 	mgr.stop(t)
 }
 
+const kubeArmorCRD = "kubearmorpolicies.security.kubearmor.com"
+
+// removeKubeArmorCRD deletes KubeArmor's CRD when another test installed it, and waits until it
+// is gone: for a test that has the cluster alone (no manager of another test relies on it).
+func removeKubeArmorCRD(t *testing.T) {
+	t.Helper()
+	if out, err := cluster.Kubectl(context.Background(), "delete", "crd", kubeArmorCRD, "--ignore-not-found", "--wait=true", "--timeout=120s"); err != nil {
+		t.Fatal(out, err)
+	} else if strings.TrimSpace(out) != "" {
+		t.Logf("KubeArmor's CRD, installed by an earlier test, removed: %s", strings.TrimSpace(out))
+	}
+}
+
 // installKubeArmorCRD installs KubeArmor's own CRD (KubeArmor enforces in the kernel and cannot run
 // here: its policies are checked against its schema only) and waits until it is served.
 func installKubeArmorCRD(t *testing.T) {
@@ -127,8 +141,8 @@ func installKubeArmorCRD(t *testing.T) {
 	kubectlOK(t, "apply", "--server-side", "-f", enginecrds.Dir(t, enginecrds.KubeArmorModule, enginecrds.KubeArmor))
 	// Polled rather than kubectl wait: a CRD just created may have no conditions yet, which
 	// kubectl wait reports as an error instead of waiting.
-	eventually(t, "kubearmorpolicies.security.kubearmor.com Established", func() bool {
-		out, err := cluster.Kubectl(context.Background(), "get", "crd", "kubearmorpolicies.security.kubearmor.com",
+	eventually(t, kubeArmorCRD+" Established", func() bool {
+		out, err := cluster.Kubectl(context.Background(), "get", "crd", kubeArmorCRD,
 			"-o", `jsonpath={.status.conditions[?(@.type=="Established")].status}`)
 		return err == nil && out == "True"
 	})

@@ -28,7 +28,9 @@ import (
 // against the exchange of a manager running under its generated RBAC, gets the kubeconfig of the
 // namespace its claims name, uses it there and nowhere else, and cannot use the token twice.
 func TestKeylessPipelineStepWithOnlyItsToken(t *testing.T) {
+	parallel(t)
 	ctx := context.Background()
+	requests := newRequestsNamespace(t)
 	gh := oidcissuer.Start(t, "/github")
 	dir := t.TempDir()
 	issuerCA := filepath.Join(dir, "issuer-ca.pem")
@@ -39,7 +41,8 @@ func TestKeylessPipelineStepWithOnlyItsToken(t *testing.T) {
 	addr, probeAddr := freeAddr(t), freeAddr(t)
 	// The manager trusts the loopback issuer's certificate as it would a public CA's.
 	mgr := startAs(t, "manager", managerNamespace, "quartermaster-manager", []string{"SSL_CERT_FILE=" + issuerCA},
-		"--controllers=namespaces", "--health-probe-bind-address="+probeAddr, "--exchange-bind-address="+addr, "--exchange-cert-dir="+certDir)
+		"--controllers=namespaces", "--health-probe-bind-address="+probeAddr, "--exchange-bind-address="+addr, "--exchange-cert-dir="+certDir,
+		"--requests-namespace="+requests)
 	// As a Service would: the step is sent to the manager once its readiness (which includes the
 	// exchange listening) says so.
 	eventually(t, "the manager's /readyz to answer 200", func() bool {
@@ -66,7 +69,7 @@ func TestKeylessPipelineStepWithOnlyItsToken(t *testing.T) {
 	t.Cleanup(func() {
 		_ = c.Delete(context.Background(), ti)
 		_ = admin.Delete(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "e2e-web-pr-7"}})
-		_ = admin.Delete(context.Background(), &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: requestsNamespace, Name: "e2e-web-pr-7"}})
+		_ = admin.Delete(context.Background(), &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: requests, Name: "e2e-web-pr-7"}})
 	})
 
 	token := gh.Token(t, oidcissuer.GitHubClaims(aud, "acme/web", "refs/pull/7/merge", "pull_request"))

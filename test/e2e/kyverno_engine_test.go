@@ -23,9 +23,10 @@ import (
 // message, through a restart of the admission controller and until the policy is deleted; and the
 // background controller generates objects under the RBAC the harness gives it (the chart's).
 func TestKyvernoHarness(t *testing.T) {
+	parallel(t, kyvernoEngine)
 	ctx := context.Background()
-	k := kyverno.Start(t, cluster.Config)
-	ns := newNamespace(t)
+	k := kyverno.Start(t, cluster.Config, kyverno.OnlyLabelledNamespaces())
+	ns := newKyvernoNamespace(t)
 
 	const policyName = "qm-e2e-baseline-web"
 	policy := &unstructured.Unstructured{Object: map[string]any{
@@ -85,6 +86,27 @@ func TestKyvernoHarness(t *testing.T) {
 	t.Run("the same Pod labelled app=other is admitted", func(t *testing.T) {
 		must(t, admin.Create(ctx, privileged("other", "other")))
 	})
+	t.Run("its resource webhooks see only the namespaces labelled for it", func(t *testing.T) {
+		// What lets the other tests share the cluster: kyverno.OnlyLabelledNamespaces, carried by
+		// every webhook Kyverno registered for the policy.
+		var vwcs admissionregistrationv1.ValidatingWebhookConfigurationList
+		must(t, admin.List(ctx, &vwcs, client.HasLabels{kyverno.WebhookLabel}))
+		checked := 0
+		for _, w := range vwcs.Items {
+			if w.Name != "kyverno-resource-validating-webhook-cfg" {
+				continue
+			}
+			for _, h := range w.Webhooks {
+				checked++
+				if sel := h.NamespaceSelector; sel == nil || sel.MatchLabels[kyverno.NamespaceLabel] != "on" {
+					t.Errorf("Kyverno's webhook %s has namespaceSelector %v, want %s=on", h.Name, sel, kyverno.NamespaceLabel)
+				}
+			}
+		}
+		if checked == 0 {
+			t.Errorf("no webhook in kyverno-resource-validating-webhook-cfg for the ClusterPolicy %s", policyName)
+		}
+	})
 	t.Run("after a restart of the admission controller the policy is enforced again", func(t *testing.T) {
 		k.Restart(t)
 		k.WaitPolicyReady(t, "", policyName)
@@ -124,9 +146,11 @@ func TestKyvernoHarness(t *testing.T) {
 		t.Cleanup(func() { _ = admin.Delete(context.Background(), gen) })
 		k.WaitPolicyReady(t, "", genName)
 
-		target := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns + "-gen", Labels: map[string]string{"qm-e2e-kyverno": "generate"}}}
+		labels := kyverno.NamespaceLabels()
+		labels["qm-e2e-kyverno"] = "generate"
+		target := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespaceName("", ns+"-gen"), Labels: labels}}
 		must(t, admin.Create(ctx, target))
-		t.Cleanup(func() { _ = admin.Delete(context.Background(), target) })
+		t.Cleanup(func() { deleteNamespace(t, target.Name) })
 		cm := &corev1.ConfigMap{}
 		eventually(t, "Kyverno's background controller to generate "+target.Name+"/qm-generated", func() bool {
 			return admin.Get(ctx, client.ObjectKey{Namespace: target.Name, Name: "qm-generated"}, cm) == nil

@@ -11,12 +11,13 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/quartermaster-dev/quartermaster/internal/controller/intents"
 	"github.com/quartermaster-dev/quartermaster/internal/testing/kyverno"
+	"github.com/quartermaster-dev/quartermaster/internal/testing/testenv"
 )
 
 // TestIntentExceptionsInKyverno proves SecurityIntentExceptions against the real Kyverno 1.19.1,
@@ -31,16 +32,14 @@ import (
 // controller deletes the PolicyException (ExpiresSoon then Expired, as Warning Events), and the
 // workload counts as a violation again; a deleted exception's PolicyException goes with it.
 func TestIntentExceptionsInKyverno(t *testing.T) {
+	parallel(t, intentsController, kyvernoEngine)
 	ctx := context.Background()
 	installKubeArmorCRD(t)
-	k := kyverno.Start(t, cluster.Config)
-	ns := newNamespace(t)
-	adminNS := ns + "-admin"
-	if len(adminNS) > 63 {
-		adminNS = adminNS[len(adminNS)-63:]
-	}
-	kubectlOK(t, "create", "namespace", adminNS)
-	t.Cleanup(func() { _, _ = cluster.Kubectl(context.Background(), "delete", "namespace", adminNS, "--wait=false") })
+	k := kyverno.Start(t, cluster.Config, kyverno.OnlyLabelledNamespaces())
+	ns := newKyvernoNamespace(t)
+	adminNS := namespaceName("", ns+"-admin")
+	must(t, admin.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: adminNS, Labels: kyverno.NamespaceLabels()}}))
+	t.Cleanup(func() { deleteNamespace(t, adminNS) })
 	mgr := startManager(t, "--controllers=intents", "--health-probe-bind-address=0",
 		"--intents-exception-namespace="+kyverno.ExceptionNamespace, "--intents-exception-max-ttl=48h",
 		"--intents-exception-expiry-warning=1h", "--intents-exception-admin-namespaces="+adminNS)
@@ -102,16 +101,16 @@ spec:
 	message := func(namespace, name string) string {
 		return kubectlOK(t, "get", "sie", name, "-n", namespace, "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].message}`)
 	}
-	waitState := func(namespace, name, want string) {
+	waitState := func(t *testing.T, namespace, name, want string) {
 		t.Helper()
-		last := ""
-		err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 90*time.Second, true, func(context.Context) (bool, error) {
-			last = stateOf(namespace, name)
-			return last == want, nil
+		testenv.PollFor(t, fmt.Sprintf("exception %s/%s to be %q", namespace, name, want), 200*time.Millisecond, engineScan, func() (bool, string) {
+			last := stateOf(namespace, name)
+			if last == want {
+				return true, last
+			}
+			out, _ := cluster.Kubectl(ctx, "get", "sie", name, "-n", namespace, "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].message}`)
+			return false, fmt.Sprintf("it is %q (%s); Kyverno's reports in %s: %s", last, out, ns, policyReportResults(ctx, ns))
 		})
-		if err != nil {
-			t.Fatalf("timed out waiting for exception %s/%s to be %q: it is %q (%s)", namespace, name, want, last, message(namespace, name))
-		}
 	}
 	policyException := func(namespace, name string) (*unstructured.Unstructured, error) {
 		pe := object("kyverno.io/v2", "PolicyException", kyverno.ExceptionNamespace, intents.PolicyExceptionName(namespace, name))
@@ -147,7 +146,7 @@ spec:
 			{ns, "kubearmor", dns, "{selector: {}}", in(time.Hour * 2), "NoEngineException", "no exception of its own"},
 		} {
 			kubectlApply(t, tc.namespace, exception(tc.namespace, tc.name, tc.intent, tc.workloads, tc.expires))
-			waitState(tc.namespace, tc.name, tc.reason+" True")
+			waitState(t, tc.namespace, tc.name, tc.reason+" True")
 			if msg := message(tc.namespace, tc.name); !strings.Contains(msg, tc.says) {
 				t.Errorf("exception %s: message %q does not name the check (%q)", tc.name, msg, tc.says)
 			}
@@ -161,7 +160,7 @@ spec:
 		kubectlApply(t, ns, exception(ns, "legacy", escape, "{selector: {matchLabels: {legacy: 'true'}}}", in(3*time.Hour)))
 		// Kyverno's background scan reports viol-legacy skipped under the PolicyException: one
 		// exempted, one violation left of three scanned.
-		waitState(ns, "legacy", "Exempting 1")
+		waitState(t, ns, "legacy", "Exempting 1")
 		waitImpact(t, ns, "sib/scan", "Current 1 3")
 		pe, err := policyException(ns, "legacy")
 		must(t, err)
@@ -206,7 +205,7 @@ spec:
 	t.Run("an exception from a namespace the platform names may exempt another namespace", func(t *testing.T) {
 		// Every app=scan workload of ns, compliant or not: Kyverno skips all three under it.
 		kubectlApply(t, adminNS, exception(adminNS, "for-scan", escape, "{selector: {matchLabels: {app: scan}}, namespaces: ["+ns+"]}", in(3*time.Hour)))
-		waitState(adminNS, "for-scan", "Exempting 3")
+		waitState(t, adminNS, "for-scan", "Exempting 3")
 		waitImpact(t, ns, "sib/scan", "Current 0 3")
 		kubectlOK(t, "delete", "sie", "for-scan", "-n", adminNS)
 		eventually(t, "the deleted exception's PolicyException to go", func() bool {
@@ -219,8 +218,8 @@ spec:
 	t.Run("at its expiry the PolicyException is deleted and the workload violates again", func(t *testing.T) {
 		kubectlOK(t, "patch", "sie", "legacy", "-n", ns, "--type=merge", "-p",
 			fmt.Sprintf(`{"spec":{"expires":%q}}`, in(15*time.Second).UTC().Format(time.RFC3339)))
-		waitState(ns, "legacy", "ExpiresSoon 1")
-		waitState(ns, "legacy", "Expired True")
+		waitState(t, ns, "legacy", "ExpiresSoon 1")
+		waitState(t, ns, "legacy", "Expired True")
 		if _, err := policyException(ns, "legacy"); !apierrors.IsNotFound(err) {
 			t.Errorf("the expired exception's PolicyException: %v; want it deleted", err)
 		}

@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -60,12 +61,13 @@ func grantKyvernoBackground(t *testing.T) (wait func()) {
 // Ready only once Kyverno has put the policies in force — Kyverno started after the binding was
 // made, and restarted mid-run.
 func TestKyvernoEnforcesIntents(t *testing.T) {
+	parallel(t, intentsController, kyvernoEngine)
 	ctx := context.Background()
 	installKubeArmorCRD(t) // virtualPatch then writes its KubeArmorPolicy generator too
 	granted := grantKyvernoBackground(t)
 	kyverno.InstallCRDs(t, cluster.Config) // Kyverno's CRDs, no Kyverno yet
 	mgr := startManager(t, "--controllers=intents", "--health-probe-bind-address=0")
-	ns := newNamespace(t)
+	ns := newKyvernoNamespace(t)
 
 	// SecurityIntents are cluster-scoped: names of this test's own.
 	const (
@@ -110,7 +112,7 @@ spec:
 		}
 	})
 
-	k := kyverno.Start(t, cluster.Config)
+	k := kyverno.Start(t, cluster.Config, kyverno.OnlyLabelledNamespaces())
 	granted()
 
 	t.Run("once Kyverno runs the policy is in force and everything is Ready, without restarting the manager", func(t *testing.T) {
@@ -422,6 +424,34 @@ func waitKyvernoAuditReport(t *testing.T, ns string, pod *corev1.Pod, policy str
 		}
 		return false
 	})
+}
+
+// policyReportResults sums up the PolicyReports of namespace ns as Kyverno's reports controller
+// wrote them: per resource, each policy's result and the exceptions a skip was under (what a wait
+// on an impact or an exemption shows when it fails).
+func policyReportResults(ctx context.Context, ns string) string {
+	list := &unstructured.UnstructuredList{}
+	list.SetAPIVersion("wgpolicyk8s.io/v1alpha2")
+	list.SetKind("PolicyReportList")
+	if err := admin.List(ctx, list, client.InNamespace(ns)); err != nil {
+		return err.Error()
+	}
+	var out []string
+	for _, r := range list.Items {
+		name, _, _ := unstructured.NestedString(r.Object, "scope", "name")
+		results, _, _ := unstructured.NestedSlice(r.Object, "results")
+		var rs []string
+		for _, res := range results {
+			m, _ := res.(map[string]any)
+			v := fmt.Sprintf("%v=%v", m["policy"], m["result"])
+			if e, ok := m["exceptions"]; ok {
+				v += fmt.Sprintf(" (under %v)", e)
+			}
+			rs = append(rs, v)
+		}
+		out = append(out, fmt.Sprintf("%s [%s]", name, strings.Join(rs, ", ")))
+	}
+	return strings.Join(out, "; ")
 }
 
 // policyReportFails reports whether the PolicyReport Kyverno's reports controller keeps for the

@@ -3,6 +3,27 @@
 // Package e2e runs end-to-end tests on a local kwok cluster (hack/cluster.sh) that TestMain creates
 // and deletes: real garbage collection, namespace lifecycle, TokenRequest and RBAC, and the manager
 // binary running as its own ServiceAccount under the generated ClusterRole.
+//
+// The tests share the one cluster and run in parallel (go test -parallel N), each under names of
+// its own: its namespaces (newNamespace), its requests namespace for the namespaces controller
+// (newRequestsNamespace: the controller serves only its --requests-namespace), its cluster-scoped
+// objects named after it. What cannot be made a test's own is taken by one test at a time:
+//
+//   - parallel(t, needs...) is a test's first statement: t.Parallel, then a lock on each
+//     controller whose managers it runs other than namespaces (their managers reconcile every
+//     namespace's objects: two tests' managers of one controller would serve, and fight over,
+//     each other's objects) and on Kyverno (one per cluster), held until the test's cleanups
+//     are done. Kyverno sees only the namespaces of the tests that run it
+//     (kyverno.OnlyLabelledNamespaces, newKyvernoNamespace), so its webhooks never refuse or slow
+//     another test's writes.
+//   - alone(t) is the first statement of a test that needs the cluster to itself (the chart and
+//     config/default installed and run with every controller, the upgrade that swaps the CRDs):
+//     such a test is not parallel, and go test runs those first, one after another, before it
+//     starts the parallel ones.
+//
+// A test asserts about its own objects only, and leaves nothing for another test's manager: the
+// objects of its namespaces that a controller holds with a finalizer are gone, served by its own
+// managers, before its locks go (deleteNamespace).
 package e2e
 
 import (
@@ -28,6 +49,8 @@ var (
 	cluster    *localcluster.Cluster
 	admin      client.Client
 	managerBin string
+	// binDir holds what the run builds (the manager, the IAM emulator); deleted at its end.
+	binDir string
 )
 
 func TestMain(m *testing.M) {
@@ -57,13 +80,13 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "e2e:", err)
 		return 1
 	}
-	dir, err := os.MkdirTemp("", "qm-e2e-bin")
+	binDir, err = os.MkdirTemp("", "qm-e2e-bin")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "e2e:", err)
 		return 1
 	}
-	defer os.RemoveAll(dir)
-	managerBin = filepath.Join(dir, "quartermaster")
+	defer os.RemoveAll(binDir)
+	managerBin = filepath.Join(binDir, "quartermaster")
 	if err := testenv.GoBuild(managerBin, "./cmd/quartermaster"); err != nil {
 		fmt.Fprintln(os.Stderr, "e2e:", err)
 		return 1

@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -54,7 +55,7 @@ func startManager(t *testing.T, args ...string) *process {
 }
 
 // startAs runs the quartermaster binary with args as the ServiceAccount namespace/serviceAccount,
-// with env added to the test's environment; it is stopped when the test ends.
+// with env added to the test's environment (processEnv); it is stopped when the test ends.
 func startAs(t *testing.T, name, namespace, serviceAccount string, env []string, args ...string) *process {
 	t.Helper()
 	return startBinaryAs(t, managerBin, name, namespace, serviceAccount, env, args...)
@@ -70,7 +71,7 @@ func startBinaryAs(t *testing.T, bin, name, namespace, serviceAccount string, en
 
 	p := &process{name: name, logs: &testenv.LogBuffer{}, done: make(chan error, 1)}
 	p.cmd = exec.Command(bin, args...)
-	p.cmd.Env = append(append(os.Environ(), "KUBECONFIG="+path), env...)
+	p.cmd.Env = append(processEnv("KUBECONFIG="+path), env...)
 	p.cmd.Stdout, p.cmd.Stderr = p.logs, p.logs
 	must(t, p.cmd.Start())
 	go func() { p.done <- p.cmd.Wait() }()
@@ -90,6 +91,13 @@ func startBinaryAs(t *testing.T, bin, name, namespace, serviceAccount string, en
 		}
 	})
 	return p
+}
+
+// processEnv is the environment of a process the tests start: the test's own without the AWS
+// SDK's settings (a test that runs an AWS client gives its process its own), and extra.
+func processEnv(extra ...string) []string {
+	env := slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, "AWS_") })
+	return append(env, extra...)
 }
 
 // forbidden returns the log lines that report a Forbidden answer, except the API server's refusal
@@ -167,7 +175,11 @@ func freeAddr(t *testing.T) string {
 	return l.Addr().String()
 }
 
+// TestManagerRunsUnderItsGeneratedRBAC runs the manager as configured by default: every controller
+// that is configured (namespaces on namespace-requests, which no other parallel test serves,
+// mirrors and intents).
 func TestManagerRunsUnderItsGeneratedRBAC(t *testing.T) {
+	parallel(t, mirrorsController, intentsController)
 	ctx := context.Background()
 	metricsAddr, probeAddr := freeAddr(t), freeAddr(t)
 	leaseName := "qm-e2e-" + fmt.Sprint(time.Now().UnixNano())
@@ -238,6 +250,7 @@ func TestManagerRunsUnderItsGeneratedRBAC(t *testing.T) {
 }
 
 func TestManagerRejectsUnknownControllers(t *testing.T) {
+	parallel(t)
 	out, err := exec.Command(managerBin, "--controllers=nonsense").CombinedOutput()
 	var exit *exec.ExitError
 	if !errors.As(err, &exit) || exit.ExitCode() == 0 {

@@ -5,6 +5,7 @@ package e2e
 import (
 	"context"
 	"crypto/tls"
+	"fmt"
 	"io"
 	"net/http"
 	"net/url"
@@ -16,9 +17,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/quartermaster-dev/quartermaster/internal/testing/iamemulator"
+	"github.com/quartermaster-dev/quartermaster/internal/testing/testenv"
 )
 
 // TestMetricsAnAuthorizedScraperSees runs the manager with namespaces, iam (IAM and EKS emulator)
@@ -26,10 +27,13 @@ import (
 // EKS calls are counted too), makes IAM fail for one more, and scrapes /metrics with a token bound
 // to quartermaster-metrics-reader: every family docs/metrics.md lists is there.
 func TestMetricsAnAuthorizedScraperSees(t *testing.T) {
+	parallel(t, iamController, vmgroupsController)
 	ctx := context.Background()
-	emu, _, args := outsideSystems(t, "e2e-metrics")
+	requests := newRequestsNamespace(t)
+	emu, _, env, args := outsideSystems(t, "e2e-metrics")
 	metricsAddr := freeAddr(t)
-	startManager(t, append(args, "--controllers=namespaces,iam,vmgroups", "--health-probe-bind-address=0",
+	startAs(t, "manager", managerNamespace, "quartermaster-manager", env, append(args, "--controllers=namespaces,iam,vmgroups",
+		"--health-probe-bind-address=0", "--requests-namespace="+requests,
 		"--metrics-bind-address="+metricsAddr, "--leader-elect", "--leader-election-namespace="+managerNamespace,
 		"--leader-election-id=e2e-metrics")...)
 
@@ -55,9 +59,9 @@ kind: VmGroup
 metadata: {name: web}
 spec: {cpu: 1, memory: 1, template: ha-template, replicas: 1}
 `)
-	requestNamespace(t, "e2e-metrics", nil)
+	requestNamespace(t, requests, "e2e-metrics", nil)
 	kubectlOK(t, "wait", "-n", ns, "iamsa/app", "vg/web", "--for=condition=Ready", "--timeout=120s")
-	waitReady(t, "e2e-metrics")
+	waitReady(t, requests, "e2e-metrics")
 
 	// IAM throttles every call: the next IAMServiceAccount's reconcile fails after its retries.
 	setFaults := func(rate string) {
@@ -111,12 +115,8 @@ spec: {serviceAccountName: throttled, createServiceAccount: true, managedPolicyA
 		}
 		return out
 	}
-	var last []string
-	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 90*time.Second, true, func(context.Context) (bool, error) {
-		last = missing()
-		return len(last) == 0, nil
+	testenv.PollFor(t, "every family docs/metrics.md lists on /metrics", 200*time.Millisecond, e2eWait, func() (bool, string) {
+		last := missing()
+		return len(last) == 0, fmt.Sprintf("missing %q from:\n%s", last, body)
 	})
-	if err != nil {
-		t.Fatalf("missing from /metrics: %q\n%s", last, body)
-	}
 }

@@ -32,6 +32,7 @@ const expiredContent = "quartermaster_mirror_expired_total"
 // own count); then, with the upstream down, containerd pulls the pinned image again from the
 // cache, and the other one fails.
 func TestPinnedImageOutlivesItsTTLThroughContainerd(t *testing.T) {
+	parallel(t, mirrorsController)
 	ctx := context.Background()
 	c, err := client.New(cluster.Config, client.Options{Scheme: manager.Scheme(registryv1alpha1.AddToScheme)})
 	must(t, err)

@@ -58,6 +58,7 @@ const (
 // mounted Secret of the rendered StatefulSet; the node agent, as a process with the DaemonSet's
 // args, writes containerd's hosts.toml and reports on its Pod whether containerd reads it.
 func TestContainerdPullsThroughTheMirror(t *testing.T) {
+	parallel(t, mirrorsController)
 	ctx := context.Background()
 	c, err := client.New(cluster.Config, client.Options{Scheme: manager.Scheme(registryv1alpha1.AddToScheme)})
 	must(t, err)
@@ -324,8 +325,9 @@ func waitNodeState(t *testing.T, c client.Client, pod *corev1.Pod, configured, r
 // cachePod runs the mirror's cache as its StatefulSet's pod would: the quartermaster binary with
 // the container's args and env, the cache Secret's keys as files at the Secret volume's mount
 // path and a directory at the volume claim's, in a mount namespace of its own. Only the listen
-// addresses differ (registry-mirror's --address and --metrics-address, on loopback): a pod has a
-// network namespace of its own, this process shares the machine's.
+// addresses differ (registry-mirror's --address, --metrics-address and, with peers, its
+// --peer-address, on loopback ports of their own): a pod has a network namespace of its own, this
+// process shares the machine's with every other test's.
 type cachePod struct {
 	// owner is the test whose end stops the cache (a subtest restarting it does not).
 	owner           *testing.T
@@ -353,6 +355,11 @@ func newCachePod(t *testing.T, c client.Client, sts *appsv1.StatefulSet, secret 
 	cp.URL = "http://" + cp.addr
 	cp.metricsURL = "http://" + cp.debug + mirror.MetricsPath
 	cp.args = append(cp.args, "--address="+cp.addr, "--metrics-address="+cp.debug)
+	if slices.ContainsFunc(cp.args, func(a string) bool {
+		return strings.HasPrefix(a, "--peers-service=") || strings.HasPrefix(a, "--peers=")
+	}) {
+		cp.args = append(cp.args, "--peer-address="+freeLoopbackAddr(t))
+	}
 	volumes := map[string]corev1.Volume{}
 	for _, v := range spec.Volumes {
 		volumes[v.Name] = v
@@ -400,7 +407,7 @@ func newCachePod(t *testing.T, c client.Client, sts *appsv1.StatefulSet, secret 
 // them (distribution's REGISTRY_HTTP_ADDR and REGISTRY_HTTP_DEBUG_ADDR), not as flags.
 func (cp *cachePod) listenAsDistribution() {
 	cp.args = slices.DeleteFunc(cp.args, func(a string) bool {
-		return strings.HasPrefix(a, "--address=") || strings.HasPrefix(a, "--metrics-address=")
+		return strings.HasPrefix(a, "--address=") || strings.HasPrefix(a, "--metrics-address=") || strings.HasPrefix(a, "--peer-address=")
 	})
 	cp.env = append(cp.env, "REGISTRY_HTTP_ADDR="+cp.addr, "REGISTRY_HTTP_DEBUG_ADDR="+cp.debug)
 }
@@ -416,6 +423,7 @@ func (cp *cachePod) start(t *testing.T) {
 	eventually(t, "the cache to be ready", func() bool {
 		select {
 		case err := <-proc.done:
+			proc.stopped = true // it exited: nothing to stop
 			t.Fatalf("the cache exited: %v\n%s", err, proc.logs)
 		default:
 		}

@@ -33,6 +33,7 @@ const cacheBlobHits = `quartermaster_mirror_cache_requests_total{result="hit",ty
 // objects again, and its cache, on the same volume, with the upstream down, serves the image to
 // containerd (the node's copy removed) from the volume alone, and the tag list too.
 func TestCacheVolumeOfTheEarlierReleaseServesAfterUpgrade(t *testing.T) {
+	parallel(t, mirrorsController)
 	ctx := context.Background()
 	prev := previousRelease(t)
 	c, err := client.New(cluster.Config, client.Options{Scheme: manager.Scheme(registryv1alpha1.AddToScheme)})

@@ -35,6 +35,7 @@ const mirrorsNamespace = "quartermaster-mirrors"
 // Pod; deleting the mirror removes every object through garbage collection, the volume per its
 // deletionPolicy, and the agent's file when it stops.
 func TestRegistryMirrorOnTheLocalCluster(t *testing.T) {
+	parallel(t, mirrorsController)
 	ctx := context.Background()
 	c, err := client.New(cluster.Config, client.Options{Scheme: manager.Scheme(registryv1alpha1.AddToScheme)})
 	must(t, err)
@@ -194,6 +195,7 @@ func startAgent(t *testing.T, root, pod string, rm *registryv1alpha1.RegistryMir
 // DaemonSet the controller makes is accepted, the same DaemonSet made into a way onto the node is
 // not.
 func TestManagerRunsOnlyItsOwnPodsInTheMirrorsNamespace(t *testing.T) {
+	parallel(t) // dry runs as the manager: no manager runs
 	ctx := context.Background()
 	cfg, err := restConfigAs(ctx, managerNamespace, "quartermaster-manager")
 	must(t, err)

@@ -14,6 +14,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
+	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -28,35 +29,80 @@ import (
 	"github.com/quartermaster-dev/quartermaster/internal/nsrequest"
 )
 
+// requestsNamespace is config/local's requests namespace (the controller's default
+// --requests-namespace): the tests run their managers on requests namespaces of their own
+// (newRequestsNamespace).
 const requestsNamespace = "namespace-requests"
 
-func startNamespacesManager(t *testing.T) *process {
+// newRequestsNamespace makes a requests namespace of the test's own, as config/local makes
+// namespace-requests: the namespace, the namespaces controller's generated Role there (copied from
+// namespace-requests) and config/rbac's RoleBinding of it to the manager. A namespaces manager
+// started with --requests-namespace set to it (startNamespacesManager) serves this test's requests
+// only: the Namespaces it makes carry the requests namespace in their request label. It returns
+// once the authorizer lets the manager use it.
+func newRequestsNamespace(t *testing.T) string {
+	t.Helper()
+	ctx := context.Background()
+	ns := namespaceName("qm-req-", strings.TrimPrefix(t.Name(), "Test"))
+	must(t, admin.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}))
+	t.Cleanup(func() { deleteNamespace(t, ns) })
+	role := &rbacv1.Role{}
+	must(t, admin.Get(ctx, client.ObjectKey{Namespace: requestsNamespace, Name: "quartermaster-namespaces"}, role))
+	must(t, admin.Create(ctx, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: role.Name, Labels: role.Labels}, Rules: role.Rules}))
+	binding := &rbacv1.RoleBinding{}
+	must(t, admin.Get(ctx, client.ObjectKey{Namespace: requestsNamespace, Name: "quartermaster-namespaces"}, binding))
+	must(t, admin.Create(ctx, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: binding.Name, Labels: binding.Labels},
+		RoleRef: binding.RoleRef, Subjects: binding.Subjects}))
+	waitAllowed(t, "system:serviceaccount:"+managerNamespace+":quartermaster-manager",
+		authorizationv1.ResourceAttributes{Namespace: ns, Verb: "watch", Resource: "configmaps"})
+	return ns
+}
+
+// waitAllowed waits until the API server's authorizer allows user (a ServiceAccount) attrs: a
+// Role just bound is in force a moment later.
+func waitAllowed(t *testing.T, user string, attrs authorizationv1.ResourceAttributes) {
+	t.Helper()
+	eventually(t, user+" to be allowed to "+attrs.Verb+" "+attrs.Resource+" in "+attrs.Namespace, func() bool {
+		sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+			User: user, Groups: []string{"system:serviceaccounts", "system:authenticated"}, ResourceAttributes: &attrs,
+		}}
+		return admin.Create(context.Background(), sar) == nil && sar.Status.Allowed
+	})
+}
+
+// startNamespacesManager runs the manager with the namespaces controller on the requests
+// namespace requests.
+func startNamespacesManager(t *testing.T, requests string) *process {
 	t.Helper()
 	defaults := filepath.Join(t.TempDir(), "defaults.yaml")
 	must(t, os.WriteFile(defaults, []byte("resourceQuota:\n  hard: {pods: \"10\"}\nisolateNetwork: true\n"), 0o600))
-	return startManager(t, "--controllers=namespaces", "--health-probe-bind-address=0", "--namespace-defaults="+defaults)
+	return startManager(t, "--controllers=namespaces", "--health-probe-bind-address=0", "--namespace-defaults="+defaults,
+		"--requests-namespace="+requests)
 }
 
-func requestNamespace(t *testing.T, name string, data map[string]string) {
+// requestNamespace asks for the namespace name in the requests namespace requests; the request
+// and the namespace are deleted when the test ends.
+func requestNamespace(t *testing.T, requests, name string, data map[string]string) {
 	t.Helper()
 	must(t, admin.Create(context.Background(), &corev1.ConfigMap{
-		ObjectMeta: metav1.ObjectMeta{Namespace: requestsNamespace, Name: name}, Data: data,
+		ObjectMeta: metav1.ObjectMeta{Namespace: requests, Name: name}, Data: data,
 	}))
 	t.Cleanup(func() {
 		_ = admin.Delete(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}})
-		_ = admin.Delete(context.Background(), &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: requestsNamespace, Name: name}})
+		_ = admin.Delete(context.Background(), &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: requests, Name: name}})
 	})
 }
 
-func waitReady(t *testing.T, name string) *corev1.Secret {
+// waitReady waits until the request name in requests is Ready and returns its Secret.
+func waitReady(t *testing.T, requests, name string) *corev1.Secret {
 	t.Helper()
 	cm := &corev1.ConfigMap{}
-	eventually(t, "request "+name+" to be Ready", func() bool {
-		err := admin.Get(context.Background(), client.ObjectKey{Namespace: requestsNamespace, Name: name}, cm)
+	eventually(t, "request "+requests+"/"+name+" to be Ready", func() bool {
+		err := admin.Get(context.Background(), client.ObjectKey{Namespace: requests, Name: name}, cm)
 		return err == nil && cm.Annotations[nsrequest.AnnotationStatus] == "Ready"
 	})
 	s := &corev1.Secret{}
-	must(t, admin.Get(context.Background(), client.ObjectKey{Namespace: requestsNamespace, Name: name}, s))
+	must(t, admin.Get(context.Background(), client.ObjectKey{Namespace: requests, Name: name}, s))
 	return s
 }
 
@@ -71,11 +117,13 @@ func clientFromSecret(t *testing.T, s *corev1.Secret) *kubernetes.Clientset {
 }
 
 func TestNamespaceCredentialsWorkInTheirNamespaceOnly(t *testing.T) {
-	startNamespacesManager(t)
+	parallel(t)
+	requests := newRequestsNamespace(t)
+	startNamespacesManager(t, requests)
 	ctx := context.Background()
 	other := newNamespace(t)
-	requestNamespace(t, "e2e-ci-branch", nil)
-	secret := waitReady(t, "e2e-ci-branch")
+	requestNamespace(t, requests, "e2e-ci-branch", nil)
+	secret := waitReady(t, requests, "e2e-ci-branch")
 	pipeline := clientFromSecret(t, secret)
 
 	labels := map[string]string{"app": "web"}
@@ -97,7 +145,7 @@ func TestNamespaceCredentialsWorkInTheirNamespaceOnly(t *testing.T) {
 	forbidden := map[string]error{}
 	_, forbidden["a ConfigMap in another namespace"] = pipeline.CoreV1().ConfigMaps(other).Create(ctx,
 		&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "x"}}, metav1.CreateOptions{})
-	_, forbidden["reading Secrets of the requests namespace"] = pipeline.CoreV1().Secrets(requestsNamespace).List(ctx, metav1.ListOptions{})
+	_, forbidden["reading Secrets of the requests namespace"] = pipeline.CoreV1().Secrets(requests).List(ctx, metav1.ListOptions{})
 	_, forbidden["a Namespace (cluster-scoped)"] = pipeline.CoreV1().Namespaces().Create(ctx,
 		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "e2e-ci-escape"}}, metav1.CreateOptions{})
 	_, forbidden["a ClusterRoleBinding (cluster-scoped)"] = pipeline.RbacV1().ClusterRoleBindings().Create(ctx,
@@ -119,27 +167,31 @@ func TestNamespaceCredentialsWorkInTheirNamespaceOnly(t *testing.T) {
 	}
 	eventuallyWithin(t, "the namespace, the request and the Secret to be gone", namespaceDeletion, func() bool {
 		return apierrors.IsNotFound(admin.Get(ctx, client.ObjectKey{Name: "e2e-ci-branch"}, &corev1.Namespace{})) &&
-			apierrors.IsNotFound(admin.Get(ctx, client.ObjectKey{Namespace: requestsNamespace, Name: "e2e-ci-branch"}, &corev1.ConfigMap{})) &&
-			apierrors.IsNotFound(admin.Get(ctx, client.ObjectKey{Namespace: requestsNamespace, Name: "e2e-ci-branch"}, &corev1.Secret{}))
+			apierrors.IsNotFound(admin.Get(ctx, client.ObjectKey{Namespace: requests, Name: "e2e-ci-branch"}, &corev1.ConfigMap{})) &&
+			apierrors.IsNotFound(admin.Get(ctx, client.ObjectKey{Namespace: requests, Name: "e2e-ci-branch"}, &corev1.Secret{}))
 	})
 }
 
 func TestNamespaceTTLDeletesIt(t *testing.T) {
-	startNamespacesManager(t)
+	parallel(t)
+	requests := newRequestsNamespace(t)
+	startNamespacesManager(t, requests)
 	ctx := context.Background()
-	requestNamespace(t, "e2e-ttl", map[string]string{"ttl": "5s"})
+	requestNamespace(t, requests, "e2e-ttl", map[string]string{"ttl": "5s"})
 	eventuallyWithin(t, "the namespace and its request to be deleted after the ttl", namespaceDeletion, func() bool {
 		return apierrors.IsNotFound(admin.Get(ctx, client.ObjectKey{Name: "e2e-ttl"}, &corev1.Namespace{})) &&
-			apierrors.IsNotFound(admin.Get(ctx, client.ObjectKey{Namespace: requestsNamespace, Name: "e2e-ttl"}, &corev1.ConfigMap{})) &&
-			apierrors.IsNotFound(admin.Get(ctx, client.ObjectKey{Namespace: requestsNamespace, Name: "e2e-ttl"}, &corev1.Secret{}))
+			apierrors.IsNotFound(admin.Get(ctx, client.ObjectKey{Namespace: requests, Name: "e2e-ttl"}, &corev1.ConfigMap{})) &&
+			apierrors.IsNotFound(admin.Get(ctx, client.ObjectKey{Namespace: requests, Name: "e2e-ttl"}, &corev1.Secret{}))
 	})
 }
 
 func TestNamespaceTokenIsRefreshedBeforeExpiry(t *testing.T) {
-	startNamespacesManager(t)
+	parallel(t)
+	requests := newRequestsNamespace(t)
+	startNamespacesManager(t, requests)
 	ctx := context.Background()
-	requestNamespace(t, "e2e-refresh", map[string]string{"token-ttl": "10m"})
-	s := waitReady(t, "e2e-refresh")
+	requestNamespace(t, requests, "e2e-refresh", map[string]string{"token-ttl": "10m"})
+	s := waitReady(t, requests, "e2e-refresh")
 	old := string(s.Data["token"])
 	// Make the recorded issue time 9 minutes ago: 90% of the 10-minute life has passed.
 	s.Annotations[nsrequest.AnnotationTokenIssuedAt] = time.Now().Add(-9 * time.Minute).UTC().Format(time.RFC3339)
@@ -157,31 +209,33 @@ func TestNamespaceTokenIsRefreshedBeforeExpiry(t *testing.T) {
 // TestNamespaceRequestsSurviveAManagerKill kills the manager (SIGKILL) while it serves 50
 // requests, restarts it, and checks that every request ends served exactly once.
 func TestNamespaceRequestsSurviveAManagerKill(t *testing.T) {
+	parallel(t)
 	ctx := context.Background()
+	requests := newRequestsNamespace(t)
 	const n = 50
 	names := make([]string, n)
 	for i := range names {
 		names[i] = fmt.Sprintf("e2e-kill-%02d", i)
 	}
-	first := startNamespacesManager(t)
+	first := startNamespacesManager(t, requests)
 	var wg sync.WaitGroup
 	for _, name := range names {
 		wg.Add(1)
-		go func() { defer wg.Done(); requestNamespace(t, name, nil) }()
+		go func() { defer wg.Done(); requestNamespace(t, requests, name, nil) }()
 	}
 	wg.Wait()
 	eventually(t, "some requests to be served", func() bool {
 		list := &corev1.SecretList{}
-		return admin.List(ctx, list, client.InNamespace(requestsNamespace)) == nil && len(list.Items) >= 5
+		return admin.List(ctx, list, client.InNamespace(requests)) == nil && len(list.Items) >= 5
 	})
 	t.Logf("the killed manager exited: %v", first.kill(t))
 	served := &corev1.SecretList{}
-	must(t, admin.List(ctx, served, client.InNamespace(requestsNamespace)))
+	must(t, admin.List(ctx, served, client.InNamespace(requests)))
 	t.Logf("killed the manager with %d of %d Secrets written", len(served.Items), n)
 
-	startNamespacesManager(t)
+	startNamespacesManager(t, requests)
 	for _, name := range names {
-		s := waitReady(t, name)
+		s := waitReady(t, requests, name)
 		sas := &corev1.ServiceAccountList{}
 		must(t, admin.List(ctx, sas, client.InNamespace(name)))
 		bindings := &rbacv1.RoleBindingList{}
@@ -208,6 +262,7 @@ func TestNamespaceRequestsSurviveAManagerKill(t *testing.T) {
 // TestManagerCannotMintTokensOutsideItsNamespaces checks the admission policy that narrows the
 // manager's cluster-wide token and RBAC permissions to the namespaces it manages.
 func TestManagerCannotMintTokensOutsideItsNamespaces(t *testing.T) {
+	parallel(t)
 	ctx := context.Background()
 	asManager, err := clientsetAs(ctx, managerNamespace, "quartermaster-manager")
 	must(t, err)
@@ -234,9 +289,10 @@ func TestManagerCannotMintTokensOutsideItsNamespaces(t *testing.T) {
 	}
 
 	// In a managed namespace: only the admin ServiceAccount.
-	startNamespacesManager(t)
-	requestNamespace(t, "e2e-scope", nil)
-	waitReady(t, "e2e-scope")
+	requests := newRequestsNamespace(t)
+	startNamespacesManager(t, requests)
+	requestNamespace(t, requests, "e2e-scope", nil)
+	waitReady(t, requests, "e2e-scope")
 	_, err = asManager.CoreV1().ServiceAccounts("e2e-scope").CreateToken(ctx, "default", &authenticationv1.TokenRequest{}, metav1.CreateOptions{})
 	if err == nil || !strings.Contains(err.Error(), "named admin") {
 		t.Errorf("minting a token for another ServiceAccount in a managed namespace: want a denial, got %v", err)
@@ -248,7 +304,9 @@ func TestManagerCannotMintTokensOutsideItsNamespaces(t *testing.T) {
 // namespace as its own (which would open it to the token and RBAC rights above) and deleting one
 // it does not manage are refused, while its own work goes on.
 func TestManagerCannotTakeOverOrDeleteOtherNamespaces(t *testing.T) {
+	parallel(t)
 	ctx := context.Background()
+	requests := newRequestsNamespace(t)
 	asManager, err := clientsetAs(ctx, managerNamespace, "quartermaster-manager")
 	must(t, err)
 
@@ -259,12 +317,13 @@ func TestManagerCannotTakeOverOrDeleteOtherNamespaces(t *testing.T) {
 		_, err := asManager.CoreV1().Namespaces().Patch(ctx, ns, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
 		return err
 	}
-	const managedBy = `{"metadata":{"labels":{"quartermaster.dev/managed-by":"quartermaster","quartermaster.dev/request":"namespace-requests.e2e-not-quartermasters"}}}`
+	managedBy := `{"metadata":{"labels":{"quartermaster.dev/managed-by":"quartermaster","quartermaster.dev/request":"` +
+		nsrequest.RequestLabel(requests, victim.Name) + `"}}}`
 	for what, err := range map[string]error{
 		// (RBAC grants patch, not update, on namespaces.)
 		"labelling an existing namespace as managed (kubectl label ns)": mergePatch(victim.Name, managedBy),
 		"deleting a namespace it does not manage":                       asManager.CoreV1().Namespaces().Delete(ctx, victim.Name, metav1.DeleteOptions{}),
-		"deleting the requests namespace":                               asManager.CoreV1().Namespaces().Delete(ctx, requestsNamespace, metav1.DeleteOptions{}),
+		"deleting the requests namespace":                               asManager.CoreV1().Namespaces().Delete(ctx, requests, metav1.DeleteOptions{}),
 	} {
 		if err == nil || !strings.Contains(err.Error(), "quartermaster-manager-namespaces") {
 			t.Errorf("%s: want a denial by the admission policy, got %v", what, err)
@@ -282,9 +341,9 @@ func TestManagerCannotTakeOverOrDeleteOtherNamespaces(t *testing.T) {
 	}
 
 	// Its own namespaces: annotating is allowed, removing its labels is not, and deleting is.
-	startNamespacesManager(t)
-	requestNamespace(t, "e2e-own", nil)
-	waitReady(t, "e2e-own")
+	startNamespacesManager(t, requests)
+	requestNamespace(t, requests, "e2e-own", nil)
+	waitReady(t, requests, "e2e-own")
 	if err := mergePatch("e2e-own", `{"metadata":{"annotations":{"quartermaster.dev/note":"ok"}}}`); err != nil {
 		t.Errorf("annotating a namespace it manages: %v", err)
 	}

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -23,21 +24,29 @@ import (
 )
 
 // pipeline is a pipeline's identity: the ServiceAccount of config/samples/namespaces/
-// pipeline-rbac.yaml, with exactly the rights that sample grants.
+// pipeline-rbac.yaml, with exactly the rights that sample grants, in a requests namespace.
 type pipeline struct {
 	kubeconfig string // path
 	dir        string
+	requests   string // the requests namespace
 }
 
-func newPipeline(t *testing.T) *pipeline {
+// newPipeline applies pipeline-rbac.yaml in the requests namespace requests (the sample's
+// namespace-requests replaced) and returns the pipeline once the authorizer lets it create
+// requests there.
+func newPipeline(t *testing.T, requests string) *pipeline {
 	t.Helper()
 	ctx := context.Background()
-	if _, err := cluster.Kubectl(ctx, "apply", "-f", "config/samples/namespaces/pipeline-rbac.yaml"); err != nil {
-		t.Fatal(err)
-	}
-	kubeconfig, _, err := cluster.ServiceAccountKubeconfig(ctx, requestsNamespace, "ci-pipeline", time.Hour)
+	sample, err := os.ReadFile(filepath.Join(testenv.RepoRoot(), "config", "samples", "namespaces", "pipeline-rbac.yaml"))
 	must(t, err)
-	p := &pipeline{dir: t.TempDir()}
+	p := &pipeline{dir: t.TempDir(), requests: requests}
+	rbac := filepath.Join(p.dir, "pipeline-rbac.yaml")
+	must(t, os.WriteFile(rbac, []byte(strings.ReplaceAll(string(sample), "namespace: "+requestsNamespace, "namespace: "+requests)), 0o600))
+	kubectlOK(t, "apply", "-f", rbac)
+	waitAllowed(t, "system:serviceaccount:"+requests+":ci-pipeline",
+		authorizationv1.ResourceAttributes{Namespace: requests, Verb: "create", Resource: "configmaps"})
+	kubeconfig, _, err := cluster.ServiceAccountKubeconfig(ctx, requests, "ci-pipeline", time.Hour)
+	must(t, err)
 	p.kubeconfig = filepath.Join(p.dir, "pipeline.kubeconfig")
 	must(t, os.WriteFile(p.kubeconfig, kubeconfig, 0o600))
 	return p
@@ -51,7 +60,8 @@ func (p *pipeline) run(t *testing.T, name string, args ...string) (int, string, 
 	defer cancel()
 	cmd := exec.CommandContext(ctx, name, args...)
 	cmd.Dir = p.dir
-	cmd.Env = append(os.Environ(), "KUBECONFIG="+p.kubeconfig, "PATH="+cluster.BinDir+string(os.PathListSeparator)+os.Getenv("PATH"))
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+p.kubeconfig, "PATH="+cluster.BinDir+string(os.PathListSeparator)+os.Getenv("PATH"),
+		"REQUESTS_NAMESPACE="+p.requests) // request.sh's; quartermaster request is given --requests-namespace
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()
@@ -85,14 +95,16 @@ func works(t *testing.T, kubeconfig []byte, namespace string) {
 // run as a pipeline bound to exactly pipeline-rbac.yaml, get a working kubeconfig, reuse a
 // request, and fail at once with the controller's reason when a request is refused.
 func TestPipelineRequestsANamespaceWithLeastRights(t *testing.T) {
-	startNamespacesManager(t)
-	p := newPipeline(t)
+	parallel(t)
+	requests := newRequestsNamespace(t)
+	startNamespacesManager(t, requests)
+	p := newPipeline(t, requests)
 	taken := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "e2e-pipe-taken"}}
 	must(t, admin.Create(context.Background(), taken))
 	t.Cleanup(func() { _ = admin.Delete(context.Background(), taken) })
 	for _, name := range []string{"e2e-pipe", "e2e-pipe-sh", "kube-pipe", "e2e-pipe-taken"} {
 		t.Cleanup(func() {
-			_ = admin.Delete(context.Background(), &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: requestsNamespace, Name: name}})
+			_ = admin.Delete(context.Background(), &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: requests, Name: name}})
 			if name != taken.Name {
 				_ = admin.Delete(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}})
 			}
@@ -101,7 +113,7 @@ func TestPipelineRequestsANamespaceWithLeastRights(t *testing.T) {
 
 	t.Run("quartermaster request", func(t *testing.T) {
 		// Flags after the name (kubectl's convention; the second run has them before it).
-		code, _, stderr := p.run(t, managerBin, "request", "e2e-pipe", "--ttl", "1h", "--kubeconfig-out=e2e-pipe.kubeconfig")
+		code, _, stderr := p.run(t, managerBin, "request", "e2e-pipe", "--ttl", "1h", "--kubeconfig-out=e2e-pipe.kubeconfig", "--requests-namespace", requests)
 		if code != 0 || !strings.Contains(stderr, "namespace e2e-pipe is ready") {
 			t.Fatalf("exit %d, stderr:\n%s", code, stderr)
 		}
@@ -112,13 +124,13 @@ func TestPipelineRequestsANamespaceWithLeastRights(t *testing.T) {
 		}
 		works(t, kubeconfig, "e2e-pipe")
 		cm := &corev1.ConfigMap{}
-		must(t, admin.Get(context.Background(), client.ObjectKey{Namespace: requestsNamespace, Name: "e2e-pipe"}, cm))
+		must(t, admin.Get(context.Background(), client.ObjectKey{Namespace: requests, Name: "e2e-pipe"}, cm))
 		if cm.Data["ttl"] != "1h0m0s" {
 			t.Errorf("request data %v, want ttl 1h", cm.Data)
 		}
 
 		// Again: the request exists and is reused.
-		code, _, stderr = p.run(t, managerBin, "request", "--kubeconfig-out=again.kubeconfig", "e2e-pipe")
+		code, _, stderr = p.run(t, managerBin, "request", "--requests-namespace="+requests, "--kubeconfig-out=again.kubeconfig", "e2e-pipe")
 		if code != 0 || !strings.Contains(stderr, "reusing it") {
 			t.Errorf("second run: exit %d, stderr:\n%s", code, stderr)
 		}
@@ -128,7 +140,7 @@ func TestPipelineRequestsANamespaceWithLeastRights(t *testing.T) {
 		// --timeout is far longer than the test's own bound: an exit with the reason proves the
 		// command did not wait for it.
 		for name, reason := range map[string]string{"kube-pipe": "Denied", "e2e-pipe-taken": "NamespaceConflict"} {
-			code, _, stderr := p.run(t, managerBin, "request", "--timeout=1h", name)
+			code, _, stderr := p.run(t, managerBin, "request", "--timeout=1h", "--requests-namespace="+requests, name)
 			if code != 2 || !strings.Contains(stderr, "("+reason+")") {
 				t.Errorf("%s: exit %d, want 2 with reason %s; stderr:\n%s", name, code, reason, stderr)
 			}

@@ -28,6 +28,7 @@ import (
 
 	"github.com/quartermaster-dev/quartermaster/internal/cloud/vsphere/vsimtest"
 	"github.com/quartermaster-dev/quartermaster/internal/irsa"
+	"github.com/quartermaster-dev/quartermaster/internal/mirror"
 	"github.com/quartermaster-dev/quartermaster/internal/nsrequest"
 	"github.com/quartermaster-dev/quartermaster/internal/testing/chart"
 	"github.com/quartermaster-dev/quartermaster/internal/testing/testenv"
@@ -56,6 +57,7 @@ const (
 // versions unchanged. The longest time an
 // object created during a rollout waited to be served is logged (never asserted).
 func TestHelmUpgradeAndRollbackLoseNothing(t *testing.T) {
+	alone(t)
 	ctx := context.Background()
 	h := testenv.Helm3 // installs; the rollouts name theirs
 	began := time.Now()
@@ -115,10 +117,6 @@ func TestHelmUpgradeAndRollbackLoseNothing(t *testing.T) {
 	} {
 		must(t, admin.Create(ctx, s))
 	}
-	for _, k := range []string{"AWS_PROFILE", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE"} {
-		t.Setenv(k, "")
-	}
-	t.Setenv("AWS_EC2_METADATA_DISABLED", "true")
 
 	// Every write that must happen once, watched from before the first manager starts.
 	cs, err := kubernetes.NewForConfig(cluster.Config)
@@ -161,9 +159,12 @@ func TestHelmUpgradeAndRollbackLoseNothing(t *testing.T) {
 	must(t, unstructured.SetNestedField(busy.Object, int64(1), "spec", "replicas"))
 	must(t, admin.Create(ctx, busy))
 	t.Cleanup(func() { _ = admin.Delete(context.Background(), busy) })
+	rmName := upPrefix + "docker-hub"
+	// Reserved for the cache pod's claim: no other claim left unbound may take it.
 	pv := &corev1.PersistentVolume{
 		ObjectMeta: metav1.ObjectMeta{Name: "qm-up-mirror"},
 		Spec: corev1.PersistentVolumeSpec{
+			ClaimRef:                      &corev1.ObjectReference{Namespace: upMirrors, Name: mirror.PVCName(rmName, 0)},
 			Capacity:                      corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")},
 			AccessModes:                   []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
 			PersistentVolumeReclaimPolicy: corev1.PersistentVolumeReclaimDelete,
@@ -173,7 +174,7 @@ func TestHelmUpgradeAndRollbackLoseNothing(t *testing.T) {
 	must(t, admin.Create(ctx, pv))
 	t.Cleanup(func() { _ = admin.Delete(context.Background(), pv) })
 	rm := sample(t, "registry/docker-hub.yaml")[0]
-	rm.SetName(upPrefix + "docker-hub")
+	rm.SetName(rmName)
 	must(t, unstructured.SetNestedField(rm.Object, upstream, "spec", "upstreamUrl"))
 	unstructured.RemoveNestedField(rm.Object, "spec", "credentialsSecret")
 	must(t, unstructured.SetNestedField(rm.Object, int64(1), "spec", "replicas"))
@@ -271,6 +272,8 @@ func TestHelmUpgradeAndRollbackLoseNothing(t *testing.T) {
 	rollout(testenv.Helm3, "rolled back", "rollback", upRelease)
 	rollout(testenv.Helm4, "upgraded to this commit again", upgrade...)
 	rollout(testenv.Helm4, "rolled back again", "rollback", upRelease)
+	// While the release's managers run: its objects' finalizers are theirs.
+	deleteNamespace(t, ns)
 }
 
 // release is an earlier commit's chart and manager binary.
@@ -547,7 +550,10 @@ func (r *podRunner) sync(ctx context.Context) bool {
 		proc, err := chart.ProcessFor(ctx, admin, pod, "manager", t.TempDir())
 		must(t, err)
 		r.started++
-		r.newest = startBinaryAs(t, bin, fmt.Sprintf("manager %d (%s, pod %s)", r.started, tag, pod.Name), upNamespace, proc.ServiceAccount, proc.Env, proc.Args...)
+		// The process environment is the test's (without its AWS settings: processEnv) plus the
+		// Pod's, the machine's AWS profile and instance metadata kept out.
+		env := append([]string{"AWS_PROFILE=", "AWS_CONFIG_FILE=", "AWS_SHARED_CREDENTIALS_FILE=", "AWS_EC2_METADATA_DISABLED=true"}, proc.Env...)
+		r.newest = startBinaryAs(t, bin, fmt.Sprintf("manager %d (%s, pod %s)", r.started, tag, pod.Name), upNamespace, proc.ServiceAccount, env, proc.Args...)
 		r.procs[pod.UID] = r.newest
 		r.tags[pod.UID] = tag
 	}

@@ -18,6 +18,7 @@ import (
 // vCenter simulator and scales a VmGroup with kubectl scale, including past the CRD's maximum
 // (refused) and past the manager's --vsphere-max-replicas (Stalled, nothing cloned).
 func TestVmGroupScalesThroughTheScaleSubresource(t *testing.T) {
+	parallel(t, vmgroupsController)
 	ctx := context.Background()
 	sim := vsimtest.Start(t)
 	sim.AddTemplate(t, "e2e-template")

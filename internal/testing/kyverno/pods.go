@@ -67,7 +67,7 @@ func StartPods(t TB, admin *rest.Config, load func(archive string) error) *Pods 
 	}
 	ctx := context.Background()
 	installCRDs(t, k.c, bin)
-	for _, obj := range append(installObjects(), podObjects()...) {
+	for _, obj := range append(installObjects(chartNamespaces()), podObjects()...) {
 		if err := apply(ctx, k.c, obj); err != nil {
 			t.Fatalf("installing %T %s: %v", obj, obj.GetName(), err)
 		}

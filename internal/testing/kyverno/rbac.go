@@ -1,6 +1,8 @@
 package kyverno
 
 import (
+	"encoding/json"
+
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -62,8 +64,9 @@ func saSubject(name string) []rbacv1.Subject {
 	return []rbacv1.Subject{{Kind: "ServiceAccount", Name: name, Namespace: Namespace}}
 }
 
-// installObjects are the namespace, ServiceAccounts, RBAC and ConfigMaps, in creation order.
-func installObjects() []client.Object {
+// installObjects are the namespace, ServiceAccounts, RBAC and ConfigMaps (with the webhooks'
+// namespaceSelector), in creation order.
+func installObjects(webhookNamespaces *metav1.LabelSelector) []client.Object {
 	admissionLabels, backgroundLabels, reportsLabels := componentLabels("admission-controller"), componentLabels("background-controller"), componentLabels("reports-controller")
 	objs := []client.Object{
 		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: Namespace}},
@@ -237,7 +240,7 @@ func installObjects() []client.Object {
 			Subjects:   saSubject(ReportsServiceAccount),
 		},
 	}
-	return append(objs, configMaps()...)
+	return append(objs, configMaps(webhookNamespaces)...)
 }
 
 // resourceFilters are the chart's default config.resourceFilters that apply here (kinds and
@@ -248,9 +251,21 @@ const resourceFilters = "[*/*,kyverno,*]" +
 	"[APIService,*,*][APIService/?*,*,*][TokenReview,*,*][SubjectAccessReview,*,*][SelfSubjectAccessReview,*,*]" +
 	"[Binding,*,*][Pod/binding,*,*][ReplicaSet,*,*][ReplicaSet/?*,*,*][EphemeralReport,*,*][ClusterEphemeralReport,*,*]"
 
-// configMaps are INIT_CONFIG and METRICS_CONFIG with the chart's defaults: its webhooks never see
-// kube-system or Kyverno's own namespace (their failurePolicy is Fail).
-func configMaps() []client.Object {
+// chartNamespaces is the chart's default config.webhooks.namespaceSelector: every namespace but
+// kube-system and Kyverno's own (its webhooks' failurePolicy is Fail).
+func chartNamespaces() *metav1.LabelSelector {
+	return &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{
+		Key: "kubernetes.io/metadata.name", Operator: metav1.LabelSelectorOpNotIn, Values: []string{"kube-system", Namespace},
+	}}}
+}
+
+// configMaps are INIT_CONFIG and METRICS_CONFIG with the chart's defaults, the resource webhooks'
+// namespaceSelector (config.webhooks) being webhookNamespaces.
+func configMaps(webhookNamespaces *metav1.LabelSelector) []client.Object {
+	webhooks, err := json.Marshal(map[string]any{"namespaceSelector": webhookNamespaces})
+	if err != nil {
+		panic(err) // a LabelSelector always marshals
+	}
 	return []client.Object{
 		&corev1.ConfigMap{
 			ObjectMeta: metav1.ObjectMeta{Name: ConfigMapName, Namespace: Namespace, Labels: componentLabels("config")},
@@ -261,8 +276,7 @@ func configMaps() []client.Object {
 				"excludeGroups":                 "system:nodes",
 				"resourceFilters":               resourceFilters,
 				"updateRequestThreshold":        "1000",
-				"webhooks": `{"namespaceSelector":{"matchExpressions":[{"key":"kubernetes.io/metadata.name","operator":"NotIn",` +
-					`"values":["kube-system","kyverno"]}]}}`,
+				"webhooks":                      string(webhooks),
 			},
 		},
 		&corev1.ConfigMap{
