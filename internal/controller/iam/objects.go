@@ -17,9 +17,24 @@ import (
 // indexPolicies indexes IAMServiceAccounts by the IAMPolicy names in spec.policies.
 const indexPolicies = "spec.policies"
 
-func indexPolicyReferences(mgr ctrl.Manager) error {
-	return mgr.GetFieldIndexer().IndexField(context.Background(), &iamv1alpha1.IAMServiceAccount{}, indexPolicies,
-		func(o client.Object) []string { return o.(*iamv1alpha1.IAMServiceAccount).Spec.Policies })
+// indexSharedRole indexes IAMServiceAccounts by the shared role they name (spec.sharedRole.name).
+const indexSharedRole = "spec.sharedRole.name"
+
+// indexReferences indexes IAMServiceAccounts by what they name that other objects change: their
+// IAMPolicies and their shared role.
+func indexReferences(mgr ctrl.Manager) error {
+	ctx := context.Background()
+	if err := mgr.GetFieldIndexer().IndexField(ctx, &iamv1alpha1.IAMServiceAccount{}, indexPolicies,
+		func(o client.Object) []string { return o.(*iamv1alpha1.IAMServiceAccount).Spec.Policies }); err != nil {
+		return err
+	}
+	return mgr.GetFieldIndexer().IndexField(ctx, &iamv1alpha1.IAMServiceAccount{}, indexSharedRole,
+		func(o client.Object) []string {
+			if sr := o.(*iamv1alpha1.IAMServiceAccount).Spec.SharedRole; sr != nil {
+				return []string{sr.Name}
+			}
+			return nil
+		})
 }
 
 // specOrDeletion passes creations, spec changes and the start of deletion.

@@ -49,6 +49,11 @@ func (r *ServiceAccountReconciler) setupWithManager(mgr ctrl.Manager) error {
 		// A policy that gets (or changes) its ARN must be attached by the roles that name it.
 		Watches(&iamv1alpha1.IAMPolicy{}, handler.EnqueueRequestsFromMapFunc(r.usersOfPolicy),
 			builder.WithPredicates(arnChanged())).
+		// An owner whose member list on the shared role changed (its status says so once the role's
+		// tags are written) wakes this cluster's other objects naming the role: a member it dropped
+		// is SharedRoleNotListed at once, one it added joins, instead of at their next resync.
+		Watches(&iamv1alpha1.IAMServiceAccount{}, handler.EnqueueRequestsFromMapFunc(r.othersSharing),
+			builder.WithPredicates(sharedMembersChanged())).
 		WithOptions(r.controllerOptions()).
 		Complete(r)
 }
@@ -64,6 +69,44 @@ func arnChanged() predicate.Predicate {
 			return okO && okN && o.Status.ARN != n.Status.ARN
 		},
 	}
+}
+
+// sharedMembersChanged passes updates of a shared role's owner whose status.sharedRole lists
+// other members than before (a member's own status following the list wakes no one).
+func sharedMembersChanged() predicate.Predicate {
+	members := func(o client.Object) []string {
+		if sa, ok := o.(*iamv1alpha1.IAMServiceAccount); ok && isShared(sa) && sa.Spec.SharedRole.Owner && sa.Status.SharedRole != nil {
+			return sa.Status.SharedRole.Members
+		}
+		return nil
+	}
+	return predicate.Funcs{
+		CreateFunc:  func(event.CreateEvent) bool { return false },
+		DeleteFunc:  func(event.DeleteEvent) bool { return false },
+		GenericFunc: func(event.GenericEvent) bool { return false },
+		UpdateFunc: func(e event.UpdateEvent) bool {
+			return !slices.Equal(members(e.ObjectOld), members(e.ObjectNew))
+		},
+	}
+}
+
+// othersSharing are the IAMServiceAccounts of this cluster, but obj, that name obj's shared role.
+func (r *ServiceAccountReconciler) othersSharing(ctx context.Context, obj client.Object) []reconcile.Request {
+	sa, ok := obj.(*iamv1alpha1.IAMServiceAccount)
+	if !ok || sa.Spec.SharedRole == nil {
+		return nil
+	}
+	list := &iamv1alpha1.IAMServiceAccountList{}
+	if err := r.client.List(ctx, list, client.MatchingFields{indexSharedRole: sa.Spec.SharedRole.Name}); err != nil {
+		return nil
+	}
+	reqs := make([]reconcile.Request, 0, len(list.Items))
+	for i := range list.Items {
+		if key := client.ObjectKeyFromObject(&list.Items[i]); key != client.ObjectKeyFromObject(sa) {
+			reqs = append(reqs, reconcile.Request{NamespacedName: key})
+		}
+	}
+	return reqs
 }
 
 func (r *ServiceAccountReconciler) usersOfPolicy(ctx context.Context, obj client.Object) []reconcile.Request {

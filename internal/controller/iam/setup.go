@@ -244,7 +244,7 @@ func register(mgr ctrl.Manager, b *base) error {
 			return err
 		}
 	}
-	if err := indexPolicyReferences(mgr); err != nil {
+	if err := indexReferences(mgr); err != nil {
 		return err
 	}
 	if err := (&PolicyReconciler{base: b}).setupWithManager(mgr); err != nil {
