@@ -59,54 +59,21 @@ func (r *ServiceAccountReconciler) setupWithManager(mgr ctrl.Manager) error {
 }
 
 func arnChanged() predicate.Predicate {
+	return updatesOnly(func(old, new client.Object) bool {
+		o, okO := old.(*iamv1alpha1.IAMPolicy)
+		n, okN := new.(*iamv1alpha1.IAMPolicy)
+		return okO && okN && o.Status.ARN != n.Status.ARN
+	})
+}
+
+// updatesOnly passes the updates changed says matter, and no creation, deletion or generic event.
+func updatesOnly(changed func(old, new client.Object) bool) predicate.Predicate {
 	return predicate.Funcs{
 		CreateFunc:  func(event.CreateEvent) bool { return false },
 		DeleteFunc:  func(event.DeleteEvent) bool { return false },
 		GenericFunc: func(event.GenericEvent) bool { return false },
-		UpdateFunc: func(e event.UpdateEvent) bool {
-			o, okO := e.ObjectOld.(*iamv1alpha1.IAMPolicy)
-			n, okN := e.ObjectNew.(*iamv1alpha1.IAMPolicy)
-			return okO && okN && o.Status.ARN != n.Status.ARN
-		},
+		UpdateFunc:  func(e event.UpdateEvent) bool { return changed(e.ObjectOld, e.ObjectNew) },
 	}
-}
-
-// sharedMembersChanged passes updates of a shared role's owner whose status.sharedRole lists
-// other members than before (a member's own status following the list wakes no one).
-func sharedMembersChanged() predicate.Predicate {
-	members := func(o client.Object) []string {
-		if sa, ok := o.(*iamv1alpha1.IAMServiceAccount); ok && isShared(sa) && sa.Spec.SharedRole.Owner && sa.Status.SharedRole != nil {
-			return sa.Status.SharedRole.Members
-		}
-		return nil
-	}
-	return predicate.Funcs{
-		CreateFunc:  func(event.CreateEvent) bool { return false },
-		DeleteFunc:  func(event.DeleteEvent) bool { return false },
-		GenericFunc: func(event.GenericEvent) bool { return false },
-		UpdateFunc: func(e event.UpdateEvent) bool {
-			return !slices.Equal(members(e.ObjectOld), members(e.ObjectNew))
-		},
-	}
-}
-
-// othersSharing are the IAMServiceAccounts of this cluster, but obj, that name obj's shared role.
-func (r *ServiceAccountReconciler) othersSharing(ctx context.Context, obj client.Object) []reconcile.Request {
-	sa, ok := obj.(*iamv1alpha1.IAMServiceAccount)
-	if !ok || sa.Spec.SharedRole == nil {
-		return nil
-	}
-	list := &iamv1alpha1.IAMServiceAccountList{}
-	if err := r.client.List(ctx, list, client.MatchingFields{indexSharedRole: sa.Spec.SharedRole.Name}); err != nil {
-		return nil
-	}
-	reqs := make([]reconcile.Request, 0, len(list.Items))
-	for i := range list.Items {
-		if key := client.ObjectKeyFromObject(&list.Items[i]); key != client.ObjectKeyFromObject(sa) {
-			reqs = append(reqs, reconcile.Request{NamespacedName: key})
-		}
-	}
-	return reqs
 }
 
 func (r *ServiceAccountReconciler) usersOfPolicy(ctx context.Context, obj client.Object) []reconcile.Request {

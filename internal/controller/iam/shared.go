@@ -13,6 +13,9 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	iamv1alpha1 "github.com/quartermaster-dev/quartermaster/api/iam/v1alpha1"
 	"github.com/quartermaster-dev/quartermaster/internal/cloud/aws/awsiam"
@@ -439,4 +442,35 @@ func (r *ServiceAccountReconciler) deleteShared(ctx context.Context, sa *iamv1al
 	}
 	r.recorder.Eventf(sa, nil, corev1.EventTypeNormal, "RoleDeleted", "Delete", "deleted shared role %s: no member uses it any more", role.ARN)
 	return nil
+}
+
+// sharedMembersChanged passes updates of a shared role's owner whose status.sharedRole lists
+// other members than before (a member's own status following the list wakes no one).
+func sharedMembersChanged() predicate.Predicate {
+	members := func(o client.Object) []string {
+		if sa, ok := o.(*iamv1alpha1.IAMServiceAccount); ok && isShared(sa) && sa.Spec.SharedRole.Owner && sa.Status.SharedRole != nil {
+			return sa.Status.SharedRole.Members
+		}
+		return nil
+	}
+	return updatesOnly(func(old, new client.Object) bool { return !slices.Equal(members(old), members(new)) })
+}
+
+// othersSharing are the IAMServiceAccounts of this cluster, but obj, that name obj's shared role.
+func (r *ServiceAccountReconciler) othersSharing(ctx context.Context, obj client.Object) []reconcile.Request {
+	sa, ok := obj.(*iamv1alpha1.IAMServiceAccount)
+	if !ok || sa.Spec.SharedRole == nil {
+		return nil
+	}
+	list := &iamv1alpha1.IAMServiceAccountList{}
+	if err := r.client.List(ctx, list, client.MatchingFields{indexSharedRole: sa.Spec.SharedRole.Name}); err != nil {
+		return nil
+	}
+	reqs := make([]reconcile.Request, 0, len(list.Items))
+	for i := range list.Items {
+		if key := client.ObjectKeyFromObject(&list.Items[i]); key != client.ObjectKeyFromObject(sa) {
+			reqs = append(reqs, reconcile.Request{NamespacedName: key})
+		}
+	}
+	return reqs
 }
