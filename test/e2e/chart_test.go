@@ -420,10 +420,8 @@ func requestFromSample(t *testing.T, requestsNS, name string) *unstructured.Unst
 	}
 	req.SetName(name)
 	must(t, admin.Create(context.Background(), req))
-	t.Cleanup(func() {
-		_ = admin.Delete(context.Background(), req)
-		_ = admin.Delete(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}})
-	})
+	leaveNamespaces(t, name)
+	t.Cleanup(func() { _ = admin.Delete(context.Background(), req) })
 	eventually(t, "request "+name+" to be Ready", func() bool {
 		cm := &corev1.ConfigMap{}
 		err := admin.Get(context.Background(), client.ObjectKeyFromObject(req), cm)

@@ -54,9 +54,7 @@ func TestClusterDeletesNamespacesWithTheirContents(t *testing.T) {
 	must(t, admin.Create(ctx, ns))
 	must(t, admin.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns.Name, Name: "content"}}))
 	must(t, admin.Delete(ctx, ns))
-	eventuallyWithin(t, "the namespace to be gone", namespaceDeletion, func() bool {
-		return apierrors.IsNotFound(admin.Get(ctx, client.ObjectKeyFromObject(ns), &corev1.Namespace{}))
-	})
+	awaitDeletion(t, "the namespace to be gone", func() (bool, string) { return namespaceGone(ctx, ns.Name) })
 }
 
 func TestClusterIssuesServiceAccountTokensAndEnforcesRBAC(t *testing.T) {
@@ -191,8 +189,7 @@ const finalizersServed = 3 * time.Minute
 // deleteNamespace deletes the namespace, then at once its pods (kwok runs no container to stop)
 // and its objects of the finalized kinds, and waits until those are gone: their finalizers
 // served by the managers that run now. It fails the test with what is left. The rest, which no
-// manager holds, the namespace controller removes in its own time: it may be minutes behind when
-// hundreds of namespaces go at once (the failover and upgrade tests'), so nothing waits for it.
+// manager holds, the namespace controller removes in its own time: nothing waits for it.
 func deleteNamespace(t *testing.T, name string) {
 	t.Helper()
 	ctx := context.Background()
@@ -240,21 +237,14 @@ func must(t *testing.T, err error) {
 // takes, never a timing the tests assert.
 const e2eWait = 2 * time.Minute
 
-// namespaceDeletion bounds a wait that includes a namespace's deletion, done by the cluster's
-// namespace controller: ten workers, each deleting every namespaced kind of a namespace, minutes
-// behind on a busy machine while hundreds of namespaces go at once (the requests of the failover
-// and upgrade tests).
+// namespaceDeletion bounds a wait that includes a namespace's deletion (awaitDeletion), done by
+// the cluster's namespace controller: ten workers, each deleting every namespaced kind of a
+// namespace; no batch of hundreds is ahead of it (deletions_test.go).
 const namespaceDeletion = 5 * time.Minute
 
 // eventually polls cond every 100 ms (testenv.PollFor) until it holds, failing the test after
 // e2eWait.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	eventuallyWithin(t, what, e2eWait, cond)
-}
-
-// eventuallyWithin is eventually with a limit of its own, for what takes longer by design.
-func eventuallyWithin(t *testing.T, what string, limit time.Duration, cond func() bool) {
-	t.Helper()
-	testenv.PollFor(t, what, 100*time.Millisecond, limit, func() (bool, string) { return cond(), "" })
+	testenv.PollFor(t, what, 100*time.Millisecond, e2eWait, func() (bool, string) { return cond(), "" })
 }

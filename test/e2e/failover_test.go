@@ -95,8 +95,8 @@ func TestFailoverUnderKillAcrossControllers(t *testing.T) {
 	created := make(chan error, requests)
 	for i := range requests {
 		name := fmt.Sprintf("%s%03d", prefix, i)
+		leaveNamespaces(t, name)
 		t.Cleanup(func() {
-			_ = admin.Delete(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}})
 			_ = admin.Delete(context.Background(), &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: requestsNS, Name: name}})
 		})
 		wg.Go(func() {

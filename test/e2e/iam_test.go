@@ -19,7 +19,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -344,9 +343,7 @@ func TestIAMServiceAccountsOnTheLocalCluster(t *testing.T) {
 	// Deleting the namespace deletes the objects (their finalizers release them once AWS is clean)
 	// and then the namespace itself.
 	must(t, admin.Delete(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}))
-	eventuallyWithin(t, "the namespace to be deleted", namespaceDeletion, func() bool {
-		return apierrors.IsNotFound(admin.Get(ctx, client.ObjectKey{Name: ns}, &corev1.Namespace{}))
-	})
+	awaitDeletion(t, "the namespace to be deleted", func() (bool, string) { return namespaceGone(ctx, ns) })
 	st = emu.state(t)
 	noneLeftIn(t, st, ns, "its namespace was deleted")
 	t.Logf("IAM calls by action: %v", st.Calls)
@@ -519,9 +516,7 @@ spec:
 	}
 
 	must(t, admin.Delete(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}))
-	eventuallyWithin(t, "the namespace to be deleted", namespaceDeletion, func() bool {
-		return apierrors.IsNotFound(admin.Get(ctx, client.ObjectKey{Name: ns}, &corev1.Namespace{}))
-	})
+	awaitDeletion(t, "the namespace to be deleted", func() (bool, string) { return namespaceGone(ctx, ns) })
 	if left := associations(); len(left) != 0 || findRole(emu.state(t), irsa.RoleName(ns, "app")) != nil {
 		t.Errorf("left in AWS after the namespace was deleted: associations %+v", left)
 	}

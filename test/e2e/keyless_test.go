@@ -66,9 +66,9 @@ func TestKeylessPipelineStepWithOnlyItsToken(t *testing.T) {
 		},
 	}
 	must(t, c.Create(ctx, ti))
+	leaveNamespaces(t, "e2e-web-pr-7")
 	t.Cleanup(func() {
 		_ = c.Delete(context.Background(), ti)
-		_ = admin.Delete(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "e2e-web-pr-7"}})
 		_ = admin.Delete(context.Background(), &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: requests, Name: "e2e-web-pr-7"}})
 	})
 

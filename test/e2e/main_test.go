@@ -20,6 +20,11 @@
 //     config/default installed and run with every controller, the upgrade that swaps the CRDs):
 //     such a test is not parallel, and go test runs those first, one after another, before it
 //     starts the parallel ones.
+//   - the namespaces a test leaves behind, hundreds for some (its served requests:
+//     leaveNamespaces), are deleted after it in one batch, one batch at a time, while no test waits
+//     for a namespace's deletion (awaitDeletion): the namespace controller takes deleted
+//     namespaces in order, and one deleted behind a batch would wait for all of it
+//     (deletions_test.go).
 //
 // A test asserts about its own objects only, and leaves nothing for another test's manager: the
 // objects of its namespaces that a controller holds with a finalizer are gone, served by its own
@@ -99,5 +104,9 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "e2e:", err)
 		return 1
 	}
-	return m.Run()
+	code := m.Run()
+	if !finishBatches() && code == 0 {
+		code = 1
+	}
+	return code
 }

@@ -27,6 +27,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/quartermaster-dev/quartermaster/internal/nsrequest"
+	"github.com/quartermaster-dev/quartermaster/internal/testing/testenv"
 )
 
 // requestsNamespace is config/local's requests namespace (the controller's default
@@ -87,10 +88,26 @@ func requestNamespace(t *testing.T, requests, name string, data map[string]strin
 	must(t, admin.Create(context.Background(), &corev1.ConfigMap{
 		ObjectMeta: metav1.ObjectMeta{Namespace: requests, Name: name}, Data: data,
 	}))
+	leaveNamespaces(t, name)
 	t.Cleanup(func() {
-		_ = admin.Delete(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}})
 		_ = admin.Delete(context.Background(), &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: requests, Name: name}})
 	})
+}
+
+// requestGone reports whether the namespace name, its request in requests and the request's
+// Secret are all gone, and what is left when they are not.
+func requestGone(ctx context.Context, requests, name string) (bool, string) {
+	if gone, detail := namespaceGone(ctx, name); !gone {
+		return false, detail
+	}
+	key := client.ObjectKey{Namespace: requests, Name: name}
+	if err := admin.Get(ctx, key, &corev1.ConfigMap{}); !apierrors.IsNotFound(err) {
+		return false, "the request is left (" + testenv.ErrString(err) + ")"
+	}
+	if err := admin.Get(ctx, key, &corev1.Secret{}); !apierrors.IsNotFound(err) {
+		return false, "the Secret is left (" + testenv.ErrString(err) + ")"
+	}
+	return true, ""
 }
 
 // waitReady waits until the request name in requests is Ready and returns its Secret.
@@ -165,10 +182,8 @@ func TestNamespaceCredentialsWorkInTheirNamespaceOnly(t *testing.T) {
 	if err := pipeline.CoreV1().Namespaces().Delete(ctx, "e2e-ci-branch", metav1.DeleteOptions{}); err != nil {
 		t.Fatalf("deleting its own namespace: %v", err)
 	}
-	eventuallyWithin(t, "the namespace, the request and the Secret to be gone", namespaceDeletion, func() bool {
-		return apierrors.IsNotFound(admin.Get(ctx, client.ObjectKey{Name: "e2e-ci-branch"}, &corev1.Namespace{})) &&
-			apierrors.IsNotFound(admin.Get(ctx, client.ObjectKey{Namespace: requests, Name: "e2e-ci-branch"}, &corev1.ConfigMap{})) &&
-			apierrors.IsNotFound(admin.Get(ctx, client.ObjectKey{Namespace: requests, Name: "e2e-ci-branch"}, &corev1.Secret{}))
+	awaitDeletion(t, "the namespace, the request and the Secret to be gone", func() (bool, string) {
+		return requestGone(ctx, requests, "e2e-ci-branch")
 	})
 }
 
@@ -178,10 +193,8 @@ func TestNamespaceTTLDeletesIt(t *testing.T) {
 	startNamespacesManager(t, requests)
 	ctx := context.Background()
 	requestNamespace(t, requests, "e2e-ttl", map[string]string{"ttl": "5s"})
-	eventuallyWithin(t, "the namespace and its request to be deleted after the ttl", namespaceDeletion, func() bool {
-		return apierrors.IsNotFound(admin.Get(ctx, client.ObjectKey{Name: "e2e-ttl"}, &corev1.Namespace{})) &&
-			apierrors.IsNotFound(admin.Get(ctx, client.ObjectKey{Namespace: requests, Name: "e2e-ttl"}, &corev1.ConfigMap{})) &&
-			apierrors.IsNotFound(admin.Get(ctx, client.ObjectKey{Namespace: requests, Name: "e2e-ttl"}, &corev1.Secret{}))
+	awaitDeletion(t, "the namespace and its request to be deleted after the ttl", func() (bool, string) {
+		return requestGone(ctx, requests, "e2e-ttl")
 	})
 }
 
