@@ -511,7 +511,8 @@ configured() {
 }
 hosts_toml="${node_root}/etc/containerd/certs.d/${UPSTREAM_HOST}/hosts.toml"
 if ${as_root}; then
-	until_ok 30 "the node agent to report node ${node_name} configured" configured || fail "the node agent did not configure ${node_name}"
+	until_ok 30 "the node agent to report node ${node_name} configured" configured ||
+		fail "the node agent did not configure ${node_name}: its Pod says $(kubectl -n "${mirrors_ns}" get pod "${pod_name}" -o jsonpath='node-configured={.metadata.annotations.registry\.quartermaster\.dev/node-configured} ({.metadata.annotations.registry\.quartermaster\.dev/node-configured-reason}: {.metadata.annotations.registry\.quartermaster\.dev/node-configured-message})' 2>&1)"
 else # no containerd here, so nothing reads the file: the agent reports that, and wrote it anyway
 	until_ok 30 "the node agent to write ${hosts_toml}" test -s "${hosts_toml}" || fail "the node agent wrote no hosts.toml"
 fi

@@ -325,11 +325,16 @@ func (a *Agent) report(ctx context.Context, st Status) {
 	ctx, cancel := context.WithTimeout(ctx, apiTimeout)
 	defer cancel()
 	if err := a.cfg.Kube.Annotate(ctx, ann); err != nil {
-		a.log.Error(err, "annotating the agent's Pod; retrying at the next check")
+		a.log.Error(err, "annotating the agent's Pod; retrying")
 		return
 	}
 	a.reported = ann
 	a.log.Info("annotated the agent's Pod", "configured", st.Configured, "reason", st.Reason, "hostsDir", st.HostsDir)
+}
+
+// unreported says whether the Pod's annotations lag the last check: its report failed.
+func (a *Agent) unreported() bool {
+	return a.cfg.Kube != nil && !maps.Equal(a.Status().Annotations(), a.reported)
 }
 
 // Shutdown removes the file when the RegistryMirror no longer serves the host (gone, being

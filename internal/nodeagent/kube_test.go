@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -23,6 +25,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/go-logr/logr/funcr"
 	"github.com/go-logr/logr/testr"
 
 	registryv1alpha1 "github.com/quartermaster-dev/quartermaster/api/registry/v1alpha1"
@@ -59,6 +62,7 @@ func TestAgentWithAPIServer(t *testing.T) {
 	t.Run("takes over the file of a mirror refused for the host", f.testTakesOverDuplicateMirrorsFile)
 	t.Run("keeps the file when the API server cannot say", f.testKeepsWhenUnsure)
 	t.Run("runs: probes, restores, keeps the file at exit", f.testRun)
+	t.Run("runs: a failed report is retried before the next check", f.testRunRetriesReport)
 }
 
 // agentRBAC is the agent's RBAC for a user named user, as the DaemonSet's ServiceAccount gets it.
@@ -411,6 +415,46 @@ func (f *apiFixture) testRun(t *testing.T) {
 	if code := get(readyz); code != 0 {
 		t.Errorf("the probes still answer (%d) after Run returned", code)
 	}
+}
+
+// An agent whose first report fails (its Pod is not there yet) reports again soon, not only at the
+// next check: with an hour between checks, only the retry can put the annotations on the Pod.
+func (f *apiFixture) testRunRetriesReport(t *testing.T) {
+	f.registryMirror(t, "retried", false)
+	reportFailed, failed := make(chan struct{}), sync.Once{}
+	kube, err := NewKube(f.agent, "agent-retried", agentNamespace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := New(Config{Mirror: "retried", MirrorHost: "docker.io", Endpoint: testEndpoint, Upstream: testUpstream,
+		Root: writeNode(t, nil), Kube: kube, Resync: time.Hour, Log: funcr.New(func(prefix, args string) {
+			t.Log(prefix, args)
+			if strings.Contains(args, "annotating the agent's Pod; retrying") {
+				failed.Do(func() { close(reportFailed) })
+			}
+		}, funcr.Options{})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx, nil) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	select {
+	case <-reportFailed:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the first report on the missing Pod did not fail")
+	}
+	f.pod(t, "agent-retried")
+	testenv.PollFor(t, "the agent's report on its Pod", 100*time.Millisecond, 30*time.Second, func() (bool, string) {
+		ann, _ := f.podAnnotations(t, "agent-retried")
+		return ann[AnnotationConfigured] == "true" && ann[AnnotationReason] == ReasonConfigured, fmt.Sprint(ann)
+	})
 }
 
 // get returns a GET's status code, 0 when it fails.

@@ -4,12 +4,21 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"net/http"
 	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
 )
 
-// Run checks the node at once and then every Resync, serves the probes on the listener (when
+// reportRetry is the first wait after a check whose report on the Pod failed; it doubles up to
+// Resync. Until the Pod says how the node is configured, the mirror's controller counts the node
+// as not configured, so a failed report is not left for a whole Resync.
+const reportRetry = time.Second
+
+// Run checks the node at once and then every Resync (sooner, with backoff, while its report on
+// the Pod fails), serves the probes on the listener (when
 // not nil) until ctx ends, and then runs Shutdown.
 func (a *Agent) Run(ctx context.Context, probes net.Listener) error {
 	serveErr := make(chan error, 1)
@@ -20,9 +29,17 @@ func (a *Agent) Run(ctx context.Context, probes net.Listener) error {
 	}
 	a.log.Info("starting", "endpoint", a.cfg.Endpoint, "upstream", a.cfg.Upstream, "root", a.cfg.Root,
 		"containerdConfig", a.cfg.ContainerdConfig, "resync", a.cfg.Resync)
-	a.Sync(ctx)
-	ticker := time.NewTicker(a.cfg.Resync)
-	defer ticker.Stop()
+	retry := wait.Backoff{Duration: reportRetry, Factor: 2, Cap: a.cfg.Resync, Steps: math.MaxInt32}
+	next := func() time.Duration {
+		a.Sync(ctx)
+		if a.unreported() {
+			return retry.Step()
+		}
+		retry.Duration, retry.Steps = reportRetry, math.MaxInt32
+		return a.cfg.Resync
+	}
+	timer := time.NewTimer(next())
+	defer timer.Stop()
 	for {
 		select {
 		case <-ctx.Done():
@@ -35,8 +52,8 @@ func (a *Agent) Run(ctx context.Context, probes net.Listener) error {
 			if !errors.Is(err, http.ErrServerClosed) {
 				return fmt.Errorf("serving the probes: %w", err)
 			}
-		case <-ticker.C:
-			a.Sync(ctx)
+		case <-timer.C:
+			timer.Reset(next())
 		}
 	}
 }
