@@ -1,6 +1,7 @@
 // Package intent is the intents controller's pure logic, without a client: what a binding
-// resolves to (rules, namespaces) and the catalogue of engine policies each intent generates,
-// object for object as Nimbus (github.com/5GSEC/nimbus) generates them.
+// resolves to (rules, namespaces), the catalogue of engine policies each intent generates, object
+// for object as Nimbus (github.com/5GSEC/nimbus) generates them, what an engine's report says of a
+// resource (report.go), and the platform's checks of a SecurityIntentException (exception.go).
 package intent
 
 import (

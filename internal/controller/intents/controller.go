@@ -33,24 +33,7 @@ type Options struct {
 	// KyvernoNamespace is Kyverno's namespace, where its reports controller's Lease is.
 	KyvernoNamespace string
 	// Exceptions are the SecurityIntentExceptions' flags.
-	Exceptions ExceptionOptions
-}
-
-// ExceptionOptions are what the platform allows of SecurityIntentExceptions.
-type ExceptionOptions struct {
-	// Namespace is where Kyverno accepts PolicyExceptions (its --exceptionNamespace); "":
-	// exceptions are refused.
-	Namespace string
-	// MaxTTL is how long after its creation an exception may end at the latest.
-	MaxTTL time.Duration
-	// Warning is how long before its expiry an exception says it expires soon.
-	Warning time.Duration
-	// AdminNamespaces are the namespaces whose exceptions may exempt workloads of other
-	// namespaces (named, or "*" for every namespace, in the exception).
-	AdminNamespaces []string
-	// AllowEverything lets an admin namespace's exception exempt every workload of every
-	// namespace (namespaces ["*"] with an empty selector).
-	AllowEverything bool
+	Exceptions intent.ExceptionRules
 }
 
 // EngineNames are --intents-engines' names of the engines.

@@ -13,7 +13,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -86,7 +85,7 @@ const (
 // its expiry.
 type exceptionReconciler struct {
 	*base
-	opts ExceptionOptions
+	opts intent.ExceptionRules
 }
 
 func (r *exceptionReconciler) setup(mgr ctrl.Manager, opts controller.Options, impact []source.Source) (controller.Controller, error) {
@@ -160,69 +159,6 @@ func (r *exceptionReconciler) Reconcile(ctx context.Context, req reconcile.Reque
 	return r.step().End(ctx, exc, before, status.Reported{Conditions: &exc.Status.Conditions, ObservedGeneration: &exc.Status.ObservedGeneration}, o)
 }
 
-// refusal is a check an exception failed: nothing is exempted, and what was is no longer.
-type refusal struct{ reason, message string }
-
-// checkException is every check of an exception that needs no other object, in order: the first
-// failed one, or nil. now is the controller's clock.
-func checkException(exc *securityv1alpha1.SecurityIntentException, o ExceptionOptions, now time.Time) *refusal {
-	spec := exc.Spec
-	if o.Namespace == "" {
-		return &refusal{"ExceptionsDisabled", "the platform has not enabled exceptions: the manager's --intents-exception-namespace " +
-			"(chart intents.exceptions.namespace) names the namespace where Kyverno accepts PolicyExceptions"}
-	}
-	if !spec.Expires.After(now) {
-		return &refusal{"Expired", fmt.Sprintf("expired at %s (owner %s): the workloads are subject to SecurityIntent %s again; "+
-			"a later spec.expires (within --intents-exception-max-ttl of the exception's creation, %s) or a new exception exempts them anew",
-			spec.Expires.UTC().Format(time.RFC3339), spec.Owner, spec.Intent, exc.CreationTimestamp.Add(o.MaxTTL).UTC().Format(time.RFC3339))}
-	}
-	if latest := exc.CreationTimestamp.Add(o.MaxTTL); spec.Expires.After(latest) {
-		return &refusal{"ExpiryBeyondMaximum", fmt.Sprintf("spec.expires %s is later than the platform allows: at most %s after the exception's creation, %s (--intents-exception-max-ttl)",
-			spec.Expires.UTC().Format(time.RFC3339), o.MaxTTL, latest.UTC().Format(time.RFC3339))}
-	}
-	namespaces := exemptedNamespaces(exc)
-	if slices.ContainsFunc(namespaces, func(ns string) bool { return ns != exc.Namespace }) && !slices.Contains(o.AdminNamespaces, exc.Namespace) {
-		allowed := "no namespace"
-		if len(o.AdminNamespaces) > 0 {
-			allowed = "only " + strings.Join(o.AdminNamespaces, ", ")
-		}
-		return &refusal{"NamespaceNotAllowed", fmt.Sprintf("spec.workloads.namespaces %v: an exception in %s exempts only workloads of %s; "+
-			"exceptions for other namespaces are made in a namespace the platform names (%s, --intents-exception-admin-namespaces)",
-			namespaces, exc.Namespace, exc.Namespace, allowed)}
-	}
-	if _, err := metav1.LabelSelectorAsSelector(&spec.Workloads.Selector); err != nil {
-		return &refusal{"InvalidSelector", "spec.workloads.selector: " + err.Error()}
-	}
-	if slices.Contains(namespaces, "*") && selectsByAbsence(spec.Workloads.Selector) && !o.AllowEverything {
-		return &refusal{"ExemptsEverything", "spec.workloads: namespaces [\"*\"] with a selector that requires no label (empty, or only NotIn and DoesNotExist) " +
-			"exempts nearly every workload of the cluster, which the platform does not allow (--intents-exception-allow-everything); " +
-			"name the namespaces or select the workloads by a label they have"}
-	}
-	return nil
-}
-
-// selectsByAbsence reports a selector that requires no label to be present: empty, or only NotIn
-// and DoesNotExist (which every workload without the label matches).
-func selectsByAbsence(sel metav1.LabelSelector) bool {
-	if len(sel.MatchLabels) > 0 {
-		return false
-	}
-	for _, r := range sel.MatchExpressions {
-		if r.Operator == metav1.LabelSelectorOpIn || r.Operator == metav1.LabelSelectorOpExists {
-			return false
-		}
-	}
-	return true
-}
-
-// exemptedNamespaces are the namespaces the exception exempts workloads of ("*": all).
-func exemptedNamespaces(exc *securityv1alpha1.SecurityIntentException) []string {
-	if len(exc.Spec.Workloads.Namespaces) == 0 {
-		return []string{exc.Namespace}
-	}
-	return exc.Spec.Workloads.Namespaces
-}
-
 // exempt brings the exception's PolicyException to its spec (or removes it when the exception
 // is refused or has nothing to exempt), and says so.
 func (r *exceptionReconciler) exempt(ctx context.Context, exc *securityv1alpha1.SecurityIntentException) (status.Outcome, error) {
@@ -233,19 +169,19 @@ func (r *exceptionReconciler) exempt(ctx context.Context, exc *securityv1alpha1.
 		st.PolicyException, st.Policies, st.Exempted = "", nil, nil
 		return r.removePolicyException(ctx, client.ObjectKeyFromObject(exc))
 	}
-	refuseAfter := func(retry time.Duration, ref refusal) (status.Outcome, error) {
+	refuseAfter := func(retry time.Duration, ref intent.Refusal) (status.Outcome, error) {
 		if err := withdraw(); err != nil {
 			return status.Outcome{}, err
 		}
-		return status.WaitsForPerson(ref.reason, ref.message, retry), nil
+		return status.WaitsForPerson(ref.Reason, ref.Message, retry), nil
 	}
-	refuse := func(ref refusal) (status.Outcome, error) { return refuseAfter(0, ref) }
-	if ref := checkException(exc, r.opts, now); ref != nil {
+	refuse := func(ref intent.Refusal) (status.Outcome, error) { return refuseAfter(0, ref) }
+	if ref := intent.CheckException(exc, r.opts, now); ref != nil {
 		return refuse(*ref)
 	}
 	si := &intentv1alpha1.SecurityIntent{}
 	if err := r.client.Get(ctx, client.ObjectKey{Name: exc.Spec.Intent}, si); apierrors.IsNotFound(err) {
-		return refuse(refusal{"IntentNotFound", fmt.Sprintf("SecurityIntent %s does not exist: nothing is exempted until it does", exc.Spec.Intent)})
+		return refuse(intent.Refusal{Reason: "IntentNotFound", Message: fmt.Sprintf("SecurityIntent %s does not exist: nothing is exempted until it does", exc.Spec.Intent)})
 	} else if err != nil {
 		return status.Outcome{}, err
 	}
@@ -259,10 +195,10 @@ func (r *exceptionReconciler) exempt(ctx context.Context, exc *securityv1alpha1.
 		if namespaced || cluster {
 			why = "has Kyverno policies that mutate or generate rather than validate: there is no check to exempt a workload from"
 		}
-		return refuse(refusal{"NoEngineException", fmt.Sprintf("SecurityIntent %s (%s) %s; leave the workloads out of the bindings' selectors instead", si.Name, id, why)})
+		return refuse(intent.Refusal{Reason: "NoEngineException", Message: fmt.Sprintf("SecurityIntent %s (%s) %s; leave the workloads out of the bindings' selectors instead", si.Name, id, why)})
 	}
 	if !r.engines.enabled(intent.Kyverno) {
-		return refuse(refusal{"EngineDisabled", "Kyverno, whose PolicyException carries the exemption, is disabled by the manager's --intents-engines"})
+		return refuse(intent.Refusal{Reason: "EngineDisabled", Message: "Kyverno, whose PolicyException carries the exemption, is disabled by the manager's --intents-engines"})
 	}
 	if !r.engines.has(intent.Kyverno) {
 		return status.Progressing("EngineNotInstalled", "Kyverno is not installed: its PolicyException is written once it is", engineRecheck), nil
@@ -294,13 +230,13 @@ func (r *exceptionReconciler) exempt(ctx context.Context, exc *securityv1alpha1.
 	switch {
 	case err != nil && rejected(err):
 		// What an earlier version of the exception wrote exempts no longer either.
-		return refuseAfter(retry, refusal{"Rejected", "Kyverno's PolicyException is refused: " + err.Error()})
+		return refuseAfter(retry, intent.Refusal{Reason: "Rejected", Message: "Kyverno's PolicyException is refused: " + err.Error()})
 	case err != nil:
 		return status.Outcome{}, err
 	case did == owned.Terminating:
 		return status.Progressing("NamespaceTerminating", "the exception namespace "+r.opts.Namespace+" is being deleted", retry), nil
 	case did == owned.Taken: // withdraw leaves another's PolicyException alone
-		return refuseAfter(retry, refusal{"Conflict", fmt.Sprintf("PolicyException %s/%s exists and does not carry this exception; it is left alone",
+		return refuseAfter(retry, intent.Refusal{Reason: "Conflict", Message: fmt.Sprintf("PolicyException %s/%s exists and does not carry this exception; it is left alone",
 			want.GetNamespace(), want.GetName())})
 	case did != owned.Unchanged:
 		r.recorder.Eventf(exc, nil, corev1.EventTypeNormal, "PolicyException"+strings.ToUpper(string(did[:1]))+string(did[1:]), "Exempt",
@@ -371,7 +307,7 @@ func (r *exceptionReconciler) exemptedPolicies(ctx context.Context, exc *securit
 	if err != nil {
 		return nil, err
 	}
-	namespaces := exemptedNamespaces(exc)
+	namespaces := intent.ExemptedNamespaces(exc)
 	var out []scannedPolicy
 	for _, sib := range sibs {
 		if namespaced && (slices.Contains(namespaces, "*") || slices.Contains(namespaces, sib.Namespace)) {
@@ -416,7 +352,7 @@ func PolicyExceptionName(namespace, name string) string {
 func (r *exceptionReconciler) policyException(exc *securityv1alpha1.SecurityIntentException, policies []scannedPolicy) (*unstructured.Unstructured, error) {
 	// Kyverno matches nothing by an empty resource filter: the namespaces are always written ("*"
 	// is its wildcard for every namespace).
-	resources := map[string]any{"namespaces": intent.AnyList(exemptedNamespaces(exc))}
+	resources := map[string]any{"namespaces": intent.AnyList(intent.ExemptedNamespaces(exc))}
 	if sel := exc.Spec.Workloads.Selector; len(sel.MatchLabels)+len(sel.MatchExpressions) > 0 {
 		m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(&sel)
 		if err != nil {
@@ -492,9 +428,9 @@ func (b *base) exempted(ctx context.Context, policies []scannedPolicy, pe string
 		}
 		for i := range list.Items {
 			u := &list.Items[i]
-			for _, res := range resultsOf(u) {
-				if res.policy == p.key && res.outcome == "skip" && slices.Contains(strings.Split(res.exceptions, ","), pe) {
-					w := workloadOf(u)
+			for _, res := range intent.ReportResults(u) {
+				if res.Policy == p.key && res.Outcome == "skip" && slices.Contains(strings.Split(res.Exceptions, ","), pe) {
+					w := intent.ReportWorkload(u)
 					seen[w.Namespace+"/"+w.Kind+"/"+w.Name] = true
 				}
 			}

@@ -62,8 +62,6 @@ const ReportsControllerLease = "kyverno-reports-controller"
 const (
 	// indexReportPolicies indexes compacted reports by every policy with a result in them.
 	indexReportPolicies = "qm.results.policy"
-	// impactMessageMax cuts an engine's message in status.impact.violating.
-	impactMessageMax = 256
 	// leaseSlack is how long past its duration a Lease counts as held: a renewal delayed by a
 	// busy API server is not taken for a stopped controller.
 	leaseSlack = 10 * time.Second
@@ -209,97 +207,13 @@ func (r *reports) look(ctx context.Context) reportsState {
 	return reportsState{readable: true}
 }
 
-// compactReport is the report cache's transform: of a PolicyReport only its name, scope and
-// results are kept, and of a result only its policy, its outcome and, when it failed, its rule and
-// message, when it was skipped, the PolicyExceptions it was skipped under (the cache holds one
-// report per scanned resource).
+// compactReport is the report cache's transform: a PolicyReport as intent.CompactReport keeps it.
 func compactReport(obj any) (any, error) {
 	u, ok := obj.(*unstructured.Unstructured)
 	if !ok || u.GroupVersionKind() != PolicyReportKind {
 		return obj, nil
 	}
-	out := &unstructured.Unstructured{Object: map[string]any{}}
-	out.SetAPIVersion(u.GetAPIVersion())
-	out.SetKind(u.GetKind())
-	out.SetNamespace(u.GetNamespace())
-	out.SetName(u.GetName())
-	out.SetUID(u.GetUID())
-	out.SetResourceVersion(u.GetResourceVersion())
-	if scope, ok := u.Object["scope"].(map[string]any); ok {
-		kept := map[string]any{}
-		for _, k := range []string{"kind", "namespace", "name", "uid"} {
-			if v, ok := scope[k].(string); ok {
-				kept[k] = v
-			}
-		}
-		out.Object["scope"] = kept
-	}
-	results, _ := u.Object["results"].([]any)
-	kept := make([]any, 0, len(results))
-	for _, res := range results {
-		m, ok := res.(map[string]any)
-		if !ok {
-			continue
-		}
-		policy, _ := m["policy"].(string)
-		outcome, _ := m["result"].(string)
-		r := map[string]any{"policy": policy, "result": outcome}
-		if failed(outcome) {
-			r["rule"], _ = m["rule"].(string)
-			msg, _ := m["message"].(string)
-			r["message"] = cut(msg, impactMessageMax)
-		}
-		if props, ok := m["properties"].(map[string]any); ok && outcome == "skip" {
-			if ex, ok := props["exceptions"].(string); ok {
-				r["exceptions"] = ex // the PolicyExceptions Kyverno skipped it under
-			}
-		}
-		kept = append(kept, r)
-	}
-	out.Object["results"] = kept
-	return out, nil
-}
-
-func failed(outcome string) bool { return outcome == "fail" || outcome == "error" }
-
-func cut(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return strings.ToValidUTF8(s[:n-3], "") + "..."
-}
-
-// reportResult is one result of a compacted report.
-type reportResult struct {
-	policy, outcome, rule, message, exceptions string
-}
-
-func resultsOf(u *unstructured.Unstructured) []reportResult {
-	results, _ := u.Object["results"].([]any)
-	out := make([]reportResult, 0, len(results))
-	for _, res := range results {
-		m, _ := res.(map[string]any)
-		r := reportResult{}
-		r.policy, _ = m["policy"].(string)
-		r.outcome, _ = m["result"].(string)
-		r.rule, _ = m["rule"].(string)
-		r.message, _ = m["message"].(string)
-		r.exceptions, _ = m["exceptions"].(string)
-		out = append(out, r)
-	}
-	return out
-}
-
-// reportPolicies are the policies with a result in the report (the values of indexReportPolicies),
-// or only those with a failed one.
-func reportPolicies(u *unstructured.Unstructured, failing bool) []string {
-	var out []string
-	for _, r := range resultsOf(u) {
-		if r.policy != "" && (!failing || failed(r.outcome)) && !slices.Contains(out, r.policy) {
-			out = append(out, r.policy)
-		}
-	}
-	return out
+	return intent.CompactReport(u), nil
 }
 
 func newPolicyReport() *unstructured.Unstructured {
@@ -333,7 +247,7 @@ func newReportCache(mgr ctrl.Manager) (cache.Cache, error) {
 func (r *reports) indexReports(ctx context.Context) error {
 	r.indexOnce.Do(func() {
 		r.indexErr = r.cache.IndexField(ctx, newPolicyReport(), indexReportPolicies, func(o client.Object) []string {
-			return reportPolicies(o.(*unstructured.Unstructured), false)
+			return intent.ReportPolicies(o.(*unstructured.Unstructured), false)
 		})
 	})
 	return r.indexErr
@@ -438,15 +352,15 @@ func (b *base) impact(ctx context.Context, in impactInputs) (*intentv1alpha1.Imp
 		}
 		for i := range list.Items {
 			u := &list.Items[i]
-			w := workloadOf(u)
+			w := intent.ReportWorkload(u)
 			id := w.Namespace + "/" + w.Kind + "/" + w.Name
 			scanned[id] = true
 			if _, done := violating[id]; done {
 				continue
 			}
-			for _, r := range resultsOf(u) {
-				if r.policy == p.key && failed(r.outcome) {
-					w.Policy, w.Message = p.entry, r.message
+			for _, r := range intent.ReportResults(u) {
+				if r.Policy == p.key && r.Failed() {
+					w.Policy, w.Message = p.entry, r.Message
 					violating[id] = w
 					break
 				}
@@ -489,19 +403,6 @@ func kyvernoPolicy(namespace, name string) (gvk schema.GroupVersionKind, key, en
 		return intent.KyvernoClusterPolicyKind, name, "KyvernoClusterPolicy/" + name, "ClusterNimbusPolicy"
 	}
 	return intent.KyvernoPolicyKind, namespace + "/" + name, "KyvernoPolicy/" + name, "NimbusPolicy"
-}
-
-// workloadOf is the resource a report is about (its scope).
-func workloadOf(u *unstructured.Unstructured) intentv1alpha1.ImpactedWorkload {
-	scope, _ := u.Object["scope"].(map[string]any)
-	w := intentv1alpha1.ImpactedWorkload{}
-	w.Namespace, _ = scope["namespace"].(string)
-	w.Kind, _ = scope["kind"].(string)
-	w.Name, _ = scope["name"].(string)
-	if w.Namespace == "" {
-		w.Namespace = u.GetNamespace()
-	}
-	return w
 }
 
 // bindingImpact is the impact of a SecurityIntentBinding (namespace set) or a
@@ -609,7 +510,7 @@ func (b *base) reportChanges(pick picker) handler.EventHandler {
 		var keys []string
 		for _, o := range objs {
 			if u, ok := o.(*unstructured.Unstructured); ok {
-				for _, p := range reportPolicies(u, false) {
+				for _, p := range intent.ReportPolicies(u, false) {
 					if !slices.Contains(keys, p) {
 						keys = append(keys, p)
 					}
@@ -637,31 +538,11 @@ func (b *base) reportChanges(pick picker) handler.EventHandler {
 	}
 }
 
-// sameVerdicts reports whether two versions of a report say the same of the same resource: the
-// policies with a result and its outcome, the failed ones' messages, the exceptions a skip was
-// under.
+// sameVerdicts is intent.SameVerdicts of two versions of a cached report.
 func sameVerdicts(a, b client.Object) bool {
 	ua, ok1 := a.(*unstructured.Unstructured)
 	ub, ok2 := b.(*unstructured.Unstructured)
-	if !ok1 || !ok2 {
-		return false
-	}
-	if workloadOf(ua) != workloadOf(ub) {
-		return false
-	}
-	verdicts := func(u *unstructured.Unstructured) []string {
-		var out []string
-		for _, r := range resultsOf(u) {
-			v := r.policy + "\x00" + r.outcome + "\x00" + r.exceptions
-			if failed(r.outcome) {
-				v += "\x00" + r.message
-			}
-			out = append(out, v)
-		}
-		slices.Sort(out)
-		return slices.Compact(out)
-	}
-	return slices.Equal(verdicts(ua), verdicts(ub))
+	return ok1 && ok2 && intent.SameVerdicts(ua, ub)
 }
 
 // The targets of a report for each of the controllers that show what Kyverno's reports say.

@@ -8,7 +8,6 @@ import (
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -99,63 +98,4 @@ func TestImpactSaysWhyItIsUnknown(t *testing.T) {
 		must(t, f.c.Update(ctx, lease))
 		waitImpact(t, si, intentv1alpha1.ImpactUnknown, "Kyverno's reports controller is not running (its Lease kyverno/kyverno-reports-controller was last renewed at")
 	})
-}
-
-// TestCompactReport checks the report cache's transform and the indexes read from it, on a report
-// as Kyverno 1.19.1's reports controller writes one (fields from its PolicyReport of a Pod).
-func TestCompactReport(t *testing.T) {
-	t.Parallel()
-	long := strings.Repeat("x", 400)
-	report := &unstructured.Unstructured{Object: map[string]any{
-		"apiVersion": "wgpolicyk8s.io/v1alpha2", "kind": "PolicyReport",
-		"metadata": map[string]any{"name": "9b1c", "namespace": "shop", "uid": "u1", "resourceVersion": "7",
-			"labels":        map[string]any{"app.kubernetes.io/managed-by": "kyverno"},
-			"managedFields": []any{map[string]any{"manager": "reports-controller"}}},
-		"scope":   map[string]any{"apiVersion": "v1", "kind": "Pod", "namespace": "shop", "name": "web-1", "uid": "p1"},
-		"summary": map[string]any{"fail": int64(1), "pass": int64(1)},
-		"results": []any{
-			map[string]any{"policy": "shop/web-escapetohost", "rule": "pod-security-standard", "result": "fail", "message": long,
-				"source": "kyverno", "scored": true, "timestamp": map[string]any{"seconds": int64(1)}, "properties": map[string]any{"process": "background scan"}},
-			map[string]any{"policy": "require-labels", "rule": "check", "result": "pass", "message": "ok", "source": "kyverno"},
-			map[string]any{"policy": "shop/api-escapetohost", "rule": "pod-security-standard", "result": "skip", "source": "kyverno",
-				"message":    "rule is skipped due to policy exception kyverno-exceptions/shop.legacy",
-				"properties": map[string]any{"process": "background scan", "exceptions": "shop.legacy"}},
-		},
-	}}
-	got, err := compactReport(report)
-	must(t, err)
-	u := got.(*unstructured.Unstructured)
-	if _, ok := u.Object["summary"]; ok || u.GetManagedFields() != nil || u.GetLabels() != nil {
-		t.Errorf("compacted report keeps more than it reads: %v", u.Object)
-	}
-	if w := workloadOf(u); w != (intentv1alpha1.ImpactedWorkload{Namespace: "shop", Kind: "Pod", Name: "web-1"}) {
-		t.Errorf("workload %+v", w)
-	}
-	results := resultsOf(u)
-	if len(results) != 3 || results[0].message != long[:impactMessageMax-3]+"..." || results[0].rule != "pod-security-standard" ||
-		results[1] != (reportResult{policy: "require-labels", outcome: "pass"}) ||
-		results[2] != (reportResult{policy: "shop/api-escapetohost", outcome: "skip", exceptions: "shop.legacy"}) {
-		t.Errorf("results %+v", results)
-	}
-	if all, failing := reportPolicies(u, false), reportPolicies(u, true); strings.Join(all, ",") != "shop/web-escapetohost,require-labels,shop/api-escapetohost" || strings.Join(failing, ",") != "shop/web-escapetohost" {
-		t.Errorf("indexed as %v and failing %v", all, failing)
-	}
-	// A rescan that changes only the timestamps says the same; a pass becoming a fail does not.
-	again, _ := compactReport(report.DeepCopy())
-	if !sameVerdicts(u, again.(client.Object)) {
-		t.Error("the same report reads as a different verdict")
-	}
-	changed := report.DeepCopy()
-	changed.Object["results"].([]any)[1].(map[string]any)["result"] = "fail"
-	after, _ := compactReport(changed)
-	if sameVerdicts(u, after.(client.Object)) {
-		t.Error("a pass turned fail reads as the same verdict")
-	}
-	// A pass becoming a skip under an exception is a change too (the exception's exempted count).
-	skipped := report.DeepCopy()
-	skipped.Object["results"].([]any)[1].(map[string]any)["result"] = "skip"
-	after, _ = compactReport(skipped)
-	if sameVerdicts(u, after.(client.Object)) {
-		t.Error("a pass turned skip reads as the same verdict")
-	}
 }

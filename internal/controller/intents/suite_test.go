@@ -86,11 +86,11 @@ type fixture struct {
 	root    *testing.T       // the test the fixture lives as long as
 	engines string           // --intents-engines of the managers it starts ("": all)
 	// exceptions are the --intents-exception-* flags of the managers it starts.
-	exceptions ExceptionOptions
+	exceptions intent.ExceptionRules
 }
 
 // testExceptions are the fixture's --intents-exception-* flags.
-var testExceptions = ExceptionOptions{Namespace: "kyverno-exceptions", MaxTTL: 48 * time.Hour, Warning: time.Hour}
+var testExceptions = intent.ExceptionRules{Namespace: "kyverno-exceptions", MaxTTL: 48 * time.Hour, Warning: time.Hour}
 
 // start runs the intents controllers on an API server of the test's own, for a test that changes
 // what every test of a server shares: it installs an engine, stops or reconfigures the manager,
