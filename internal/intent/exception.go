@@ -1,12 +1,17 @@
 package intent
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"slices"
 	"strings"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	securityv1alpha1 "github.com/quartermaster-dev/quartermaster/api/security/v1alpha1"
 )
@@ -91,4 +96,68 @@ func ExemptedNamespaces(exc *securityv1alpha1.SecurityIntentException) []string 
 		return []string{exc.Namespace}
 	}
 	return exc.Spec.Workloads.Namespaces
+}
+
+// PolicyExceptionKind is Kyverno's exception kind an exception becomes.
+var PolicyExceptionKind = schema.GroupVersionKind{Group: "kyverno.io", Version: "v2", Kind: "PolicyException"}
+
+const (
+	// ExceptionAnnotation is on each PolicyException written: the namespace/name of the
+	// SecurityIntentException it carries (which objects are the controller's to write and delete).
+	ExceptionAnnotation = "security.quartermaster.dev/exception"
+	// ManagedByLabel marks the PolicyExceptions written, for the sweep of those left behind, with
+	// the value ManagedByValue.
+	ManagedByLabel = "app.kubernetes.io/managed-by"
+	ManagedByValue = "quartermaster-intents"
+)
+
+// PolicyExceptionName is the name of the PolicyException of the exception namespace/name: the
+// two joined by a dot, which no two exceptions share (a namespace has no dot), shortened with a
+// hash when longer than a name may be.
+func PolicyExceptionName(namespace, name string) string {
+	s := namespace + "." + name
+	if len(s) <= 253 {
+		return s
+	}
+	sum := sha256.Sum256([]byte(s))
+	return strings.TrimRight(s[:236], ".-") + "-" + hex.EncodeToString(sum[:])[:16]
+}
+
+// PolicyException is the Kyverno PolicyException, in namespace, that exc becomes: every rule of
+// each of the Kyverno policies named (namespace/name for a Policy, name for a ClusterPolicy), for
+// the workloads of the exempted namespaces its selector picks, in background scans too.
+func PolicyException(exc *securityv1alpha1.SecurityIntentException, namespace string, policies []string) (*unstructured.Unstructured, error) {
+	// Kyverno matches nothing by an empty resource filter: the namespaces are always written ("*"
+	// is its wildcard for every namespace).
+	resources := map[string]any{"namespaces": AnyList(ExemptedNamespaces(exc))}
+	if sel := exc.Spec.Workloads.Selector; len(sel.MatchLabels)+len(sel.MatchExpressions) > 0 {
+		m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(&sel)
+		if err != nil {
+			return nil, err
+		}
+		resources["selector"] = m
+	}
+	exceptions := make([]any, 0, len(policies))
+	for _, p := range policies {
+		exceptions = append(exceptions, map[string]any{"policyName": p, "ruleNames": []any{"*"}})
+	}
+	pe := &unstructured.Unstructured{Object: map[string]any{
+		"spec": map[string]any{
+			"background": true,
+			"exceptions": exceptions,
+			"match":      map[string]any{"any": []any{map[string]any{"resources": resources}}},
+		},
+	}}
+	pe.SetGroupVersionKind(PolicyExceptionKind)
+	pe.SetNamespace(namespace)
+	pe.SetName(PolicyExceptionName(exc.Namespace, exc.Name))
+	pe.SetLabels(map[string]string{ManagedByLabel: ManagedByValue})
+	pe.SetAnnotations(map[string]string{
+		ExceptionAnnotation:                  exc.Namespace + "/" + exc.Name,
+		"security.quartermaster.dev/owner":   exc.Spec.Owner,
+		"security.quartermaster.dev/expires": exc.Spec.Expires.UTC().Format(time.RFC3339),
+		"security.quartermaster.dev/intent":  exc.Spec.Intent,
+		"security.quartermaster.dev/reason":  exc.Spec.Reason,
+	})
+	return pe, nil
 }

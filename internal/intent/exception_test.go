@@ -1,11 +1,13 @@
 package intent
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	securityv1alpha1 "github.com/quartermaster-dev/quartermaster/api/security/v1alpha1"
 )
@@ -70,5 +72,51 @@ func TestCheckException(t *testing.T) {
 				t.Errorf("refused %s: %s; want %s saying %q", got.Reason, got.Message, tc.reason, tc.says)
 			}
 		})
+	}
+}
+
+// TestPolicyExceptionShape: the PolicyException always names the namespaces (Kyverno matches
+// nothing by an empty filter; "*" is its wildcard), and a selector only when it requires something.
+func TestPolicyExceptionShape(t *testing.T) {
+	t.Parallel()
+	policies := []string{"csib-escapetohost"}
+	for _, tc := range []struct {
+		namespaces []string
+		selector   metav1.LabelSelector
+		want       string
+	}{
+		{[]string{"*"}, metav1.LabelSelector{}, "map[namespaces:[*]]"},
+		{nil, metav1.LabelSelector{}, "map[namespaces:[shop]]"},
+		{[]string{"a", "b"}, metav1.LabelSelector{MatchLabels: map[string]string{"legacy": "true"}}, "map[namespaces:[a b] selector:map[matchLabels:map[legacy:true]]]"},
+	} {
+		exc := &securityv1alpha1.SecurityIntentException{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "e"},
+			Spec: securityv1alpha1.SecurityIntentExceptionSpec{Workloads: securityv1alpha1.ExemptedWorkloads{Namespaces: tc.namespaces, Selector: tc.selector}}}
+		pe, err := PolicyException(exc, "kyverno", policies)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if pe.GetNamespace() != "kyverno" || pe.GetName() != "shop.e" || pe.GetAnnotations()[ExceptionAnnotation] != "shop/e" {
+			t.Errorf("PolicyException %s/%s, annotations %v", pe.GetNamespace(), pe.GetName(), pe.GetAnnotations())
+		}
+		if ex, _, _ := unstructured.NestedSlice(pe.Object, "spec", "exceptions"); fmt.Sprint(ex) != "[map[policyName:csib-escapetohost ruleNames:[*]]]" {
+			t.Errorf("exceptions %v", ex)
+		}
+		res, _, _ := unstructured.NestedSlice(pe.Object, "spec", "match", "any")
+		if got := fmt.Sprint(res[0].(map[string]any)["resources"]); got != tc.want {
+			t.Errorf("namespaces %v, selector %v: resources %s, want %s", tc.namespaces, tc.selector, got, tc.want)
+		}
+	}
+}
+
+// TestPolicyExceptionName: one name per exception, a valid object name however long its parts.
+func TestPolicyExceptionName(t *testing.T) {
+	t.Parallel()
+	if got := PolicyExceptionName("shop", "legacy.v1"); got != "shop.legacy.v1" {
+		t.Errorf("got %q", got)
+	}
+	long := strings.Repeat("a", 253)
+	a, b := PolicyExceptionName("shop", long), PolicyExceptionName("shop", long[:252]+"b")
+	if len(a) > 253 || len(b) > 253 || a == b || strings.HasSuffix(a[:237], ".") {
+		t.Errorf("long names: %q (%d), %q (%d)", a, len(a), b, len(b))
 	}
 }

@@ -15,7 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/quartermaster-dev/quartermaster/internal/controller/intents"
+	"github.com/quartermaster-dev/quartermaster/internal/intent"
 	"github.com/quartermaster-dev/quartermaster/internal/testing/kyverno"
 	"github.com/quartermaster-dev/quartermaster/internal/testing/testenv"
 )
@@ -113,7 +113,7 @@ spec:
 		})
 	}
 	policyException := func(namespace, name string) (*unstructured.Unstructured, error) {
-		pe := object("kyverno.io/v2", "PolicyException", kyverno.ExceptionNamespace, intents.PolicyExceptionName(namespace, name))
+		pe := object("kyverno.io/v2", "PolicyException", kyverno.ExceptionNamespace, intent.PolicyExceptionName(namespace, name))
 		return pe, admin.Get(ctx, client.ObjectKeyFromObject(pe), pe)
 	}
 	in := func(d time.Duration) time.Time { return time.Now().Add(d) }

@@ -2,8 +2,6 @@ package intents
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"slices"
 	"strings"
@@ -14,8 +12,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -64,16 +60,7 @@ import (
 // +kubebuilder:rbac:groups=security.quartermaster.dev,resources=securityintentexceptions/status,verbs=patch
 // +kubebuilder:rbac:groups=kyverno.io,resources=policyexceptions,verbs=get;list;create;update;delete
 
-// PolicyExceptionKind is Kyverno's exception kind the controller writes.
-var PolicyExceptionKind = schema.GroupVersionKind{Group: "kyverno.io", Version: "v2", Kind: "PolicyException"}
-
 const (
-	// ExceptionAnnotation is on each PolicyException written: the namespace/name of the
-	// SecurityIntentException it carries (which objects are ours to write and delete).
-	ExceptionAnnotation = "security.quartermaster.dev/exception"
-	// managedByLabel marks the PolicyExceptions written, for the sweep of those left behind.
-	managedByLabel = "app.kubernetes.io/managed-by"
-	managedByValue = "quartermaster-intents"
 	// indexExceptionIntent indexes SecurityIntentExceptions by the intent they name.
 	indexExceptionIntent = "spec.intent"
 	// exceptionResync is how often an exception in force is looked at without a change (its
@@ -217,14 +204,18 @@ func (r *exceptionReconciler) exempt(ctx context.Context, exc *securityv1alpha1.
 		o.RequeueAfter = until + time.Second
 		return o, nil
 	}
-	want, err := r.policyException(exc, policies)
+	names := make([]string, 0, len(policies))
+	for _, p := range policies {
+		names = append(names, p.key)
+	}
+	want, err := intent.PolicyException(exc, r.opts.Namespace, names)
 	if err != nil {
 		return status.Outcome{}, err
 	}
 	key := client.ObjectKeyFromObject(exc).String()
 	w := &owned.Writer{Client: r.client, Reader: r.apiReader, APIReader: r.apiReader}
 	did, _, err := w.Ensure(ctx, want, owned.Options{Claims: func(current client.Object) bool {
-		return current.GetAnnotations()[ExceptionAnnotation] == key
+		return current.GetAnnotations()[intent.ExceptionAnnotation] == key
 	}})
 	retry := min(conflictRetry, until+time.Second) // looked at again by its expiry at the latest
 	switch {
@@ -334,57 +325,6 @@ func entriesOf(policies []scannedPolicy) []string {
 	return out
 }
 
-// PolicyExceptionName is the name of the PolicyException carrying the exception namespace/name:
-// both joined by a dot (a namespace has none, so no two exceptions share it), hashed when longer
-// than a name may be.
-func PolicyExceptionName(namespace, name string) string {
-	s := namespace + "." + name
-	if len(s) <= 253 {
-		return s
-	}
-	sum := sha256.Sum256([]byte(s))
-	return strings.TrimRight(s[:236], ".-") + "-" + hex.EncodeToString(sum[:])[:16]
-}
-
-// policyException is the Kyverno PolicyException the exception becomes: every rule of each of
-// the policies, for the workloads of the exempted namespaces its selector picks, in background
-// scans too.
-func (r *exceptionReconciler) policyException(exc *securityv1alpha1.SecurityIntentException, policies []scannedPolicy) (*unstructured.Unstructured, error) {
-	// Kyverno matches nothing by an empty resource filter: the namespaces are always written ("*"
-	// is its wildcard for every namespace).
-	resources := map[string]any{"namespaces": intent.AnyList(intent.ExemptedNamespaces(exc))}
-	if sel := exc.Spec.Workloads.Selector; len(sel.MatchLabels)+len(sel.MatchExpressions) > 0 {
-		m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(&sel)
-		if err != nil {
-			return nil, err
-		}
-		resources["selector"] = m
-	}
-	exceptions := make([]any, 0, len(policies))
-	for _, p := range policies {
-		exceptions = append(exceptions, map[string]any{"policyName": p.key, "ruleNames": []any{"*"}})
-	}
-	pe := &unstructured.Unstructured{Object: map[string]any{
-		"spec": map[string]any{
-			"background": true,
-			"exceptions": exceptions,
-			"match":      map[string]any{"any": []any{map[string]any{"resources": resources}}},
-		},
-	}}
-	pe.SetGroupVersionKind(PolicyExceptionKind)
-	pe.SetNamespace(r.opts.Namespace)
-	pe.SetName(PolicyExceptionName(exc.Namespace, exc.Name))
-	pe.SetLabels(map[string]string{managedByLabel: managedByValue})
-	pe.SetAnnotations(map[string]string{
-		ExceptionAnnotation:                  client.ObjectKeyFromObject(exc).String(),
-		"security.quartermaster.dev/owner":   exc.Spec.Owner,
-		"security.quartermaster.dev/expires": exc.Spec.Expires.UTC().Format(time.RFC3339),
-		"security.quartermaster.dev/intent":  exc.Spec.Intent,
-		"security.quartermaster.dev/reason":  exc.Spec.Reason,
-	})
-	return pe, nil
-}
-
 // removePolicyException deletes the PolicyException carrying the exception key, when there is
 // one and it carries that exception.
 func (r *exceptionReconciler) removePolicyException(ctx context.Context, key client.ObjectKey) error {
@@ -392,15 +332,15 @@ func (r *exceptionReconciler) removePolicyException(ctx context.Context, key cli
 		return nil // none is written (the sweep removes those of an earlier configuration)
 	}
 	pe := &unstructured.Unstructured{}
-	pe.SetGroupVersionKind(PolicyExceptionKind)
-	err := r.apiReader.Get(ctx, client.ObjectKey{Namespace: r.opts.Namespace, Name: PolicyExceptionName(key.Namespace, key.Name)}, pe)
+	pe.SetGroupVersionKind(intent.PolicyExceptionKind)
+	err := r.apiReader.Get(ctx, client.ObjectKey{Namespace: r.opts.Namespace, Name: intent.PolicyExceptionName(key.Namespace, key.Name)}, pe)
 	if notServed(err) {
 		return nil
 	}
 	if err != nil {
 		return err
 	}
-	if pe.GetAnnotations()[ExceptionAnnotation] != key.String() {
+	if pe.GetAnnotations()[intent.ExceptionAnnotation] != key.String() {
 		return nil // someone else's: left alone (the exception's status said Conflict)
 	}
 	return client.IgnoreNotFound(r.client.Delete(ctx, pe, client.Preconditions{UID: new(pe.GetUID())}))
@@ -457,8 +397,8 @@ func (s exceptionSweep) NeedLeaderElection() bool { return true }
 
 func (s exceptionSweep) Start(ctx context.Context) error {
 	list := &unstructured.UnstructuredList{}
-	list.SetGroupVersionKind(PolicyExceptionKind.GroupVersion().WithKind("PolicyExceptionList"))
-	if err := s.apiReader.List(ctx, list, client.MatchingLabels{managedByLabel: managedByValue}); err != nil {
+	list.SetGroupVersionKind(intent.PolicyExceptionKind.GroupVersion().WithKind("PolicyExceptionList"))
+	if err := s.apiReader.List(ctx, list, client.MatchingLabels{intent.ManagedByLabel: intent.ManagedByValue}); err != nil {
 		if notServed(err) {
 			return nil // Kyverno is not installed: nothing was written
 		}
@@ -467,7 +407,7 @@ func (s exceptionSweep) Start(ctx context.Context) error {
 	}
 	for i := range list.Items {
 		pe := &list.Items[i]
-		nsName := pe.GetAnnotations()[ExceptionAnnotation]
+		nsName := pe.GetAnnotations()[intent.ExceptionAnnotation]
 		if pe.GetNamespace() == s.opts.Namespace {
 			ns, name, ok := strings.Cut(nsName, "/")
 			if !ok {

@@ -16,46 +16,8 @@ import (
 	intentv1alpha1 "github.com/quartermaster-dev/quartermaster/api/intent/v1alpha1"
 	securityv1alpha1 "github.com/quartermaster-dev/quartermaster/api/security/v1alpha1"
 	"github.com/quartermaster-dev/quartermaster/internal/controller/status"
+	"github.com/quartermaster-dev/quartermaster/internal/intent"
 )
-
-// TestPolicyExceptionShape: the PolicyException always names the namespaces (Kyverno matches
-// nothing by an empty filter; "*" is its wildcard), and a selector only when it requires something.
-func TestPolicyExceptionShape(t *testing.T) {
-	t.Parallel()
-	r := &exceptionReconciler{opts: testExceptions}
-	policies := []scannedPolicy{{key: "csib-escapetohost", entry: "KyvernoClusterPolicy/csib-escapetohost"}}
-	for _, tc := range []struct {
-		namespaces []string
-		selector   metav1.LabelSelector
-		want       string
-	}{
-		{[]string{"*"}, metav1.LabelSelector{}, "map[namespaces:[*]]"},
-		{nil, metav1.LabelSelector{}, "map[namespaces:[shop]]"},
-		{[]string{"a", "b"}, metav1.LabelSelector{MatchLabels: map[string]string{"legacy": "true"}}, "map[namespaces:[a b] selector:map[matchLabels:map[legacy:true]]]"},
-	} {
-		exc := &securityv1alpha1.SecurityIntentException{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "e"},
-			Spec: securityv1alpha1.SecurityIntentExceptionSpec{Workloads: securityv1alpha1.ExemptedWorkloads{Namespaces: tc.namespaces, Selector: tc.selector}}}
-		pe, err := r.policyException(exc, policies)
-		must(t, err)
-		res, _, _ := unstructured.NestedSlice(pe.Object, "spec", "match", "any")
-		if got := fmt.Sprint(res[0].(map[string]any)["resources"]); got != tc.want {
-			t.Errorf("namespaces %v, selector %v: resources %s, want %s", tc.namespaces, tc.selector, got, tc.want)
-		}
-	}
-}
-
-// TestPolicyExceptionName: one name per exception, a valid object name however long its parts.
-func TestPolicyExceptionName(t *testing.T) {
-	t.Parallel()
-	if got := PolicyExceptionName("shop", "legacy.v1"); got != "shop.legacy.v1" {
-		t.Errorf("got %q", got)
-	}
-	long := strings.Repeat("a", 253)
-	a, b := PolicyExceptionName("shop", long), PolicyExceptionName("shop", long[:252]+"b")
-	if len(a) > 253 || len(b) > 253 || a == b || strings.HasSuffix(a[:237], ".") {
-		t.Errorf("long names: %q (%d), %q (%d)", a, len(a), b, len(b))
-	}
-}
 
 // TestExceptionLifecycle walks a SecurityIntentException through what needs no running Kyverno
 // (the e2e runs the real one, which honours it): EngineNotInstalled until Kyverno's kinds are
@@ -84,7 +46,7 @@ func TestExceptionLifecycle(t *testing.T) {
 	peKey := client.ObjectKey{Namespace: testExceptions.Namespace, Name: "exc.legacy"}
 	policyException := func() (*unstructured.Unstructured, error) {
 		pe := &unstructured.Unstructured{}
-		pe.SetGroupVersionKind(PolicyExceptionKind)
+		pe.SetGroupVersionKind(intent.PolicyExceptionKind)
 		return pe, f.c.Get(ctx, peKey, pe)
 	}
 
@@ -114,7 +76,7 @@ func TestExceptionLifecycle(t *testing.T) {
 		if fmt.Sprint(spec) != fmt.Sprint(want) {
 			t.Errorf("PolicyException spec\n%v\nwant\n%v", spec, want)
 		}
-		if a := pe.GetAnnotations(); a[ExceptionAnnotation] != "exc/legacy" || a["security.quartermaster.dev/owner"] != "team-web" {
+		if a := pe.GetAnnotations(); a[intent.ExceptionAnnotation] != "exc/legacy" || a["security.quartermaster.dev/owner"] != "team-web" {
 			t.Errorf("PolicyException annotations %v", a)
 		}
 		if exc.Status.PolicyException != peKey.String() || fmt.Sprint(exc.Status.Policies) != "[KyvernoPolicy/exc/web-escapetohost]" || exc.Status.Exempted != nil {
@@ -138,7 +100,7 @@ func TestExceptionLifecycle(t *testing.T) {
 		waitReasonOf(t, f, soon, "Exempting")
 		waitReasonOf(t, f, soon, "ExpiresSoon")
 		pe := &unstructured.Unstructured{}
-		pe.SetGroupVersionKind(PolicyExceptionKind)
+		pe.SetGroupVersionKind(intent.PolicyExceptionKind)
 		must(t, f.c.Get(ctx, client.ObjectKey{Namespace: testExceptions.Namespace, Name: "exc.soon"}, pe))
 		// Moved to a few seconds from now, it expires while no manager runs: the next one deletes
 		// its PolicyException when it starts.
@@ -204,7 +166,7 @@ func TestExceptionsTurnedOff(t *testing.T) {
 	waitReasonOf(t, f, exc, "ExceptionsDisabled")
 	eventually(t, "the PolicyException deleted by the sweep", func() (bool, string) {
 		pe := &unstructured.Unstructured{}
-		pe.SetGroupVersionKind(PolicyExceptionKind)
+		pe.SetGroupVersionKind(intent.PolicyExceptionKind)
 		err := f.c.Get(ctx, client.ObjectKey{Namespace: testExceptions.Namespace, Name: "off.legacy"}, pe)
 		return apierrors.IsNotFound(err), fmt.Sprint(err)
 	})
