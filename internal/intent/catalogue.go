@@ -38,6 +38,15 @@ const (
 	K8TLS Engine = "K8TLS"
 )
 
+// JoinEngines is the engines' names as messages list them: "KubeArmor, Kyverno".
+func JoinEngines(es []Engine) string {
+	names := make([]string, 0, len(es))
+	for _, e := range es {
+		names = append(names, string(e))
+	}
+	return strings.Join(names, ", ")
+}
+
 // Kinds the engines generate and are detected by (NetworkPolicy, CronJob and ConfigMap are built
 // into Kubernetes).
 var (

@@ -186,10 +186,10 @@ func (a applied) summary(unenforced []string) string {
 		msg += "; waiting for their engine to accept " + strings.Join(a.pending, ", ")
 	}
 	if len(a.missing) > 0 {
-		msg += "; not installed (its policies are generated once it is): " + joinEngines(a.missing)
+		msg += "; not installed (its policies are generated once it is): " + intent.JoinEngines(a.missing)
 	}
 	if len(a.disabled) > 0 {
-		msg += "; disabled by --intents-engines: " + joinEngines(a.disabled)
+		msg += "; disabled by --intents-engines: " + intent.JoinEngines(a.disabled)
 	}
 	if len(a.shadowed) > 0 {
 		msg += "; an earlier rule of the same intent id makes " + strings.Join(a.shadowed, ", ")

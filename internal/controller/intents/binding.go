@@ -115,10 +115,10 @@ func (r *intentReconciler) intentOutcome(ctx context.Context, si *intentv1alpha1
 	}
 	var notes []string
 	if len(missing) > 0 {
-		notes = append(notes, "not installed: "+joinEngines(missing))
+		notes = append(notes, "not installed: "+intent.JoinEngines(missing))
 	}
 	if len(disabled) > 0 {
-		notes = append(notes, "disabled by --intents-engines: "+joinEngines(disabled))
+		notes = append(notes, "disabled by --intents-engines: "+intent.JoinEngines(disabled))
 	}
 	suffix := ""
 	if len(notes) > 0 {
@@ -136,7 +136,7 @@ func (r *intentReconciler) intentOutcome(ctx context.Context, si *intentv1alpha1
 		return status.Outcome{}, err
 	}
 	if len(bindings) == 0 {
-		return status.Healthy("Accepted", "not bound; "+joinEngines(enforcing)+" enforce it once bound"+suffix, recheck), nil
+		return status.Healthy("Accepted", "not bound; "+intent.JoinEngines(enforcing)+" enforce it once bound"+suffix, recheck), nil
 	}
 	// The status names one binding not in force: a stalled one first (a person must act), else
 	// the first by name, so that it changes only when that binding's state does. A binding in
@@ -164,7 +164,7 @@ func (r *intentReconciler) intentOutcome(ctx context.Context, si *intentv1alpha1
 		}
 		return *waiting, nil
 	}
-	return status.Healthy("Accepted", fmt.Sprintf("enforced by %s in %d bindings%s", joinEngines(enforcing), len(bindings), suffix), recheck), nil
+	return status.Healthy("Accepted", fmt.Sprintf("enforced by %s in %d bindings%s", intent.JoinEngines(enforcing), len(bindings), suffix), recheck), nil
 }
 
 // boundBy is what an intent's status reads of a binding naming it.
@@ -245,14 +245,6 @@ func (b *base) bindingsNamingIntent(ctx context.Context, name string) ([]intentv
 		return nil, nil, err
 	}
 	return sibs.Items, csibs.Items, nil
-}
-
-func joinEngines(es []intent.Engine) string {
-	names := make([]string, 0, len(es))
-	for _, e := range es {
-		names = append(names, string(e))
-	}
-	return strings.Join(names, ", ")
 }
 
 // intentsOf reads the SecurityIntents a binding names (those that exist).

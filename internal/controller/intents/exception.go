@@ -178,7 +178,7 @@ func (r *exceptionReconciler) exempt(ctx context.Context, exc *securityv1alpha1.
 		// Exceptions exempt from Kyverno's validate rules, the ones its scans report on.
 		engines := slices.Concat(intent.Implementations[id], intent.ClusterImplementations[id])
 		slices.Sort(engines)
-		why := fmt.Sprintf("is enforced by %s, which has no exception of its own", orNone(joinEngines(slices.Compact(engines))))
+		why := fmt.Sprintf("is enforced by %s, which has no exception of its own", orNone(intent.JoinEngines(slices.Compact(engines))))
 		if namespaced || cluster {
 			why = "has Kyverno policies that mutate or generate rather than validate: there is no check to exempt a workload from"
 		}
@@ -206,7 +206,7 @@ func (r *exceptionReconciler) exempt(ctx context.Context, exc *securityv1alpha1.
 	}
 	names := make([]string, 0, len(policies))
 	for _, p := range policies {
-		names = append(names, p.key)
+		names = append(names, p.Key)
 	}
 	want, err := intent.PolicyException(exc, r.opts.Namespace, names)
 	if err != nil {
@@ -280,7 +280,7 @@ func (r *exceptionReconciler) unexempted(id string) string {
 	if len(still) == 0 {
 		return ""
 	}
-	return joinEngines(still) + " still enforces " + id + " on them at run time (no exception of its own; leave them out of the bindings' selectors where they must be exempt from it too)"
+	return intent.JoinEngines(still) + " still enforces " + id + " on them at run time (no exception of its own; leave them out of the bindings' selectors where they must be exempt from it too)"
 }
 
 func orNone(s string) string {
@@ -293,34 +293,34 @@ func orNone(s string) string {
 // exemptedPolicies are the intent's Kyverno policies that apply to the exception's namespaces:
 // the namespaced Policy of each SecurityIntentBinding naming it there, the ClusterPolicy of each
 // ClusterSecurityIntentBinding naming it, by their key in Kyverno's results, sorted.
-func (r *exceptionReconciler) exemptedPolicies(ctx context.Context, exc *securityv1alpha1.SecurityIntentException, intentName, id string, namespaced, cluster bool) ([]scannedPolicy, error) {
+func (r *exceptionReconciler) exemptedPolicies(ctx context.Context, exc *securityv1alpha1.SecurityIntentException, intentName, id string, namespaced, cluster bool) ([]intent.ScannedPolicy, error) {
 	sibs, csibs, err := r.bindingsNamingIntent(ctx, intentName)
 	if err != nil {
 		return nil, err
 	}
 	namespaces := intent.ExemptedNamespaces(exc)
-	var out []scannedPolicy
+	var out []intent.ScannedPolicy
 	for _, sib := range sibs {
 		if namespaced && (slices.Contains(namespaces, "*") || slices.Contains(namespaces, sib.Namespace)) {
-			_, key, _, _ := kyvernoPolicy(sib.Namespace, intent.PolicyName(sib.Name, id))
-			out = append(out, scannedPolicy{key: key, entry: "KyvernoPolicy/" + key})
+			p, _, _ := intent.KyvernoPolicyOf(sib.Namespace, intent.PolicyName(sib.Name, id))
+			out = append(out, intent.ScannedPolicy{Key: p.Key, Entry: "KyvernoPolicy/" + p.Key}) // namespaced: the exception may span namespaces
 		}
 	}
 	for _, csib := range csibs {
 		if !cluster {
 			break
 		}
-		_, key, entry, _ := kyvernoPolicy("", intent.PolicyName(csib.Name, id))
-		out = append(out, scannedPolicy{key: key, entry: entry})
+		p, _, _ := intent.KyvernoPolicyOf("", intent.PolicyName(csib.Name, id))
+		out = append(out, p)
 	}
-	slices.SortFunc(out, func(a, b scannedPolicy) int { return strings.Compare(a.key, b.key) })
-	return slices.CompactFunc(out, func(a, b scannedPolicy) bool { return a.key == b.key }), nil
+	slices.SortFunc(out, func(a, b intent.ScannedPolicy) int { return strings.Compare(a.Key, b.Key) })
+	return slices.CompactFunc(out, func(a, b intent.ScannedPolicy) bool { return a.Key == b.Key }), nil
 }
 
-func entriesOf(policies []scannedPolicy) []string {
+func entriesOf(policies []intent.ScannedPolicy) []string {
 	out := make([]string, 0, len(policies))
 	for _, p := range policies {
-		out = append(out, p.entry)
+		out = append(out, p.Entry)
 	}
 	return out
 }
@@ -354,29 +354,14 @@ func notServed(err error) bool {
 
 // exempted counts the workloads Kyverno's reports say it skipped, for any of the policies, under
 // the PolicyException named pe; readable is false while the reports cannot be read.
-func (b *base) exempted(ctx context.Context, policies []scannedPolicy, pe string) (int32, bool, error) {
+func (b *base) exempted(ctx context.Context, policies []intent.ScannedPolicy, pe string) (int32, bool, error) {
 	if !b.reports.current().readable {
 		return 0, false, nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, reportReadTimeout)
 	defer cancel()
-	seen := map[string]bool{}
-	for _, p := range policies {
-		list := newPolicyReportList()
-		if err := b.reports.cache.List(ctx, list, client.MatchingFields{indexReportPolicies: p.key}, client.UnsafeDisableDeepCopy); err != nil {
-			return 0, false, err
-		}
-		for i := range list.Items {
-			u := &list.Items[i]
-			for _, res := range intent.ReportResults(u) {
-				if res.Policy == p.key && res.Outcome == "skip" && slices.Contains(strings.Split(res.Exceptions, ","), pe) {
-					w := intent.ReportWorkload(u)
-					seen[w.Namespace+"/"+w.Kind+"/"+w.Name] = true
-				}
-			}
-		}
-	}
-	return int32(len(seen)), true, nil //nolint:gosec // a count of cached reports
+	n, err := intent.Exempted(policies, pe, b.reportsOf(ctx))
+	return n, err == nil, err
 }
 
 // wakeExceptions sends every exception to its controller (Kyverno appeared: their PolicyExceptions

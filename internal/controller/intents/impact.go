@@ -3,7 +3,6 @@ package intents
 import (
 	"context"
 	"fmt"
-	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -253,45 +252,28 @@ func (r *reports) indexReports(ctx context.Context) error {
 	return r.indexErr
 }
 
-// scannedPolicy is one engine policy whose results make an impact: its key in the reports'
-// results and its entry as status.adapterPolicies lists it.
-type scannedPolicy struct {
-	key, entry string
-}
-
-// impactInputs is what an impact is made of: the scanned policies, the ids of intents no engine
-// scans here (with their engines), and the scanned policies not written yet.
-type impactInputs struct {
-	state     reportsState // read once per impact
-	policies  []scannedPolicy
-	unscanned []string
-	pending   []string
+// impactInputs starts the inputs of an impact with the reports' state, read once per impact.
+func (b *base) impactInputs() intent.ImpactInputs {
+	st := b.reports.current()
+	return intent.ImpactInputs{Readable: st.readable, Why: st.why}
 }
 
 // policyFor adds the intent id's scanned policy on the parent (a NimbusPolicy in namespace, or a
 // ClusterNimbusPolicy when namespace is ""), as the objects cache holds it.
-func (b *base) policyFor(ctx context.Context, in *impactInputs, namespace, parent, id string) error {
+func (b *base) policyFor(ctx context.Context, in *intent.ImpactInputs, namespace, parent, id string) error {
 	engine, ok := intent.Scanned[id]
 	if !ok {
-		engines := slices.Concat(intent.Implementations[id], intent.ClusterImplementations[id])
-		slices.Sort(engines)
-		note := id + " (" + joinEngines(slices.Compact(engines)) + ")"
-		if len(engines) == 0 {
-			note = id + " (no engine)"
-		}
-		if !slices.Contains(in.unscanned, note) {
-			in.unscanned = append(in.unscanned, note)
-		}
+		in.AddUnscanned(id)
 		return nil
 	}
 	if engine != intent.Kyverno {
 		return fmt.Errorf("intent %s: scanned by %s, which the controller cannot read reports of", id, engine)
 	}
 	name := intent.PolicyName(parent, id)
-	gvk, key, entry, parentKind := kyvernoPolicy(namespace, name)
-	if !in.state.readable {
+	p, gvk, parentKind := intent.KyvernoPolicyOf(namespace, name)
+	if !in.Readable {
 		// The impact is Unknown, and says why: no need to read the policy.
-		in.policies = append(in.policies, scannedPolicy{key: key, entry: entry})
+		in.Policies = append(in.Policies, p)
 		return nil
 	}
 	obj := &unstructured.Unstructured{}
@@ -299,91 +281,33 @@ func (b *base) policyFor(ctx context.Context, in *impactInputs, namespace, paren
 	err := b.objects.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, obj)
 	switch {
 	case apierrors.IsNotFound(err) || (err == nil && controllerNamed(obj, parentKind) != parent):
-		in.pending = append(in.pending, entry) // not written, or someone else's (the policy's status says Conflict)
+		in.Pending = append(in.Pending, p.Entry) // not written, or someone else's (the policy's status says Conflict)
 	case err != nil:
 		return err
 	default:
-		in.policies = append(in.policies, scannedPolicy{key: key, entry: entry})
+		in.Policies = append(in.Policies, p)
 	}
 	return nil
 }
 
-// impact is the status.impact of what in names.
-func (b *base) impact(ctx context.Context, in impactInputs) (*intentv1alpha1.Impact, error) {
-	notScanned := ""
-	if len(in.unscanned) > 0 {
-		slices.Sort(in.unscanned)
-		notScanned = strings.Join(in.unscanned, ", ") + " act on what runs from now on and report nothing on existing workloads"
-	}
-	if len(in.policies) == 0 && len(in.pending) == 0 {
-		if notScanned == "" {
-			return nil, nil
-		}
-		return &intentv1alpha1.Impact{State: intentv1alpha1.ImpactNotScanned, Message: notScanned}, nil
-	}
-	suffix := ""
-	if notScanned != "" {
-		suffix = "; not scanned: " + notScanned
-	}
-	if !in.state.readable {
-		return &intentv1alpha1.Impact{State: intentv1alpha1.ImpactUnknown, Message: in.state.why + suffix}, nil
-	}
-	if len(in.pending) > 0 {
-		slices.Sort(in.pending)
-		return &intentv1alpha1.Impact{State: intentv1alpha1.ImpactUnknown,
-			Message: "not written yet: " + strings.Join(in.pending, ", ") + suffix}, nil
-	}
-	scanned := map[string]bool{}
-	violating := map[string]intentv1alpha1.ImpactedWorkload{}
-	entries := make([]string, 0, len(in.policies))
-	var unreported []string
+// impact is the status.impact of what in names, from the report cache.
+func (b *base) impact(ctx context.Context, in intent.ImpactInputs) (*intentv1alpha1.Impact, error) {
 	// The report cache blocks a read until it has synced: bounded, so that a cache that cannot
 	// sync (its RBAC, its CRD) shows as an Unknown impact instead of holding the worker.
 	ctx, cancel := context.WithTimeout(ctx, reportReadTimeout)
 	defer cancel()
-	for _, p := range in.policies {
-		entries = append(entries, p.entry)
+	return intent.Impact(in, b.reportsOf(ctx))
+}
+
+// reportsOf reads, from the report cache, the reports with results of a policy key.
+func (b *base) reportsOf(ctx context.Context) func(key string) ([]unstructured.Unstructured, error) {
+	return func(key string) ([]unstructured.Unstructured, error) {
 		list := newPolicyReportList()
-		if err := b.reports.cache.List(ctx, list, client.MatchingFields{indexReportPolicies: p.key}, client.UnsafeDisableDeepCopy); err != nil {
+		if err := b.reports.cache.List(ctx, list, client.MatchingFields{indexReportPolicies: key}, client.UnsafeDisableDeepCopy); err != nil {
 			return nil, err
 		}
-		if len(list.Items) == 0 {
-			unreported = append(unreported, p.entry)
-		}
-		for i := range list.Items {
-			u := &list.Items[i]
-			w := intent.ReportWorkload(u)
-			id := w.Namespace + "/" + w.Kind + "/" + w.Name
-			scanned[id] = true
-			if _, done := violating[id]; done {
-				continue
-			}
-			for _, r := range intent.ReportResults(u) {
-				if r.Policy == p.key && r.Failed() {
-					w.Policy, w.Message = p.entry, r.Message
-					violating[id] = w
-					break
-				}
-			}
-		}
+		return list.Items, nil
 	}
-	ids := slices.Sorted(maps.Keys(violating))
-	out := &intentv1alpha1.Impact{
-		State:      intentv1alpha1.ImpactCurrent,
-		Violations: ptr.To(int32(len(violating))),
-		Scanned:    ptr.To(int32(len(scanned))),
-	}
-	for _, id := range ids[:min(len(ids), intentv1alpha1.MaxImpactedWorkloads)] {
-		out.Violating = append(out.Violating, violating[id])
-	}
-	slices.Sort(entries)
-	slices.Sort(unreported)
-	out.Unreported = unreported
-	if len(unreported) > 0 {
-		suffix = "; no report names " + strings.Join(unreported, ", ") + " yet (its scan has not reached it, or it selects nothing)" + suffix
-	}
-	out.Message = fmt.Sprintf("Kyverno's reports: %d of %d scanned workloads fail %s%s", len(violating), len(scanned), strings.Join(entries, ", "), suffix)
-	return out, nil
 }
 
 // controllerNamed is the name of obj's controller when it is of kind in the intent API, "" otherwise.
@@ -395,16 +319,6 @@ func controllerNamed(obj metav1.Object, kind string) string {
 	return ref.Name
 }
 
-// kyvernoPolicy is where the Kyverno policy name, generated in namespace (a Policy) or for a
-// ClusterNimbusPolicy (namespace ""), is found: its kind, its key in the reports' results, its entry
-// as status.adapterPolicies lists it, and the kind of its generating parent.
-func kyvernoPolicy(namespace, name string) (gvk schema.GroupVersionKind, key, entry, parentKind string) {
-	if namespace == "" {
-		return intent.KyvernoClusterPolicyKind, name, "KyvernoClusterPolicy/" + name, "ClusterNimbusPolicy"
-	}
-	return intent.KyvernoPolicyKind, namespace + "/" + name, "KyvernoPolicy/" + name, "NimbusPolicy"
-}
-
 // bindingImpact is the impact of a SecurityIntentBinding (namespace set) or a
 // ClusterSecurityIntentBinding: the scanned policies of its intents on its (Cluster)NimbusPolicy,
 // which has the binding's name.
@@ -413,7 +327,7 @@ func (b *base) bindingImpact(ctx context.Context, namespace, name string, names 
 	if err != nil {
 		return nil, err
 	}
-	in := impactInputs{state: b.reports.current()}
+	in := b.impactInputs()
 	for _, m := range names {
 		si, ok := intents[m.Name]
 		if !ok {
@@ -428,7 +342,7 @@ func (b *base) bindingImpact(ctx context.Context, namespace, name string, names 
 
 // intentImpact is a SecurityIntent's impact: its scanned policies in every binding naming it.
 func (b *base) intentImpact(ctx context.Context, si *intentv1alpha1.SecurityIntent) (*intentv1alpha1.Impact, error) {
-	in := impactInputs{state: b.reports.current()}
+	in := b.impactInputs()
 	id := si.Spec.Intent.ID
 	if _, ok := intent.Scanned[id]; !ok {
 		if err := b.policyFor(ctx, &in, "", "", id); err != nil {
@@ -466,7 +380,7 @@ func (b *base) reportTargets(ctx context.Context, keys []string) (sibs, csibs []
 		if !namespaced {
 			namespace, name = "", key
 		}
-		gvk, _, _, parentKind := kyvernoPolicy(namespace, name)
+		_, gvk, parentKind := intent.KyvernoPolicyOf(namespace, name)
 		obj := &unstructured.Unstructured{}
 		obj.SetGroupVersionKind(gvk)
 		if err := b.objects.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, obj); err != nil {
