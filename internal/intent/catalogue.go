@@ -199,12 +199,18 @@ func ForClusterNimbusPolicy(cnp *intentv1alpha1.ClusterNimbusPolicy) []Policy {
 	return out
 }
 
-// Unenforced returns the rule ids of rules no engine implements.
+// Unenforced lists what nothing enforces of the rules: the ids no engine implements, then the
+// CVEs the built-in virtual patches do not cover.
 func Unenforced(rules []intentv1alpha1.NimbusRules, cluster bool) []string {
 	var out []string
 	for _, r := range rules {
 		if len(Implementations[r.ID]) == 0 && (!cluster || len(ClusterImplementations[r.ID]) == 0) {
 			out = append(out, r.ID)
+		}
+	}
+	for _, r := range rules {
+		for _, cve := range UnpatchedCVEs(r) {
+			out = append(out, "virtualPatch "+cve+" (no virtual patch known)")
 		}
 	}
 	return out

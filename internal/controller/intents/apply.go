@@ -19,18 +19,6 @@ import (
 	"github.com/quartermaster-dev/quartermaster/internal/intent"
 )
 
-// applied is what bringing a parent's engine policies to the generated ones found and did.
-type applied struct {
-	entries   []string // the generated policies that exist, as status.adapterPolicies lists them
-	conflicts []string // objects in the way that the parent does not control
-	missing   []intent.Engine
-	changes   []string // what was created, updated, deleted: one Event says it
-	shadowed  []string // policies an earlier rule of the same id already makes
-	rejected  []string // policies the API server (or an engine's webhook) refuses as they are
-	pending   []string // policies their engine has not taken in yet, with what it says
-	disabled  []intent.Engine
-}
-
 // rejected reports an answer that retrying the same object cannot change: the object is invalid
 // or an admission webhook refuses it.
 func rejected(err error) bool {
@@ -45,20 +33,20 @@ func rejected(err error) bool {
 // than our own last write of it: a policy it lists that the cache does not show is one the cache
 // has not seen yet (or someone deleted since), and the API server is asked before creating it,
 // rather than repeating the create for a refusal.
-func (b *base) applyPolicies(ctx context.Context, parent types.UID, desired []intent.Policy, made []string, namespace string, kinds []schema.GroupVersionKind) (applied, error) {
-	var a applied
+func (b *base) applyPolicies(ctx context.Context, parent types.UID, desired []intent.Policy, made []string, namespace string, kinds []schema.GroupVersionKind) (intent.Applied, error) {
+	var a intent.Applied
 	wanted := map[schema.GroupVersionKind]map[string]bool{}
 	var present []intent.Policy
 	for _, p := range desired {
 		if !b.engines.enabled(p.Engine) {
-			if !slices.Contains(a.disabled, p.Engine) {
-				a.disabled = append(a.disabled, p.Engine)
+			if !slices.Contains(a.Disabled, p.Engine) {
+				a.Disabled = append(a.Disabled, p.Engine)
 			}
 			continue
 		}
 		if !b.engines.has(p.Engine) {
-			if !slices.Contains(a.missing, p.Engine) {
-				a.missing = append(a.missing, p.Engine)
+			if !slices.Contains(a.Missing, p.Engine) {
+				a.Missing = append(a.Missing, p.Engine)
 			}
 			continue
 		}
@@ -69,7 +57,7 @@ func (b *base) applyPolicies(ctx context.Context, parent types.UID, desired []in
 		if wanted[gvk][p.Object.GetName()] {
 			// Two rules of one id (the same intent twice, or Block and Audit of it): the first
 			// rule's policy is made, or the two would overwrite each other for ever.
-			a.shadowed = append(a.shadowed, p.Entry)
+			a.Shadowed = append(a.Shadowed, p.Entry)
 			continue
 		}
 		wanted[gvk][p.Object.GetName()] = true
@@ -91,20 +79,20 @@ func (b *base) applyPolicies(ctx context.Context, parent types.UID, desired []in
 	for i, r := range results {
 		switch {
 		case r.err != nil && rejected(r.err):
-			a.rejected = append(a.rejected, fmt.Sprintf("%s: %s", present[i].Entry, r.err))
+			a.Rejected = append(a.Rejected, fmt.Sprintf("%s: %s", present[i].Entry, r.err))
 		case r.err != nil:
 			transient = cmp.Or(transient, fmt.Errorf("%s: %w", present[i].Entry, r.err))
 		case r.skipped:
 		case !r.controlled:
-			a.conflicts = append(a.conflicts, r.conflict)
+			a.Conflicts = append(a.Conflicts, r.conflict)
 		case present[i].Entry != "":
-			a.entries = append(a.entries, present[i].Entry)
+			a.Entries = append(a.Entries, present[i].Entry)
 			if !r.inForce {
-				a.pending = append(a.pending, present[i].Entry+" ("+r.reason+")")
+				a.Pending = append(a.Pending, present[i].Entry+" ("+r.reason+")")
 			}
 		}
 		if r.change != "" {
-			a.changes = append(a.changes, r.change)
+			a.Changes = append(a.Changes, r.change)
 		}
 	}
 	for _, gvk := range kinds {
@@ -130,7 +118,7 @@ func (b *base) applyPolicies(ctx context.Context, parent types.UID, desired []in
 			if err := b.client.Delete(ctx, obj, client.Preconditions{UID: new(obj.GetUID())}); client.IgnoreNotFound(err) != nil {
 				return a, cmp.Or(transient, err)
 			}
-			a.changes = append(a.changes, "deleted "+gvk.Kind+" "+obj.GetName())
+			a.Changes = append(a.Changes, "deleted "+gvk.Kind+" "+obj.GetName())
 		}
 	}
 	return a, transient
@@ -177,25 +165,4 @@ func engineOf(gvk schema.GroupVersionKind) intent.Engine {
 		}
 	}
 	return ""
-}
-
-// summary is what the parent's status says of the applied policies.
-func (a applied) summary(unenforced []string) string {
-	msg := fmt.Sprintf("%d engine policies", len(a.entries))
-	if len(a.pending) > 0 {
-		msg += "; waiting for their engine to accept " + strings.Join(a.pending, ", ")
-	}
-	if len(a.missing) > 0 {
-		msg += "; not installed (its policies are generated once it is): " + intent.JoinEngines(a.missing)
-	}
-	if len(a.disabled) > 0 {
-		msg += "; disabled by --intents-engines: " + intent.JoinEngines(a.disabled)
-	}
-	if len(a.shadowed) > 0 {
-		msg += "; an earlier rule of the same intent id makes " + strings.Join(a.shadowed, ", ")
-	}
-	if len(unenforced) > 0 {
-		msg += "; no engine implements " + strings.Join(unenforced, ", ") + ": nothing enforces it"
-	}
-	return msg
 }

@@ -2,7 +2,6 @@ package intents
 
 import (
 	"context"
-	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -227,15 +226,15 @@ func (r *policyReconciler) Reconcile(ctx context.Context, req reconcile.Request)
 	before := np.DeepCopy()
 	earlier := r.deferred.unreported(np)
 	in, err := r.inputs(ctx, np.Namespace, np.Spec.NimbusRules)
-	var a applied
+	var a intent.Applied
 	if err == nil {
 		a, err = r.applyPolicies(ctx, np.UID, intent.ForNimbusPolicy(np, in), slices.Concat(np.Status.Policies, earlier.entries), np.Namespace, namespacedKinds)
 	}
 	if r.deferred.passed(np, earlier, a, err) {
 		return reconcile.Result{}, nil // enforcement first: reported once its binding is enforced (reports.go)
 	}
-	a.changes = slices.Concat(earlier.changes, a.changes)
-	o := r.report(np, &np.Status, a, err, unenforced(np.Spec.NimbusRules, intent.ClusterGenerated(np)))
+	a.Changes = slices.Concat(earlier.changes, a.Changes)
+	o := r.report(np, &np.Status, a, err, intent.Unenforced(np.Spec.NimbusRules, intent.ClusterGenerated(np)))
 	return r.step().End(ctx, np, before, status.Reported{Conditions: &np.Status.Conditions, ObservedGeneration: &np.Status.ObservedGeneration}, o)
 }
 
@@ -244,18 +243,6 @@ func (r *policyReconciler) Reconcile(ctx context.Context, req reconcile.Request)
 // Kyverno or NetworkPolicies for them.
 func madeByBinding(obj metav1.Object, kinds ...string) bool {
 	return slices.ContainsFunc(kinds, func(kind string) bool { return controllerNamed(obj, kind) != "" })
-}
-
-// unenforced lists what nothing enforces: ids no engine implements, and CVEs the built-in virtual
-// patches do not cover.
-func unenforced(rules []intentv1alpha1.NimbusRules, cluster bool) []string {
-	out := intent.Unenforced(rules, cluster)
-	for _, r := range rules {
-		for _, cve := range intent.UnpatchedCVEs(r) {
-			out = append(out, "virtualPatch "+cve+" (no virtual patch known)")
-		}
-	}
-	return out
 }
 
 // inputs are the cluster facts the rules' policies need: the nodes' pod ranges for
@@ -286,54 +273,45 @@ func (r *policyReconciler) inputs(ctx context.Context, namespace string, rules [
 
 // report writes the Nimbus status fields of a (Cluster)NimbusPolicy, with one Event saying what
 // changed, and returns the outcome (for the status step).
-func (b *base) report(obj client.Object, st *intentv1alpha1.NimbusPolicyStatus, a applied, err error, unenforced []string) status.Outcome {
+func (b *base) report(obj client.Object, st *intentv1alpha1.NimbusPolicyStatus, a intent.Applied, err error, unenforced []string) status.Outcome {
 	var o status.Outcome
-	switch {
-	case err != nil:
+	if err != nil {
 		o = status.Transient("ApplyFailed", err.Error(), err)
-	case len(a.conflicts) > 0:
-		o = status.WaitsForPerson("Conflict", fmt.Sprintf("%s exist and were not generated from this policy; they are left alone (delete or rename them)",
-			strings.Join(a.conflicts, ", ")), conflictRetry)
-	case len(a.rejected) > 0:
-		o = status.WaitsForPerson("Rejected", "refused by the API server: "+strings.Join(a.rejected, "; "), conflictRetry)
-	case len(a.missing) > 0:
-		o = status.WaitsForPerson("EngineNotInstalled", a.summary(unenforced), engineRecheck)
-	case len(a.pending) > 0:
-		// The engine's status write wakes the policy (its watch); the recheck covers an engine
-		// that is installed but not running.
-		o = status.Progressing("WaitingForEngine", a.summary(unenforced), engineRecheck).Silenced() // expected until the engine reports: no Warning
-	default:
-		o = status.Healthy("Generated", a.summary(unenforced), 0)
+	} else {
+		switch v := a.Verdict(unenforced); v.Readiness {
+		case intent.NeedsPerson:
+			recheck := conflictRetry
+			if v.Reason == "EngineNotInstalled" {
+				recheck = engineRecheck
+			}
+			o = status.WaitsForPerson(v.Reason, v.Message, recheck)
+		case intent.WaitingForEngine:
+			// The engine's status write wakes the policy (its watch); the recheck covers an
+			// engine that is installed but not running.
+			o = status.Progressing(v.Reason, v.Message, engineRecheck).Silenced() // expected until the engine reports: no Warning
+		default:
+			o = status.Healthy(v.Reason, v.Message, 0)
+		}
 	}
 	switch {
-	case (o.Ready || o.Quiet) && status.ReadyReason(st.Conditions) == "" && onlyCreated(a.changes):
+	case (o.Ready || o.Quiet) && status.ReadyReason(st.Conditions) == "" && a.OnlyCreated():
 		// Its first generation, made with it (in force or waiting for its engine): the binding's
 		// Event (NimbusPolicyCreated, a cluster binding's Bound) says so, and
 		// status.adapterPolicies lists what was made.
 		o = o.Silenced()
-	case len(a.changes) > 0:
-		b.recorder.Eventf(obj, nil, corev1.EventTypeNormal, "PoliciesChanged", "Generate", "%s", strings.Join(a.changes, "; "))
+	case len(a.Changes) > 0:
+		b.recorder.Eventf(obj, nil, corev1.EventTypeNormal, "PoliciesChanged", "Generate", "%s", strings.Join(a.Changes, "; "))
 		if o.Ready {
 			o = o.Silenced() // the Event above says it
 		}
 	}
-	if err == nil && (!slices.Equal(st.Policies, a.entries) || st.Status != intentv1alpha1.StatusCreated) {
-		st.Policies = a.entries
-		st.NumberOfAdapterPolicies = int32(len(a.entries))
+	if err == nil && (!slices.Equal(st.Policies, a.Entries) || st.Status != intentv1alpha1.StatusCreated) {
+		st.Policies = a.Entries
+		st.NumberOfAdapterPolicies = int32(len(a.Entries))
 		st.Status = intentv1alpha1.StatusCreated
 		st.LastUpdated = b.now()
 	}
 	return o
-}
-
-// onlyCreated reports whether every change made a policy (none reverted or deleted).
-func onlyCreated(changes []string) bool {
-	for _, c := range changes {
-		if !strings.HasPrefix(c, "created ") {
-			return false
-		}
-	}
-	return true
 }
 
 // clusterPolicyReconciler generates the cluster-wide engine policies of each ClusterNimbusPolicy.
@@ -366,6 +344,6 @@ func (r *clusterPolicyReconciler) Reconcile(ctx context.Context, req reconcile.R
 	}
 	before := cnp.DeepCopy()
 	a, err := r.applyPolicies(ctx, cnp.UID, intent.ForClusterNimbusPolicy(cnp), cnp.Status.Policies, "", clusterKinds)
-	o := r.report(cnp, &cnp.Status, a, err, unenforced(cnp.Spec.NimbusRules, true))
+	o := r.report(cnp, &cnp.Status, a, err, intent.Unenforced(cnp.Spec.NimbusRules, true))
 	return r.step().End(ctx, cnp, before, status.Reported{Conditions: &cnp.Status.Conditions, ObservedGeneration: &cnp.Status.ObservedGeneration}, o)
 }

@@ -9,6 +9,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/event"
 
 	intentv1alpha1 "github.com/quartermaster-dev/quartermaster/api/intent/v1alpha1"
+	"github.com/quartermaster-dev/quartermaster/internal/intent"
 )
 
 // Enforcement first: a cluster binding's NimbusPolicies report once the binding is enforced in
@@ -107,7 +108,7 @@ func (d *deferredReports) creating(binding types.UID, key types.NamespacedName) 
 // passed records np's pass (a, err) and holds its report when it or an earlier held pass wrote
 // engine policies and np's cluster binding is not yet enforced, keeping what np's passes did
 // (earlier and a); it reports whether it held it.
-func (d *deferredReports) passed(np *intentv1alpha1.NimbusPolicy, earlier pendingReport, a applied, err error) bool {
+func (d *deferredReports) passed(np *intentv1alpha1.NimbusPolicy, earlier pendingReport, a intent.Applied, err error) bool {
 	ref := metav1.GetControllerOfNoCopy(np)
 	if ref == nil {
 		return false
@@ -120,11 +121,11 @@ func (d *deferredReports) passed(np *intentv1alpha1.NimbusPolicy, earlier pendin
 		return false // enforced: no pass of the binding is running, and nothing it created awaits
 	}
 	delete(e.awaiting, key)
-	if err != nil || len(earlier.changes)+len(a.changes) == 0 || e.enforced() {
+	if err != nil || len(earlier.changes)+len(a.Changes) == 0 || e.enforced() {
 		d.releaseIfEnforced(ref.UID)
 		return false
 	}
-	d.pending[key] = pendingReport{uid: np.UID, entries: a.entries, changes: slices.Concat(earlier.changes, a.changes)}
+	d.pending[key] = pendingReport{uid: np.UID, entries: a.Entries, changes: slices.Concat(earlier.changes, a.Changes)}
 	if !slices.Contains(e.held, key) {
 		e.held = append(e.held, key)
 	}

@@ -9,6 +9,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	intentv1alpha1 "github.com/quartermaster-dev/quartermaster/api/intent/v1alpha1"
+	"github.com/quartermaster-dev/quartermaster/internal/intent"
 )
 
 // TestDeferredReports: a pass that wrote engine policies for a cluster binding's NimbusPolicy
@@ -26,7 +27,7 @@ func TestDeferredReports(t *testing.T) {
 	key := func(p *intentv1alpha1.NimbusPolicy) types.NamespacedName {
 		return types.NamespacedName{Namespace: p.Namespace, Name: p.Name}
 	}
-	wrote := applied{entries: []string{"NetworkPolicy/p"}, changes: []string{"created NetworkPolicy p"}}
+	wrote := intent.Applied{Entries: []string{"NetworkPolicy/p"}, Changes: []string{"created NetworkPolicy p"}}
 	released := func(d *deferredReports, n int) []string {
 		var names []string
 		for range n {
@@ -61,7 +62,7 @@ func TestDeferredReports(t *testing.T) {
 		if !d.passed(a, d.unreported(a), wrote, nil) { // a again: held once, both passes kept
 			t.Fatal("a's second pass: not held")
 		}
-		if d.passed(c, d.unreported(c), applied{entries: wrote.entries}, nil) {
+		if d.passed(c, d.unreported(c), intent.Applied{Entries: wrote.Entries}, nil) {
 			t.Fatal("a pass that wrote nothing: held")
 		}
 		done()
