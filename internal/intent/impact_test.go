@@ -1,6 +1,7 @@
 package intent
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -129,4 +130,32 @@ func TestExempted(t *testing.T) {
 	if err != nil || n != 2 {
 		t.Errorf("Exempted: %d, %v; want 2 (w-1 under both policies once, w-2 under a list of exceptions)", n, err)
 	}
+}
+
+// FuzzImpact makes an impact of arbitrary reports (whoever may write reports writes what it
+// reads): never a panic, never more violating workloads than scanned ones, never more listed
+// than the API allows.
+func FuzzImpact(f *testing.F) {
+	seed, _ := json.Marshal(kyvernoReport().Object)
+	f.Add(seed, "shop/web-escapetohost")
+	f.Add([]byte(`{"scope":{"name":1},"results":[{"policy":"p","result":"fail"},{"policy":"p","result":"error"}]}`), "p")
+	f.Fuzz(func(t *testing.T, data []byte, key string) {
+		obj := map[string]any{}
+		if json.Unmarshal(data, &obj) != nil {
+			return
+		}
+		u := *CompactReport(&unstructured.Unstructured{Object: obj})
+		reports := []unstructured.Unstructured{u, u}
+		imp, err := Impact(ImpactInputs{Readable: true, Policies: []ScannedPolicy{{Key: key, Entry: "KyvernoPolicy/x"}}},
+			func(string) ([]unstructured.Unstructured, error) { return reports, nil })
+		if err != nil || imp == nil || imp.Violations == nil || imp.Scanned == nil {
+			t.Fatalf("impact %+v, %v", imp, err)
+		}
+		if *imp.Violations > *imp.Scanned || *imp.Scanned > 1 || len(imp.Violating) > intentv1alpha1.MaxImpactedWorkloads {
+			t.Errorf("impact %+v", imp)
+		}
+		if _, err := Exempted([]ScannedPolicy{{Key: key}}, "e", func(string) ([]unstructured.Unstructured, error) { return reports, nil }); err != nil {
+			t.Error(err)
+		}
+	})
 }
