@@ -1,7 +1,11 @@
 // Package intent is the intents controller's pure logic, without a client: what a binding
 // resolves to (rules, namespaces), the catalogue of engine policies each intent generates, object
-// for object as Nimbus (github.com/5GSEC/nimbus) generates them, what an engine's report says of a
-// resource (report.go), and the platform's checks of a SecurityIntentException (exception.go).
+// for object as Nimbus (github.com/5GSEC/nimbus) generates them, how a NimbusPolicy's Ready reads
+// after its policies are applied (applied.go), what an engine's report says of a resource
+// (report.go) and what the reports make of an impact (impact.go), and the platform's checks of a
+// SecurityIntentException and the PolicyException it becomes (exception.go). The controller reads
+// and writes the objects; every decision about them is made here, with table tests, and fuzz
+// targets where what is parsed was written by someone else (reports).
 package intent
 
 import (
