@@ -22,12 +22,13 @@ type Applied struct {
 type Readiness int
 
 const (
-	// Enforced: every generated policy is in force.
+	// Enforced is a parent whose every generated policy is in force.
 	Enforced Readiness = iota
-	// WaitingForEngine: an engine has not taken a policy in yet; no one needs to act.
+	// WaitingForEngine is a parent with a policy its engine has not taken in yet; no one needs
+	// to act.
 	WaitingForEngine
-	// NeedsPerson: nothing changes until someone acts (a conflict, a refusal, an engine to
-	// install).
+	// NeedsPerson is a parent that stays as it is until someone acts (a conflict, a refusal, an
+	// engine to install).
 	NeedsPerson
 )
 

@@ -105,9 +105,9 @@ const (
 	// ExceptionAnnotation is on each PolicyException written: the namespace/name of the
 	// SecurityIntentException it carries (which objects are the controller's to write and delete).
 	ExceptionAnnotation = "security.quartermaster.dev/exception"
-	// ManagedByLabel marks the PolicyExceptions written, for the sweep of those left behind, with
-	// the value ManagedByValue.
+	// ManagedByLabel marks the PolicyExceptions written, for the sweep of those left behind.
 	ManagedByLabel = "app.kubernetes.io/managed-by"
+	// ManagedByValue is ManagedByLabel's value on them.
 	ManagedByValue = "quartermaster-intents"
 )
 

@@ -52,7 +52,12 @@ func TestImpact(t *testing.T) {
 			reportOf("other", "db-0", all.Key+"=error"),
 		},
 	}
-	read := func(key string) ([]unstructured.Unstructured, error) { return reports[key], nil }
+	read := func(key string) ([]unstructured.Unstructured, error) {
+		if key == "" {
+			return nil, errors.New("no key")
+		}
+		return reports[key], nil
+	}
 	unscanned := ImpactInputs{}
 	unscanned.AddUnscanned(DNSManipulation)
 	unscanned.AddUnscanned(DNSManipulation) // noted once
