@@ -98,6 +98,28 @@ func ExemptedNamespaces(exc *securityv1alpha1.SecurityIntentException) []string 
 	return exc.Spec.Workloads.Namespaces
 }
 
+// CheckExceptionIntent says whether an exception from the intent id can exempt anything: only
+// from Kyverno's validate rules, the ones its scans report on. namespaced and cluster say whether
+// its namespaced and its cluster-wide implementations have Kyverno policies.
+func CheckExceptionIntent(name, id string) (ref *Refusal, namespaced, cluster bool) {
+	namespaced = slices.Contains(Implementations[id], Kyverno)
+	cluster = slices.Contains(ClusterImplementations[id], Kyverno)
+	if Scanned[id] == Kyverno {
+		return nil, namespaced, cluster
+	}
+	engines := slices.Concat(Implementations[id], ClusterImplementations[id])
+	slices.Sort(engines)
+	why := "is enforced by no engine, which has no exception of its own"
+	if len(engines) > 0 {
+		why = fmt.Sprintf("is enforced by %s, which has no exception of its own", JoinEngines(slices.Compact(engines)))
+	}
+	if namespaced || cluster {
+		why = "has Kyverno policies that mutate or generate rather than validate: there is no check to exempt a workload from"
+	}
+	return &Refusal{Reason: "NoEngineException", Message: fmt.Sprintf("SecurityIntent %s (%s) %s; leave the workloads out of the bindings' selectors instead", name, id, why)},
+		namespaced, cluster
+}
+
 // PolicyExceptionKind is Kyverno's exception kind an exception becomes.
 var PolicyExceptionKind = schema.GroupVersionKind{Group: "kyverno.io", Version: "v2", Kind: "PolicyException"}
 

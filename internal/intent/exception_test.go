@@ -120,3 +120,27 @@ func TestPolicyExceptionName(t *testing.T) {
 		t.Errorf("long names: %q (%d), %q (%d)", a, len(a), b, len(b))
 	}
 }
+
+// TestCheckExceptionIntent: only an intent Kyverno validates (and scans) can be exempted from;
+// the refusal says what enforces the others.
+func TestCheckExceptionIntent(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		id                  string
+		refused             string // in the message; "" when accepted
+		namespaced, cluster bool
+	}{
+		{EscapeToHost, "", true, true},
+		{DNSManipulation, "is enforced by KubeArmor, NetworkPolicy, which has no exception of its own", false, false},
+		{CocoWorkload, "has Kyverno policies that mutate or generate rather than validate", true, true},
+		{"netSegment", "is enforced by no engine", false, false},
+	} {
+		ref, namespaced, cluster := CheckExceptionIntent("si", tc.id)
+		switch {
+		case tc.refused == "" && ref != nil, tc.refused != "" && (ref == nil || ref.Reason != "NoEngineException" || !strings.Contains(ref.Message, tc.refused)):
+			t.Errorf("%s: refusal %+v, want one saying %q", tc.id, ref, tc.refused)
+		case namespaced != tc.namespaced || cluster != tc.cluster:
+			t.Errorf("%s: Kyverno namespaced %v, cluster %v", tc.id, namespaced, cluster)
+		}
+	}
+}

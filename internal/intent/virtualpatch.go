@@ -136,6 +136,39 @@ func contextVariable(name, jmesPath string) map[string]any {
 	return map[string]any{"name": name, "variable": map[string]any{"jmesPath": jmesPath}}
 }
 
+// patchKyvernoRules makes the generated Policy's first rule apply to the same pods when they run
+// the image: its own "all" preconditions give way, its "any" ones join the image's (as in
+// Nimbus); false when the Policy has no rule.
+func patchKyvernoRules(p parent, spec, runsImage map[string]any, action string) bool {
+	rules, _ := spec["rules"].([]any)
+	if len(rules) == 0 {
+		return false
+	}
+	first, ok := rules[0].(map[string]any)
+	if !ok {
+		return false
+	}
+	first["match"] = map[string]any{"any": []any{kindResources("Pod", nil, p.labels)}}
+	conditions := []any{runsImage}
+	if pre, ok := first["preconditions"].(map[string]any); ok {
+		if anyOf, ok := pre["any"].([]any); ok {
+			conditions = append(conditions, anyOf...)
+		}
+	}
+	first["preconditions"] = map[string]any{"all": conditions}
+	// The intent's action, not the data's, decides whether its validations block, as a
+	// rule-level failureAction (Kyverno deprecates the spec-level one the data has).
+	delete(spec, "validationFailureAction")
+	for _, r := range rules {
+		if rule, ok := r.(map[string]any); ok {
+			if v, ok := rule["validate"].(map[string]any); ok {
+				v["failureAction"] = action
+			}
+		}
+	}
+	return true
+}
+
 // generatorRule is the rule generating one virtual patch's policy for the NimbusPolicy's pods
 // running image; false for a manifest it cannot use (Nimbus panics on some).
 func generatorRule(p parent, e patchEngine, cve, image, action string, raw json.RawMessage) (map[string]any, bool) {
@@ -184,33 +217,8 @@ func generatorRule(p parent, e patchEngine, cve, image, action string, raw json.
 		}
 		generate["name"] = name + "-{{ podName }}"
 	case "kyverno":
-		// The generated Policy's first rule applies to the same pods when they run the image: its
-		// own "all" preconditions give way, its "any" ones join the image's (as in Nimbus).
-		rules, _ := spec["rules"].([]any)
-		if len(rules) == 0 {
+		if !patchKyvernoRules(p, spec, runsImage, action) {
 			return nil, false
-		}
-		first, ok := rules[0].(map[string]any)
-		if !ok {
-			return nil, false
-		}
-		first["match"] = map[string]any{"any": []any{kindResources("Pod", nil, p.labels)}}
-		conditions := []any{runsImage}
-		if pre, ok := first["preconditions"].(map[string]any); ok {
-			if anyOf, ok := pre["any"].([]any); ok {
-				conditions = append(conditions, anyOf...)
-			}
-		}
-		first["preconditions"] = map[string]any{"all": conditions}
-		// The intent's action, not the data's, decides whether its validations block, as a
-		// rule-level failureAction (Kyverno deprecates the spec-level one the data has).
-		delete(spec, "validationFailureAction")
-		for _, r := range rules {
-			if rule, ok := r.(map[string]any); ok {
-				if v, ok := rule["validate"].(map[string]any); ok {
-					v["failureAction"] = action
-				}
-			}
 		}
 		rule["name"] = cve + "-virtual-patch-kyverno"
 	case "netpol":

@@ -34,35 +34,7 @@ func rejected(err error) bool {
 // has not seen yet (or someone deleted since), and the API server is asked before creating it,
 // rather than repeating the create for a refusal.
 func (b *base) applyPolicies(ctx context.Context, parent types.UID, desired []intent.Policy, made []string, namespace string, kinds []schema.GroupVersionKind) (intent.Applied, error) {
-	var a intent.Applied
-	wanted := map[schema.GroupVersionKind]map[string]bool{}
-	var present []intent.Policy
-	for _, p := range desired {
-		if !b.engines.enabled(p.Engine) {
-			if !slices.Contains(a.Disabled, p.Engine) {
-				a.Disabled = append(a.Disabled, p.Engine)
-			}
-			continue
-		}
-		if !b.engines.has(p.Engine) {
-			if !slices.Contains(a.Missing, p.Engine) {
-				a.Missing = append(a.Missing, p.Engine)
-			}
-			continue
-		}
-		gvk := p.Object.GroupVersionKind()
-		if wanted[gvk] == nil {
-			wanted[gvk] = map[string]bool{}
-		}
-		if wanted[gvk][p.Object.GetName()] {
-			// Two rules of one id (the same intent twice, or Block and Audit of it): the first
-			// rule's policy is made, or the two would overwrite each other for ever.
-			a.Shadowed = append(a.Shadowed, p.Entry)
-			continue
-		}
-		wanted[gvk][p.Object.GetName()] = true
-		present = append(present, p)
-	}
+	a, present, wanted := b.sortOut(desired)
 	// The policies are independent objects: written at once, reported in order. One that fails
 	// does not hold back the others, nor the deletions below.
 	results := make([]policyResult, len(present))
@@ -95,6 +67,49 @@ func (b *base) applyPolicies(ctx context.Context, parent types.UID, desired []in
 			a.Changes = append(a.Changes, r.change)
 		}
 	}
+	if err := b.deleteUnwanted(ctx, parent, wanted, namespace, kinds, &a); err != nil {
+		return a, cmp.Or(transient, err)
+	}
+	return a, transient
+}
+
+// sortOut picks, of the desired policies, those to write: not of an engine disabled or not
+// installed (noted in a), nor made already by an earlier rule of the same id. wanted are their
+// names by kind.
+func (b *base) sortOut(desired []intent.Policy) (a intent.Applied, present []intent.Policy, wanted map[schema.GroupVersionKind]map[string]bool) {
+	wanted = map[schema.GroupVersionKind]map[string]bool{}
+	for _, p := range desired {
+		if !b.engines.enabled(p.Engine) {
+			if !slices.Contains(a.Disabled, p.Engine) {
+				a.Disabled = append(a.Disabled, p.Engine)
+			}
+			continue
+		}
+		if !b.engines.has(p.Engine) {
+			if !slices.Contains(a.Missing, p.Engine) {
+				a.Missing = append(a.Missing, p.Engine)
+			}
+			continue
+		}
+		gvk := p.Object.GroupVersionKind()
+		if wanted[gvk] == nil {
+			wanted[gvk] = map[string]bool{}
+		}
+		if wanted[gvk][p.Object.GetName()] {
+			// Two rules of one id (the same intent twice, or Block and Audit of it): the first
+			// rule's policy is made, or the two would overwrite each other for ever.
+			a.Shadowed = append(a.Shadowed, p.Entry)
+			continue
+		}
+		wanted[gvk][p.Object.GetName()] = true
+		present = append(present, p)
+	}
+	return a, present, wanted
+}
+
+// deleteUnwanted deletes the parent's policies of the kinds (in namespace) that are not wanted,
+// noting each in a.Changes.
+func (b *base) deleteUnwanted(ctx context.Context, parent types.UID, wanted map[schema.GroupVersionKind]map[string]bool, namespace string, kinds []schema.GroupVersionKind, a *intent.Applied) error {
 	for _, gvk := range kinds {
 		if !b.engines.has(engineOf(gvk)) || !b.engines.enabled(engineOf(gvk)) {
 			continue // a disabled engine's objects are left alone, as it is not watched
@@ -107,7 +122,7 @@ func (b *base) applyPolicies(ctx context.Context, parent types.UID, desired []in
 		}
 		// The parent's own only (an index), not every policy of the namespace.
 		if err := b.objects.List(ctx, list, client.InNamespace(in), client.MatchingFields{indexController: string(parent)}); err != nil {
-			return a, err
+			return err
 		}
 		for i := range list.Items {
 			obj := &list.Items[i]
@@ -116,12 +131,12 @@ func (b *base) applyPolicies(ctx context.Context, parent types.UID, desired []in
 				continue
 			}
 			if err := b.client.Delete(ctx, obj, client.Preconditions{UID: new(obj.GetUID())}); client.IgnoreNotFound(err) != nil {
-				return a, cmp.Or(transient, err)
+				return err
 			}
 			a.Changes = append(a.Changes, "deleted "+gvk.Kind+" "+obj.GetName())
 		}
 	}
-	return a, transient
+	return nil
 }
 
 // policyWriters bounds the writes one reconcile makes at once.

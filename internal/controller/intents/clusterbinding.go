@@ -283,31 +283,17 @@ func (p namespacePolicies) err() error {
 // the rest are written.
 func (r *clusterBindingReconciler) ensureNamespacePolicies(ctx context.Context, csib *intentv1alpha1.ClusterSecurityIntentBinding, rules []intentv1alpha1.NimbusRules, selected []string) (namespacePolicies, error) {
 	name := intent.ClusterPolicyNamePrefix + csib.Name
-	made := &intentv1alpha1.NimbusPolicyList{}
-	if err := r.client.List(ctx, made, client.MatchingFields{indexController: string(csib.UID)}); err != nil {
+	stale, err := r.stalePolicies(ctx, csib, name, selected)
+	if err != nil {
 		return namespacePolicies{}, err
-	}
-	isSelected := make(map[string]bool, len(selected))
-	for _, ns := range selected {
-		isSelected[ns] = true
 	}
 	listed := make(map[string]bool, len(csib.Status.NimbusPolicyNamespaces))
 	for _, ns := range csib.Status.NimbusPolicyNamespaces {
 		listed[ns] = true
 	}
-	var stale []*intentv1alpha1.NimbusPolicy
-	for i := range made.Items {
-		if np := &made.Items[i]; np.Name != name || !isSelected[np.Namespace] {
-			stale = append(stale, np)
-		}
-	}
 
 	// Each namespace's NimbusPolicy is an object of its own: written at once, reported in order.
-	type nsResult struct {
-		ok, conflict, gone bool
-		err                error
-	}
-	results := make([]nsResult, len(selected))
+	results := make([]namespaceResult, len(selected))
 	deleted := make([]error, len(stale))
 	defer r.deferred.writingFor(csib.UID)() // their reports wait for the pass (reports.go)
 	var g errgroup.Group
@@ -320,26 +306,7 @@ func (r *clusterBindingReconciler) ensureNamespacePolicies(ctx context.Context, 
 	}
 	for i, ns := range selected {
 		g.Go(func() error {
-			want := &intentv1alpha1.NimbusPolicy{
-				ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: csib.Labels},
-				Spec:       intentv1alpha1.NimbusPolicySpec{Selector: csib.Spec.Selector.WorkloadSelector, NimbusRules: rules},
-			}
-			did, err := owned.Unchanged, controllerutil.SetControllerReference(csib, want, r.client.Scheme())
-			if err == nil {
-				created := r.deferred.creating(csib.UID, client.ObjectKeyFromObject(want))
-				did, _, err = r.ensurePolicy(ctx, want, listed[ns])
-				created(err == nil && did == owned.Created)
-			}
-			switch {
-			case apierrors.IsNotFound(err) || did == owned.Terminating:
-				results[i].gone = true // the namespace went meanwhile
-			case err != nil:
-				results[i].err = err
-			case did == owned.Taken:
-				results[i].conflict = true
-			default:
-				results[i].ok = true
-			}
+			results[i] = r.ensureNamespacePolicy(ctx, csib, name, ns, rules, listed[ns])
 			return nil
 		})
 	}
@@ -366,4 +333,54 @@ func (r *clusterBindingReconciler) ensureNamespacePolicies(ctx context.Context, 
 		}
 	}
 	return out, nil
+}
+
+// stalePolicies are the cluster binding's NimbusPolicies that are no longer wanted: in a
+// namespace no longer selected, or of another name.
+func (r *clusterBindingReconciler) stalePolicies(ctx context.Context, csib *intentv1alpha1.ClusterSecurityIntentBinding, name string, selected []string) ([]*intentv1alpha1.NimbusPolicy, error) {
+	made := &intentv1alpha1.NimbusPolicyList{}
+	if err := r.client.List(ctx, made, client.MatchingFields{indexController: string(csib.UID)}); err != nil {
+		return nil, err
+	}
+	isSelected := make(map[string]bool, len(selected))
+	for _, ns := range selected {
+		isSelected[ns] = true
+	}
+	var stale []*intentv1alpha1.NimbusPolicy
+	for i := range made.Items {
+		if np := &made.Items[i]; np.Name != name || !isSelected[np.Namespace] {
+			stale = append(stale, np)
+		}
+	}
+	return stale, nil
+}
+
+// namespaceResult is what writing one namespace's NimbusPolicy did.
+type namespaceResult struct {
+	ok, conflict, gone bool
+	err                error
+}
+
+// ensureNamespacePolicy writes the cluster binding's NimbusPolicy in ns; listed says the
+// binding's status lists it as made.
+func (r *clusterBindingReconciler) ensureNamespacePolicy(ctx context.Context, csib *intentv1alpha1.ClusterSecurityIntentBinding, name, ns string, rules []intentv1alpha1.NimbusRules, listed bool) namespaceResult {
+	want := &intentv1alpha1.NimbusPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: csib.Labels},
+		Spec:       intentv1alpha1.NimbusPolicySpec{Selector: csib.Spec.Selector.WorkloadSelector, NimbusRules: rules},
+	}
+	did, err := owned.Unchanged, controllerutil.SetControllerReference(csib, want, r.client.Scheme())
+	if err == nil {
+		created := r.deferred.creating(csib.UID, client.ObjectKeyFromObject(want))
+		did, _, err = r.ensurePolicy(ctx, want, listed)
+		created(err == nil && did == owned.Created)
+	}
+	switch {
+	case apierrors.IsNotFound(err) || did == owned.Terminating:
+		return namespaceResult{gone: true} // the namespace went meanwhile
+	case err != nil:
+		return namespaceResult{err: err}
+	case did == owned.Taken:
+		return namespaceResult{conflict: true}
+	}
+	return namespaceResult{ok: true}
 }

@@ -150,44 +150,23 @@ func (r *exceptionReconciler) Reconcile(ctx context.Context, req reconcile.Reque
 // is refused or has nothing to exempt), and says so.
 func (r *exceptionReconciler) exempt(ctx context.Context, exc *securityv1alpha1.SecurityIntentException) (status.Outcome, error) {
 	now := r.now().Time
-	st := &exc.Status
-	// withdraw removes what the exception's PolicyException exempted, and its status says none.
-	withdraw := func() error {
-		st.PolicyException, st.Policies, st.Exempted = "", nil, nil
-		return r.removePolicyException(ctx, client.ObjectKeyFromObject(exc))
-	}
-	refuseAfter := func(retry time.Duration, ref intent.Refusal) (status.Outcome, error) {
-		if err := withdraw(); err != nil {
-			return status.Outcome{}, err
-		}
-		return status.WaitsForPerson(ref.Reason, ref.Message, retry), nil
-	}
-	refuse := func(ref intent.Refusal) (status.Outcome, error) { return refuseAfter(0, ref) }
 	if ref := intent.CheckException(exc, r.opts, now); ref != nil {
-		return refuse(*ref)
+		return r.refuse(ctx, exc, 0, *ref)
 	}
 	si := &intentv1alpha1.SecurityIntent{}
 	if err := r.client.Get(ctx, client.ObjectKey{Name: exc.Spec.Intent}, si); apierrors.IsNotFound(err) {
-		return refuse(intent.Refusal{Reason: "IntentNotFound", Message: fmt.Sprintf("SecurityIntent %s does not exist: nothing is exempted until it does", exc.Spec.Intent)})
+		return r.refuse(ctx, exc, 0, intent.Refusal{Reason: "IntentNotFound", Message: fmt.Sprintf("SecurityIntent %s does not exist: nothing is exempted until it does", exc.Spec.Intent)})
 	} else if err != nil {
 		return status.Outcome{}, err
 	}
 	id := si.Spec.Intent.ID
-	namespaced, cluster := hasKyverno(intent.Implementations[id]), hasKyverno(intent.ClusterImplementations[id])
-	if intent.Scanned[id] != intent.Kyverno {
-		// Exceptions exempt from Kyverno's validate rules, the ones its scans report on.
-		engines := slices.Concat(intent.Implementations[id], intent.ClusterImplementations[id])
-		slices.Sort(engines)
-		why := fmt.Sprintf("is enforced by %s, which has no exception of its own", orNone(intent.JoinEngines(slices.Compact(engines))))
-		if namespaced || cluster {
-			why = "has Kyverno policies that mutate or generate rather than validate: there is no check to exempt a workload from"
-		}
-		return refuse(intent.Refusal{Reason: "NoEngineException", Message: fmt.Sprintf("SecurityIntent %s (%s) %s; leave the workloads out of the bindings' selectors instead", si.Name, id, why)})
-	}
-	if !r.engines.enabled(intent.Kyverno) {
-		return refuse(intent.Refusal{Reason: "EngineDisabled", Message: "Kyverno, whose PolicyException carries the exemption, is disabled by the manager's --intents-engines"})
-	}
-	if !r.engines.has(intent.Kyverno) {
+	ref, namespaced, cluster := intent.CheckExceptionIntent(si.Name, id)
+	switch {
+	case ref != nil:
+		return r.refuse(ctx, exc, 0, *ref)
+	case !r.engines.enabled(intent.Kyverno):
+		return r.refuse(ctx, exc, 0, intent.Refusal{Reason: "EngineDisabled", Message: "Kyverno, whose PolicyException carries the exemption, is disabled by the manager's --intents-engines"})
+	case !r.engines.has(intent.Kyverno):
 		return status.Progressing("EngineNotInstalled", "Kyverno is not installed: its PolicyException is written once it is", engineRecheck), nil
 	}
 	policies, err := r.exemptedPolicies(ctx, exc, si.Name, id, namespaced, cluster)
@@ -196,7 +175,7 @@ func (r *exceptionReconciler) exempt(ctx context.Context, exc *securityv1alpha1.
 	}
 	until := exc.Spec.Expires.Sub(now)
 	if len(policies) == 0 {
-		if err := withdraw(); err != nil {
+		if err := r.withdraw(ctx, exc); err != nil {
 			return status.Outcome{}, err
 		}
 		o := status.Healthy("NothingToExempt", fmt.Sprintf("no binding applies SecurityIntent %s to these workloads' namespaces: nothing to exempt from "+
@@ -204,38 +183,74 @@ func (r *exceptionReconciler) exempt(ctx context.Context, exc *securityv1alpha1.
 		o.RequeueAfter = until + time.Second
 		return o, nil
 	}
+	want, did, o, err := r.writePolicyException(ctx, exc, policies, min(conflictRetry, until+time.Second))
+	if err != nil || want == nil {
+		return o, err
+	}
+	return r.exempting(ctx, exc, id, policies, want, did, until), nil
+}
+
+// withdraw removes what the exception's PolicyException exempted, and its status says none.
+func (r *exceptionReconciler) withdraw(ctx context.Context, exc *securityv1alpha1.SecurityIntentException) error {
+	exc.Status.PolicyException, exc.Status.Policies, exc.Status.Exempted = "", nil, nil
+	return r.removePolicyException(ctx, client.ObjectKeyFromObject(exc))
+}
+
+// refuse withdraws the exception's exemption and says why, looking again after retry (0: on a
+// change only).
+func (r *exceptionReconciler) refuse(ctx context.Context, exc *securityv1alpha1.SecurityIntentException, retry time.Duration, ref intent.Refusal) (status.Outcome, error) {
+	if err := r.withdraw(ctx, exc); err != nil {
+		return status.Outcome{}, err
+	}
+	return status.WaitsForPerson(ref.Reason, ref.Message, retry), nil
+}
+
+// writePolicyException brings the exception's PolicyException about, with an Event when it
+// changed, and returns it with what the write did. It returns no PolicyException when it is not
+// in force: the outcome (or the error) says why, looked at again after retry.
+func (r *exceptionReconciler) writePolicyException(ctx context.Context, exc *securityv1alpha1.SecurityIntentException, policies []intent.ScannedPolicy, retry time.Duration) (*unstructured.Unstructured, owned.Outcome, status.Outcome, error) {
 	names := make([]string, 0, len(policies))
 	for _, p := range policies {
 		names = append(names, p.Key)
 	}
 	want, err := intent.PolicyException(exc, r.opts.Namespace, names)
 	if err != nil {
-		return status.Outcome{}, err
+		return nil, owned.Unchanged, status.Outcome{}, err
 	}
 	key := client.ObjectKeyFromObject(exc).String()
 	w := &owned.Writer{Client: r.client, Reader: r.apiReader, APIReader: r.apiReader}
 	did, _, err := w.Ensure(ctx, want, owned.Options{Claims: func(current client.Object) bool {
 		return current.GetAnnotations()[intent.ExceptionAnnotation] == key
 	}})
-	retry := min(conflictRetry, until+time.Second) // looked at again by its expiry at the latest
+	var o status.Outcome
 	switch {
 	case err != nil && rejected(err):
 		// What an earlier version of the exception wrote exempts no longer either.
-		return refuseAfter(retry, intent.Refusal{Reason: "Rejected", Message: "Kyverno's PolicyException is refused: " + err.Error()})
+		o, err = r.refuse(ctx, exc, retry, intent.Refusal{Reason: "Rejected", Message: "Kyverno's PolicyException is refused: " + err.Error()})
+		return nil, owned.Unchanged, o, err
 	case err != nil:
-		return status.Outcome{}, err
+		return nil, owned.Unchanged, status.Outcome{}, err
 	case did == owned.Terminating:
-		return status.Progressing("NamespaceTerminating", "the exception namespace "+r.opts.Namespace+" is being deleted", retry), nil
+		return nil, owned.Unchanged, status.Progressing("NamespaceTerminating", "the exception namespace "+r.opts.Namespace+" is being deleted", retry), nil
 	case did == owned.Taken: // withdraw leaves another's PolicyException alone
-		return refuseAfter(retry, intent.Refusal{Reason: "Conflict", Message: fmt.Sprintf("PolicyException %s/%s exists and does not carry this exception; it is left alone",
+		o, err = r.refuse(ctx, exc, retry, intent.Refusal{Reason: "Conflict", Message: fmt.Sprintf("PolicyException %s/%s exists and does not carry this exception; it is left alone",
 			want.GetNamespace(), want.GetName())})
+		return nil, owned.Unchanged, o, err
 	case did != owned.Unchanged:
 		r.recorder.Eventf(exc, nil, corev1.EventTypeNormal, "PolicyException"+strings.ToUpper(string(did[:1]))+string(did[1:]), "Exempt",
 			"%s Kyverno PolicyException %s/%s exempting from %s", did, want.GetNamespace(), want.GetName(), strings.Join(entriesOf(policies), ", "))
 	}
-	st.PolicyException = want.GetNamespace() + "/" + want.GetName()
+	return want, did, status.Outcome{}, nil
+}
+
+// exempting is the status of an exception whose PolicyException pe is in force (did: what its
+// write did), until its expiry.
+func (r *exceptionReconciler) exempting(ctx context.Context, exc *securityv1alpha1.SecurityIntentException, id string, policies []intent.ScannedPolicy,
+	pe *unstructured.Unstructured, did owned.Outcome, until time.Duration) status.Outcome {
+	st := &exc.Status
+	st.PolicyException = pe.GetNamespace() + "/" + pe.GetName()
 	st.Policies = entriesOf(policies)
-	exempted, readable, err := r.exempted(ctx, policies, want.GetName())
+	exempted, readable, err := r.exempted(ctx, policies, pe.GetName())
 	seen := "Kyverno's reports cannot be read (see the intent's impact)"
 	if err != nil {
 		// Not the exception's failure: its status, and its requeue at expiry, are written anyway.
@@ -263,10 +278,8 @@ func (r *exceptionReconciler) exempt(ctx context.Context, exc *securityv1alpha1.
 	if did != owned.Unchanged && o.Reason == "Exempting" {
 		o = o.Silenced() // the write's Event said it
 	}
-	return o, nil
+	return o
 }
-
-func hasKyverno(engines []intent.Engine) bool { return slices.Contains(engines, intent.Kyverno) }
 
 // unexempted says which of the intent's other engines still enforce it on the exempted workloads
 // ("" when none): KubeArmor, which enforces escapeToHost at run time too, has no exception.
@@ -281,13 +294,6 @@ func (r *exceptionReconciler) unexempted(id string) string {
 		return ""
 	}
 	return intent.JoinEngines(still) + " still enforces " + id + " on them at run time (no exception of its own; leave them out of the bindings' selectors where they must be exempt from it too)"
-}
-
-func orNone(s string) string {
-	if s == "" {
-		return "no engine"
-	}
-	return s
 }
 
 // exemptedPolicies are the intent's Kyverno policies that apply to the exception's namespaces:
