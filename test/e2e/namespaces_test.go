@@ -306,7 +306,12 @@ func TestManagerCannotMintTokensOutsideItsNamespaces(t *testing.T) {
 	startNamespacesManager(t, requests)
 	requestNamespace(t, requests, "e2e-scope", nil)
 	waitReady(t, requests, "e2e-scope")
-	_, err = asManager.CoreV1().ServiceAccounts("e2e-scope").CreateToken(ctx, "default", &authenticationv1.TokenRequest{}, metav1.CreateOptions{})
+	// A ServiceAccount of the test's own: the API server looks the account up before admission,
+	// so one not there yet (the namespace's "default", which the cluster's controller makes in its
+	// own time) answers NotFound, not the policy's denial; seen on CI.
+	other := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: "e2e-scope", Name: "someone-else"}}
+	must(t, admin.Create(ctx, other))
+	_, err = asManager.CoreV1().ServiceAccounts("e2e-scope").CreateToken(ctx, other.Name, &authenticationv1.TokenRequest{}, metav1.CreateOptions{})
 	if err == nil || !strings.Contains(err.Error(), "named admin") {
 		t.Errorf("minting a token for another ServiceAccount in a managed namespace: want a denial, got %v", err)
 	}
