@@ -20,7 +20,7 @@ import (
 )
 
 // countingDiscovery serves one group version's resources, none until serve is called, and counts
-// the Starter's questions: the test's barrier is a number of polls, never a time.
+// the questions of the Starter's Kinds: the test's barrier is a number of polls, never a time.
 type countingDiscovery struct {
 	discovery.DiscoveryInterface // only ServerResourcesForGroupVersion is called
 
@@ -83,15 +83,17 @@ func TestStarterLogsAMissingKindOnceAndStartsWhenServed(t *testing.T) {
 	d := &countingDiscovery{}
 	logs := &lines{}
 	setUp := make(chan struct{})
+	log := funcr.New(logs.add, funcr.Options{})
+	kinds := controllers.NewKindsWith(d, time.Millisecond, log)
 	s := &controllers.Starter{
 		Controller: controllers.Controller{Name: "widgets", Requires: []schema.GroupVersionKind{gvk},
-			Setup: func(ctrl.Manager) error { close(setUp); return nil }},
-		Discovery:    d,
-		PollInterval: time.Millisecond,
-		Log:          funcr.New(logs.add, funcr.Options{}),
+			Setup: func(ctrl.Manager, *controllers.Kinds) error { close(setUp); return nil }},
+		Kinds: kinds,
+		Log:   log,
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
+	go func() { _ = kinds.Start(ctx) }()
 	done := make(chan error, 1)
 	go func() { done <- s.Start(ctx) }()
 

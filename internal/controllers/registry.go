@@ -45,8 +45,10 @@ type Controller struct {
 	// names the kind in its CacheByObject without listing it here too. A List by namespace of such a
 	// kind from the cache fails ("Index with name namespace does not exist"). Optional.
 	NoNamespaceIndex []client.Object
-	// Setup registers the controller with the manager. It runs once, after Requires are served.
-	Setup func(mgr ctrl.Manager) error
+	// Setup registers the controller with the manager. It runs once, after Requires are served;
+	// kinds is the manager's one follower of what is served later (watches of kinds that may be
+	// served after the controller started are built as its Late sources).
+	Setup func(mgr ctrl.Manager, kinds *Kinds) error
 	// Readyz, when set, is part of the manager's /readyz (as check Name): whether what the
 	// controller serves to clients (not to the API server) answers yet. It is registered before
 	// the manager starts (Setup runs after, when no check can be added any more) and must say

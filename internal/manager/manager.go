@@ -16,7 +16,6 @@ import (
 	"github.com/go-logr/logr"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
-	"k8s.io/client-go/discovery"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/utils/ptr"
@@ -238,17 +237,16 @@ func Run(ctx context.Context, args []string, all []controllers.Controller, schem
 		}
 	}
 
-	disco, err := discovery.NewDiscoveryClientForConfig(restConfig)
+	kinds, err := controllers.NewKinds(mgr, o.KindPollInterval)
 	if err != nil {
 		return err
 	}
 	for _, c := range sel.Enabled {
 		err := mgr.Add(&controllers.Starter{
-			Controller:   c,
-			Manager:      mgr,
-			Discovery:    disco,
-			PollInterval: o.KindPollInterval,
-			Log:          root.WithName("registry"),
+			Controller: c,
+			Manager:    mgr,
+			Kinds:      kinds,
+			Log:        root.WithName("registry"),
 		})
 		if err != nil {
 			return err

@@ -30,7 +30,7 @@ func widgetController(reconciled chan<- string) controllers.Controller {
 	return controllers.Controller{
 		Name:     "widgets",
 		Requires: []schema.GroupVersionKind{widgetGVK},
-		Setup: func(mgr ctrl.Manager) error {
+		Setup: func(mgr ctrl.Manager, _ *controllers.Kinds) error {
 			u := &unstructured.Unstructured{}
 			u.SetGroupVersionKind(widgetGVK)
 			return builder.ControllerManagedBy(mgr).For(u).Named("widgets").Complete(
@@ -46,7 +46,7 @@ func unconfiguredController() controllers.Controller {
 	return controllers.Controller{
 		Name:       "needs-config",
 		Configured: func() error { return errors.New("--needs-config-endpoint is required") },
-		Setup:      func(ctrl.Manager) error { return errors.New("must not be set up") },
+		Setup:      func(ctrl.Manager, *controllers.Kinds) error { return errors.New("must not be set up") },
 	}
 }
 

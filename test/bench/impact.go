@@ -21,6 +21,7 @@ import (
 	intentv1alpha1 "github.com/quartermaster-dev/quartermaster/api/intent/v1alpha1"
 	securityv1alpha1 "github.com/quartermaster-dev/quartermaster/api/security/v1alpha1"
 	"github.com/quartermaster-dev/quartermaster/internal/controller/intents"
+	"github.com/quartermaster-dev/quartermaster/internal/controllers"
 	"github.com/quartermaster-dev/quartermaster/internal/intent"
 	"github.com/quartermaster-dev/quartermaster/internal/manager"
 	"github.com/quartermaster-dev/quartermaster/internal/testing/kyverno"
@@ -105,7 +106,11 @@ func impactBench(ctx context.Context, e *env) ([]result, error) {
 	}
 	opts := intents.Options{}
 	opts.AddFlags(flag.NewFlagSet("intents", flag.ContinueOnError))
-	if err := intents.Setup(mgr, opts); err != nil {
+	kinds, err := controllers.NewKinds(mgr, 0)
+	if err != nil {
+		return nil, err
+	}
+	if err := intents.Setup(mgr, kinds, opts); err != nil {
 		return nil, err
 	}
 	stopManager, err := startManager(ctx, mgr, "intents")

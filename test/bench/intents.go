@@ -37,6 +37,7 @@ import (
 	securityv1alpha1 "github.com/quartermaster-dev/quartermaster/api/security/v1alpha1"
 	"github.com/quartermaster-dev/quartermaster/internal/controller/intents"
 	"github.com/quartermaster-dev/quartermaster/internal/controller/status"
+	"github.com/quartermaster-dev/quartermaster/internal/controllers"
 	"github.com/quartermaster-dev/quartermaster/internal/intent"
 	"github.com/quartermaster-dev/quartermaster/internal/manager"
 	"github.com/quartermaster-dev/quartermaster/internal/testing/enginecrds"
@@ -107,7 +108,11 @@ func intentsBench(ctx context.Context, e *env) ([]result, error) {
 	}
 	opts := intents.Options{} // the flags' defaults, as the operator runs
 	opts.AddFlags(flag.NewFlagSet("intents", flag.ContinueOnError))
-	if err := intents.Setup(mgr, opts); err != nil {
+	kinds, err := controllers.NewKinds(mgr, 0)
+	if err != nil {
+		return nil, err
+	}
+	if err := intents.Setup(mgr, kinds, opts); err != nil {
 		return nil, err
 	}
 	queues := gatherQueues()
@@ -620,7 +625,11 @@ func clusterBindingBench(ctx context.Context, e *env) ([]result, error) {
 	}
 	opts := intents.Options{} // the flags' defaults, as the operator runs
 	opts.AddFlags(flag.NewFlagSet("intents", flag.ContinueOnError))
-	if err := intents.Setup(mgr, opts); err != nil {
+	kinds, err := controllers.NewKinds(mgr, 0)
+	if err != nil {
+		return nil, err
+	}
+	if err := intents.Setup(mgr, kinds, opts); err != nil {
 		return nil, err
 	}
 	stopManager, err := startManager(ctx, mgr, "intents")

@@ -90,7 +90,7 @@ func keylessBench(ctx context.Context, e *env) (results []result, err error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := reg.Setup(mgr); err != nil {
+	if err := reg.Setup(mgr, nil); err != nil {
 		return nil, err
 	}
 	stop, err := startManager(ctx, mgr, "namespaces")

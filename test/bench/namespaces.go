@@ -59,7 +59,7 @@ func namespacesBench(ctx context.Context, e *env) ([]result, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := reg.Setup(mgr); err != nil {
+	if err := reg.Setup(mgr, nil); err != nil {
 		return nil, err
 	}
 	stop, err := startManager(ctx, mgr, "namespaces")

@@ -184,7 +184,7 @@ func Controller() controllers.Controller {
 			_, err := o.validate()
 			return err
 		},
-		Setup: func(mgr ctrl.Manager) error {
+		Setup: func(mgr ctrl.Manager, _ *controllers.Kinds) error {
 			cfg, err := o.validate()
 			if err != nil {
 				return err

@@ -39,7 +39,7 @@ func specOrLabels() predicate.Predicate {
 // intentReconciler shows each SecurityIntent's id and action in its status, as Nimbus does.
 type intentReconciler struct{ *base }
 
-func (r *intentReconciler) setup(mgr ctrl.Manager, opts controller.Options, impact []source.Source) (controller.Controller, error) {
+func (r *intentReconciler) setup(mgr ctrl.Manager, opts controller.Options, impact []source.Source) error {
 	b := builder.ControllerManagedBy(mgr)
 	for _, src := range impact {
 		b = b.WatchesRawSource(src)
@@ -55,7 +55,7 @@ func (r *intentReconciler) setup(mgr ctrl.Manager, opts controller.Options, impa
 		// Its status lists the exceptions to it.
 		Watches(&securityv1alpha1.SecurityIntentException{}, handler.EnqueueRequestsFromMapFunc(exceptionsOf), builder.WithPredicates(exceptionShown())).
 		WithOptions(opts).
-		Build(r)
+		Complete(r)
 }
 
 // intentsNamed maps a binding to the SecurityIntents it names.
@@ -291,7 +291,7 @@ func (b *base) ensurePolicy(ctx context.Context, want client.Object, made bool) 
 // the binding's labels, one rule per existing intent in binding order.
 type bindingReconciler struct{ *base }
 
-func (r *bindingReconciler) setup(mgr ctrl.Manager, opts controller.Options, impact []source.Source) (controller.Controller, error) {
+func (r *bindingReconciler) setup(mgr ctrl.Manager, opts controller.Options, impact []source.Source) error {
 	b := builder.ControllerManagedBy(mgr)
 	for _, src := range impact {
 		b = b.WatchesRawSource(src)
@@ -305,7 +305,7 @@ func (r *bindingReconciler) setup(mgr ctrl.Manager, opts controller.Options, imp
 		Watches(&intentv1alpha1.SecurityIntent{}, handler.EnqueueRequestsFromMapFunc(r.bindingsOf(&intentv1alpha1.SecurityIntentBindingList{})),
 			builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		WithOptions(opts).
-		Build(r)
+		Complete(r)
 }
 
 // Reconcile brings one binding's NimbusPolicy to its intents.

@@ -31,7 +31,7 @@ import (
 // name) and a NimbusPolicy nimbus-ctlr-gen-<binding> in every namespace it selects.
 type clusterBindingReconciler struct{ *base }
 
-func (r *clusterBindingReconciler) setup(mgr ctrl.Manager, opts controller.Options, impact []source.Source) (controller.Controller, error) {
+func (r *clusterBindingReconciler) setup(mgr ctrl.Manager, opts controller.Options, impact []source.Source) error {
 	b := builder.ControllerManagedBy(mgr)
 	for _, src := range impact {
 		b = b.WatchesRawSource(src)
@@ -50,7 +50,7 @@ func (r *clusterBindingReconciler) setup(mgr ctrl.Manager, opts controller.Optio
 		WatchesRawSource(source.Kind[client.Object](r.namespaces, namespaceMetadata(),
 			handler.EnqueueRequestsFromMapFunc(r.selecting), namespaceLifecycle())).
 		WithOptions(opts).
-		Build(r)
+		Complete(r)
 }
 
 // controllingClusterBinding maps a NimbusPolicy to the ClusterSecurityIntentBinding that controls

@@ -126,11 +126,11 @@ func Controller() controllers.Controller {
 		Requires:   Kinds,
 		AddFlags:   o.AddFlags,
 		Configured: o.validate,
-		Setup: func(mgr ctrl.Manager) error {
+		Setup: func(mgr ctrl.Manager, kinds *controllers.Kinds) error {
 			if err := o.validate(); err != nil {
 				return err
 			}
-			return Setup(mgr, *o)
+			return Setup(mgr, kinds, *o)
 		},
 	}
 }

@@ -2,45 +2,89 @@ package intents
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"sync"
-	"time"
 
 	"github.com/go-logr/logr"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/client-go/discovery"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	ctrl "sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
+	"github.com/quartermaster-dev/quartermaster/internal/controllers"
 	"github.com/quartermaster-dev/quartermaster/internal/intent"
 )
 
-// enginePollInterval is how often discovery is asked which engines are installed.
-const enginePollInterval = 10 * time.Second
-
-// engines knows which policy engines the cluster has, by their kinds being served, and tells
-// when one appears (its CRDs installed late) so its policies are generated then.
+// engines knows which policy engines the cluster has, from the manager's Kinds (an engine is
+// installed once its kinds are served; K8TLS once its namespace and ServiceAccount exist). An engine
+// installed late is watched by the policy controllers' Late sources, which reconcile every policy
+// when it appears.
 type engines struct {
-	discovery discovery.DiscoveryInterface
-	reader    client.Reader // reads K8TLS's ServiceAccount, uncached
-	interval  time.Duration
-	log       logr.Logger
-	// appeared is called, once per engine, when it is first seen (wake: reconcile every policy,
-	// false before the controllers have started and reconcile everything anyway).
-	appeared func(ctx context.Context, e intent.Engine, wake bool) error
+	kinds   *controllers.Kinds
+	reader  client.Reader // reads K8TLS's ServiceAccount, uncached
+	objects cache.Cache   // the engines' policies (indexed by their controller once served)
+	log     logr.Logger
 
 	forbiddenOnce sync.Once
 
 	// allowed are the engines --intents-engines enables (nil: every engine). Another is neither
 	// looked for, watched nor written, and its objects are left as they are.
 	allowed map[intent.Engine]bool
+	needs   map[intent.Engine]controllers.Need
 
-	mu      sync.RWMutex
-	present map[intent.Engine]bool
+	mu       sync.Mutex
+	prepared map[intent.Engine]*prepared // engines whose kinds are indexed in objects
+}
+
+// prepared is one engine's indexing, done once.
+type prepared struct {
+	once sync.Once
+	err  error
+	done bool
+}
+
+func newEngines(kinds *controllers.Kinds, reader client.Reader, objects cache.Cache, log logr.Logger, allowed map[intent.Engine]bool) *engines {
+	e := &engines{kinds: kinds, reader: reader, objects: objects, log: log, allowed: allowed,
+		needs: map[intent.Engine]controllers.Need{}, prepared: map[intent.Engine]*prepared{}}
+	const installed = "policy engine installed: generating its policies"
+	for _, en := range []intent.Engine{intent.KubeArmor, intent.Kyverno, intent.NetworkPolicy, intent.K8TLS} {
+		e.needs[en] = controllers.Need{Name: "policy engine " + string(en), Kinds: intent.EngineKinds[en], Announce: installed}
+		e.prepared[en] = &prepared{}
+	}
+	e.needs[intent.NetworkPolicy] = controllers.Need{Name: "policy engine " + string(intent.NetworkPolicy), Kinds: intent.EngineKinds[intent.NetworkPolicy]} // built in
+	// Its kinds (CronJob, ConfigMap) are built in and say nothing: its namespace and ServiceAccount do.
+	e.needs[intent.K8TLS] = controllers.Need{Name: "policy engine " + string(intent.K8TLS), Probe: e.k8tlsInstalled, Announce: installed}
+	return e
+}
+
+// prepare indexes the engine's kinds in objects by their controller's UID (a reconcile lists its
+// owner's policies only), once; the engine counts as installed from then on. Every Late source of
+// the engine runs it before it starts (an index cannot be added before its kind is served).
+func (e *engines) prepare(en intent.Engine) func(ctx context.Context) error {
+	return func(ctx context.Context) error {
+		p := e.prepared[en]
+		p.once.Do(func() {
+			for _, gvk := range intent.EngineKinds[en] {
+				obj := &unstructured.Unstructured{}
+				obj.SetGroupVersionKind(gvk)
+				if p.err = e.objects.IndexField(ctx, obj, indexController, controllerUID); p.err != nil {
+					return
+				}
+			}
+			e.mu.Lock()
+			p.done = true
+			e.mu.Unlock()
+		})
+		return p.err
+	}
 }
 
 // enabled reports whether --intents-engines lets the controller use the engine.
@@ -53,75 +97,71 @@ func (e *engines) available(en intent.Engine) bool {
 	return e.enabled(en) && e.has(en)
 }
 
-// has reports whether the engine's kinds are served (NetworkPolicy always is).
+// has reports whether the engine's kinds are served and indexed.
 func (e *engines) has(en intent.Engine) bool {
-	if en == intent.NetworkPolicy {
-		return true
+	p := e.prepared[en]
+	if p == nil {
+		return false
 	}
-	e.mu.RLock()
-	defer e.mu.RUnlock()
-	return e.present[en]
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return p.done
 }
 
-// NeedLeaderElection is false: the watches it adds belong to leader-elected controllers.
-func (e *engines) NeedLeaderElection() bool { return false }
-
-// Start polls discovery until ctx ends.
-func (e *engines) Start(ctx context.Context) error {
-	wait.UntilWithContext(ctx, func(ctx context.Context) { e.detect(ctx) }, e.interval)
+// look asks now for the enabled engines and prepares those installed, so that they are known
+// before the controllers are built: their watches are synced before the first reconcile.
+func (e *engines) look(ctx context.Context) error {
+	for en, n := range e.needs {
+		if e.enabled(en) && e.kinds.Check(ctx, n) {
+			if err := e.prepare(en)(ctx); err != nil {
+				return err
+			}
+		}
+	}
 	return nil
 }
 
-// detect looks for engines installed since, and marks each present before its watches and the
-// wake-up of every policy, so a policy reconciled for the new engine sees it.
-func (e *engines) detect(ctx context.Context) {
-	for _, en := range e.markServed(ctx) {
-		e.watch(ctx, en, true)
-	}
-}
-
-// markServed marks present, and returns, the engines not present yet whose kinds discovery
-// serves now (K8TLS: whose namespace and ServiceAccount exist).
-func (e *engines) markServed(ctx context.Context) []intent.Engine {
-	var out []intent.Engine
-	for _, en := range []intent.Engine{intent.KubeArmor, intent.Kyverno, intent.K8TLS} {
-		if e.has(en) || !e.enabled(en) {
+// sources are the watches of the kinds among kinds that the enabled engines generate, one Late
+// source each, for a controller of owner (listed by list): an edit or deletion of a generated
+// policy reconciles its owner; creations are the owner's own and wake nothing (the reconcile that
+// made an object has looked at it, and an informer's replay at start is of owners reconciled at
+// start anyway); an engine that appears after the start reconciles every owner, whose policies
+// for it can be made now.
+func (b *base) engineSources(mgr ctrl.Manager, kinds []schema.GroupVersionKind, owner client.Object, list client.ObjectList) []source.Source {
+	var out []source.Source
+	for _, en := range []intent.Engine{intent.KubeArmor, intent.NetworkPolicy, intent.Kyverno, intent.K8TLS} {
+		if !b.engines.enabled(en) {
 			continue
 		}
-		var served bool
-		var err error
-		if en == intent.K8TLS {
-			served, err = e.k8tlsInstalled(ctx)
-		} else {
-			served, err = allServed(e.discovery, intent.EngineKinds[en])
-		}
-		if err != nil {
-			e.log.Error(err, "asking discovery for a policy engine's kinds; retrying", "engine", en)
-			continue
-		}
-		if served {
-			e.setPresent(en, true)
-			out = append(out, en)
+		woken := false
+		for _, gvk := range intent.EngineKinds[en] {
+			if !slices.Contains(kinds, gvk) {
+				continue
+			}
+			obj := &unstructured.Unstructured{}
+			obj.SetGroupVersionKind(gvk)
+			late := b.engines.kinds.Watch(b.engines.needs[en], b.objects, obj,
+				handler.EnqueueRequestForOwner(mgr.GetScheme(), mgr.GetRESTMapper(), owner, handler.OnlyControllerOwner()), notCreated()).
+				Prepare(b.engines.prepare(en))
+			if !woken {
+				late, woken = late.Appeared(b.enqueueAll(list)), true
+			}
+			out = append(out, late)
 		}
 	}
 	return out
 }
 
-// watch adds the engine's watches (wake: and reconciles every policy). One whose watches fail is
-// marked absent again, and Start finds it anew (with every policy woken).
-func (e *engines) watch(ctx context.Context, en intent.Engine, wake bool) {
-	if err := e.appeared(ctx, en, wake); err != nil {
-		e.setPresent(en, false)
-		e.log.Error(err, "watching a policy engine's kinds; retrying", "engine", en)
-		return
+// enqueueAll adds every object of list's kind to a controller's queue.
+func (b *base) enqueueAll(list client.ObjectList) func(ctx context.Context, q controllers.Queue) {
+	return func(ctx context.Context, q controllers.Queue) {
+		l := list.DeepCopyObject().(client.ObjectList)
+		if err := b.client.List(ctx, l); err != nil {
+			b.engines.log.Error(err, "reconciling every object after an engine appeared: listing failed; each is reconciled at its recheck", "kind", fmt.Sprintf("%T", list))
+			return
+		}
+		_ = forEach(l, func(o client.Object) { q.Add(reconcile.Request{NamespacedName: client.ObjectKeyFromObject(o)}) })
 	}
-	e.log.Info("policy engine installed: generating its policies", "engine", en)
-}
-
-func (e *engines) setPresent(en intent.Engine, present bool) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	e.present[en] = present
 }
 
 // k8tlsInstalled reports whether nimbus-k8tls's namespace and the ServiceAccount its scans run as
@@ -151,20 +191,4 @@ func (e *engines) k8tlsInstalled(ctx context.Context) (bool, error) {
 		return false, nil
 	}
 	return false, err
-}
-
-func allServed(d discovery.DiscoveryInterface, kinds []schema.GroupVersionKind) (bool, error) {
-	for _, gvk := range kinds {
-		list, err := d.ServerResourcesForGroupVersion(gvk.GroupVersion().String())
-		if apierrors.IsNotFound(err) {
-			return false, nil
-		}
-		if err != nil {
-			return false, err
-		}
-		if !slices.ContainsFunc(list.APIResources, func(r metav1.APIResource) bool { return r.Kind == gvk.Kind }) {
-			return false, nil
-		}
-	}
-	return true, nil
 }

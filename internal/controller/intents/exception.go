@@ -75,7 +75,7 @@ type exceptionReconciler struct {
 	opts intent.ExceptionRules
 }
 
-func (r *exceptionReconciler) setup(mgr ctrl.Manager, opts controller.Options, impact []source.Source) (controller.Controller, error) {
+func (r *exceptionReconciler) setup(mgr ctrl.Manager, opts controller.Options, impact []source.Source) error {
 	b := builder.ControllerManagedBy(mgr)
 	for _, src := range impact {
 		b = b.WatchesRawSource(src)
@@ -91,7 +91,7 @@ func (r *exceptionReconciler) setup(mgr ctrl.Manager, opts controller.Options, i
 		Watches(&intentv1alpha1.SecurityIntentBinding{}, handler.EnqueueRequestsFromMapFunc(r.exceptionsOfBinding), changed).
 		Watches(&intentv1alpha1.ClusterSecurityIntentBinding{}, handler.EnqueueRequestsFromMapFunc(r.exceptionsOfBinding), changed).
 		WithOptions(opts).
-		Build(r)
+		Complete(r)
 }
 
 // exceptionsNaming are the requests of the exceptions naming the intent.
@@ -368,12 +368,6 @@ func (b *base) exempted(ctx context.Context, policies []intent.ScannedPolicy, pe
 	defer cancel()
 	n, err := intent.Exempted(policies, pe, b.reportsOf(ctx))
 	return n, err == nil, err
-}
-
-// wakeExceptions sends every exception to its controller (Kyverno appeared: their PolicyExceptions
-// can be written now).
-func (b *base) wakeExceptions(ctx context.Context, ch chan<- event.GenericEvent) error {
-	return b.sendListed(ctx, ch, &securityv1alpha1.SecurityIntentExceptionList{})
 }
 
 // exceptionSweep deletes, once each time the controller leads, the PolicyExceptions it wrote that

@@ -12,7 +12,6 @@ import (
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -39,8 +38,8 @@ import (
 // aggregateWindow, so a namespace of a thousand Pods scanned at once is a few status writes. What
 // the impact cannot be read from (Kyverno's reports not served, its reports controller not
 // running) is polled and, when it changes, wakes every intent and binding that
-// has scanned intents: the status then says the impact is unknown, never zero. It is polled as
-// often as the engines are (enginePollInterval): one discovery request and one Lease read.
+// has scanned intents: the status then says the impact is unknown, never zero. It is read every
+// reportsPollInterval: one Lease read (whether the kind is served, the manager's Kinds says).
 
 // impactInputs starts the inputs of an impact with the reports' state, read once per impact.
 func (b *base) impactInputs() intent.ImpactInputs {
@@ -274,46 +273,15 @@ type impactWake struct {
 // picker chooses, of a report's targets, those of one controller.
 type picker = func(ctx context.Context, sibs, csibs []client.ObjectKey, intents []string) []client.ObjectKey
 
-// impactSource is the report watch of one controller.
-func (b *base) impactSource(pick picker) source.Source {
-	return source.Kind[client.Object](b.reports.cache, newPolicyReport(), b.reportChanges(pick))
-}
-
-// impactSources are one controller's sources of impacts at its build: the wake channel, and the
-// report watch when the kind is served at start (added later otherwise, by watchReports).
-func (b *base) impactSources(wake chan event.GenericEvent, pick picker) ([]source.Source, error) {
+// impactSources are one controller's sources of impacts: the wake channel, and the report watch
+// (Late: it starts once the kind is served, with the report cache's index added first). With
+// Kyverno left out by --intents-engines no report is watched.
+func (b *base) impactSources(wake chan event.GenericEvent, pick picker) []source.Source {
 	srcs := []source.Source{source.Channel(wake, &handler.EnqueueRequestForObject{})}
-	if b.reports.watched {
-		if err := b.reports.indexReports(context.Background()); err != nil {
-			return nil, err
-		}
-		srcs = append(srcs, b.impactSource(pick))
+	if b.engines.enabled(intent.Kyverno) {
+		srcs = append(srcs, b.engines.kinds.Watch(reportsNeed, b.reports.cache, newPolicyReport(), b.reportChanges(pick)).Prepare(b.reports.indexReports))
 	}
-	return srcs, nil
-}
-
-// watchReports adds the report watch to the controllers that show what the reports say (the
-// impacts, the exceptions' exempted workloads), once the kind is served after they were built.
-func (b *base) watchReports(si, sib, csib, sie controller.Controller) func(ctx context.Context) error {
-	var watching [4]bool // a watch added is not added again when a later one failed
-	return func(ctx context.Context) error {
-		if err := b.reports.indexReports(ctx); err != nil {
-			return err
-		}
-		for i, w := range []struct {
-			c    controller.Controller
-			pick picker
-		}{{si, b.reportsForIntents}, {sib, b.reportsForBindings}, {csib, b.reportsForClusterBindings}, {sie, b.reportsForExceptions}} {
-			if watching[i] {
-				continue
-			}
-			if err := w.c.Watch(b.impactSource(w.pick)); err != nil {
-				return err
-			}
-			watching[i] = true
-		}
-		return nil
-	}
+	return srcs
 }
 
 // wakeScanned sends every SecurityIntent of a scanned intent, and every binding and exception naming

@@ -3,6 +3,7 @@ package intents
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -11,7 +12,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/client-go/discovery"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrl "sigs.k8s.io/controller-runtime/pkg/manager"
@@ -49,21 +49,17 @@ const (
 type reports struct {
 	cache     cache.Cache // PolicyReports, compacted (compactReport) and indexed
 	reader    client.Reader
-	discovery discovery.DiscoveryInterface
 	engines   *engines
 	namespace string // Kyverno's: where its reports controller's Lease is
 	interval  time.Duration
 	now       func() time.Time
 	log       logr.Logger
 
-	// wake receives what must be reconciled when the state changes; watch adds the report watch
-	// to the controllers once the kind is served.
-	wake  func(ctx context.Context) error
-	watch func(ctx context.Context) error
+	// wake receives what must be reconciled when the state changes.
+	wake func(ctx context.Context) error
 
-	mu      sync.Mutex
-	state   reportsState
-	watched bool
+	mu    sync.Mutex
+	state reportsState
 
 	indexOnce sync.Once
 	indexErr  error
@@ -75,7 +71,10 @@ type reportsState struct {
 	why      string // when not readable: for status.impact.message
 }
 
-// NeedLeaderElection is true: it adds watches to, and wakes, leader-elected controllers.
+// reportsNeed is what the report watches wait for: the kind served (Kinds).
+var reportsNeed = controllers.Need{Name: "Kyverno's PolicyReports", Kinds: []schema.GroupVersionKind{PolicyReportKind}}
+
+// NeedLeaderElection is true: it wakes leader-elected controllers.
 func (r *reports) NeedLeaderElection() bool { return true }
 
 // Start polls the state until ctx ends.
@@ -107,24 +106,9 @@ func (r *reports) current() reportsState {
 	return r.state
 }
 
-// check looks at the report kind and the reports controller's Lease, adds the report watch once the
-// kind is served, and returns the state before and whether it changed.
+// check looks at the state, and returns the state before and whether it changed.
 func (r *reports) check(ctx context.Context) (reportsState, bool) {
 	next := r.look(ctx)
-	if next.readable {
-		r.mu.Lock()
-		watched := r.watched
-		r.mu.Unlock()
-		if !watched {
-			if err := r.watch(ctx); err != nil {
-				next = reportsState{why: "Kyverno's PolicyReports cannot be watched: " + err.Error()}
-			} else {
-				r.mu.Lock()
-				r.watched = true
-				r.mu.Unlock()
-			}
-		}
-	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	previous := r.state
@@ -145,18 +129,14 @@ func (r *reports) look(ctx context.Context) reportsState {
 		}
 		return reportsState{why: "Kyverno is not installed, so nothing here scans existing workloads"}
 	}
-	resources, err := r.discovery.ServerResourcesForGroupVersion(PolicyReportKind.GroupVersion().String())
-	if err != nil && !apierrors.IsNotFound(err) {
-		return reportsState{why: "Kyverno's PolicyReports (" + PolicyReportKind.GroupVersion().String() + ") cannot be looked up: " + err.Error()}
-	}
-	served := false
-	if resources != nil {
-		for _, res := range resources.APIResources {
-			served = served || res.Kind == PolicyReportKind.Kind
+	if !r.engines.kinds.Has(reportsNeed) {
+		if missing := r.engines.kinds.Missing(reportsNeed); strings.Contains(missing, "failed") {
+			return reportsState{why: "Kyverno's PolicyReports (" + PolicyReportKind.GroupVersion().String() + ") cannot be looked up: " + missing}
 		}
-	}
-	if !served {
 		return reportsState{why: "Kyverno's PolicyReport kind (" + PolicyReportKind.GroupVersion().String() + ") is not served: Kyverno was installed without its report CRDs"}
+	}
+	if err := r.indexReports(ctx); err != nil {
+		return reportsState{why: "Kyverno's PolicyReports cannot be indexed: " + err.Error()}
 	}
 	lease := &coordinationv1.Lease{}
 	where := r.namespace + "/" + ReportsControllerLease
@@ -201,7 +181,7 @@ func newPolicyReportList() *unstructured.UnstructuredList {
 }
 
 // newReportCache is the cache of PolicyReports; no informer runs in it, nor are its indexes added
-// (indexReports), before the kind is served.
+// (indexReports, the report watches' Prepare), before the kind is served.
 func newReportCache(mgr ctrl.Manager) (cache.Cache, error) {
 	c, err := cache.New(mgr.GetConfig(), cache.Options{
 		Scheme: mgr.GetScheme(), Mapper: mgr.GetRESTMapper(),

@@ -4,15 +4,12 @@ import (
 	"context"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/event"
@@ -31,10 +28,6 @@ import (
 // the engine is detected.
 const engineRecheck = 5 * time.Minute
 
-// engineWatchSync bounds the wait for a new engine's watches to deliver (a kind the manager may
-// not list never does).
-const engineWatchSync = time.Minute
-
 // conflictRetry is how often a policy blocked by an object it does not control looks again.
 const conflictRetry = 5 * time.Minute
 
@@ -48,18 +41,16 @@ var (
 // policyReconciler generates the engine policies of each NimbusPolicy.
 type policyReconciler struct {
 	*base
-	engineWatch
 }
 
-func (r *policyReconciler) setup(mgr ctrl.Manager, opts controller.Options, engines []source.SyncingSource) (controller.Controller, error) {
+func (r *policyReconciler) setup(mgr ctrl.Manager, opts controller.Options) error {
 	b := builder.ControllerManagedBy(mgr)
-	for _, src := range engines {
+	for _, src := range r.engineSources(mgr, namespacedKinds, &intentv1alpha1.NimbusPolicy{}, &intentv1alpha1.NimbusPolicyList{}) {
 		b = b.WatchesRawSource(src)
 	}
 	return b.
 		Named("nimbuspolicy").
 		For(&intentv1alpha1.NimbusPolicy{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
-		WatchesRawSource(source.Channel(r.all, &handler.EnqueueRequestForObject{})).
 		WatchesRawSource(source.Channel(r.deferred.release, &handler.EnqueueRequestForObject{})).
 		// A node's pod range is in the NetworkPolicies.
 		WatchesRawSource(source.Kind[client.Object](r.nodes, &corev1.Node{},
@@ -68,102 +59,7 @@ func (r *policyReconciler) setup(mgr ctrl.Manager, opts controller.Options, engi
 		WatchesRawSource(source.Kind[client.Object](r.deployments, deploymentMetadata(),
 			handler.EnqueueRequestsFromMapFunc(r.needing(needsDeployments)), predicate.Or[client.Object](predicate.LabelChangedPredicate{}, createOrDelete()))).
 		WithOptions(opts).
-		Build(r)
-}
-
-// sources are the watches of engine e's kinds that this reconciler generates (each with the
-// controller index in its cache).
-func (w *engineWatch) sources(ctx context.Context, mgr ctrl.Manager, objects cache.Cache, engines ...intent.Engine) ([]source.SyncingSource, error) {
-	var out []source.SyncingSource
-	for _, e := range engines {
-		for _, gvk := range intent.EngineKinds[e] {
-			if !slices.Contains(w.kinds, gvk) {
-				continue
-			}
-			obj := &unstructured.Unstructured{}
-			obj.SetGroupVersionKind(gvk)
-			if err := w.index(ctx, objects, obj); err != nil {
-				return nil, err
-			}
-			out = append(out, source.Kind[client.Object](objects, obj,
-				handler.EnqueueRequestForOwner(mgr.GetScheme(), mgr.GetRESTMapper(), w.owner, handler.OnlyControllerOwner()), notCreated()))
-		}
-	}
-	return out, nil
-}
-
-// engineWatch is how a policy reconciler follows the engines: it watches the kinds it generates
-// (an edit or deletion of a generated policy reconciles its owner) and, when an engine appears,
-// reconciles every owner, whose policies for the engine can be made now.
-type engineWatch struct {
-	kinds []schema.GroupVersionKind
-	owner client.Object     // the (Cluster)NimbusPolicy kind that controls them
-	list  client.ObjectList // a list of owners
-	all   chan event.GenericEvent
-
-	mu      sync.Mutex
-	indexed map[schema.GroupVersionKind]bool // kinds whose cache has the controller index
-}
-
-func newEngineWatch(kinds []schema.GroupVersionKind, owner client.Object, list client.ObjectList) engineWatch {
-	return engineWatch{kinds: kinds, owner: owner, list: list, all: make(chan event.GenericEvent, 64), indexed: map[schema.GroupVersionKind]bool{}}
-}
-
-// watchEngine adds c's watches on the engine's kinds among w's, from the cache objects, and with
-// wake reconciles every owner. The kinds are indexed by their controller's UID in objects, so a
-// reconcile lists its owner's policies only.
-//
-// The owner's own creations wake nothing: the reconcile that made them has just looked at them,
-// and at start, or when an engine appears, every owner is reconciled anyway. An edit or deletion
-// by hand reconciles the owner.
-func (w *engineWatch) watchEngine(ctx context.Context, mgr ctrl.Manager, c controller.Controller, objects cache.Cache, reader client.Reader, e intent.Engine, wake bool) error {
-	sources, err := w.sources(ctx, mgr, objects, e)
-	if err != nil {
-		return err
-	}
-	for _, src := range sources {
-		if err := c.Watch(src); err != nil {
-			return err
-		}
-	}
-	if !wake {
-		return nil // the controller has not started: it waits for its watches before reconciling
-	}
-	// A running controller's new watch starts on its own: until its handler is in place, an
-	// engine's status write (Kyverno accepting a policy made meanwhile) would wake no one, and the
-	// initial creations it then replays are filtered. So every owner is woken only once the
-	// watches deliver: each then reads its policies as they are, and is told of what follows.
-	syncCtx, cancel := context.WithTimeout(ctx, engineWatchSync)
-	defer cancel()
-	for _, src := range sources {
-		if err := src.WaitForSync(syncCtx); err != nil {
-			return err // the source is stopped; the engine is looked for, and watched, anew
-		}
-	}
-	list := w.list.DeepCopyObject().(client.ObjectList)
-	if err := reader.List(ctx, list); err != nil {
-		return err
-	}
-	go func() {
-		_ = forEach(list, func(o client.Object) { w.all <- event.GenericEvent{Object: o} })
-	}()
-	return nil
-}
-
-// index adds the controller index to obj's kind in objects, once (a watch that failed is added
-// again later).
-func (w *engineWatch) index(ctx context.Context, objects cache.Cache, obj client.Object) error {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	gvk := obj.GetObjectKind().GroupVersionKind()
-	if w.indexed[gvk] {
-		return nil
-	}
-	if err := objects.IndexField(ctx, obj, indexController, controllerUID); err != nil {
-		return err
-	}
-	w.indexed[gvk] = true
-	return nil
+		Complete(r)
 }
 
 // notCreated passes updates and deletions of what a controller generates, not its creations: the
@@ -317,20 +213,18 @@ func (b *base) report(obj client.Object, st *intentv1alpha1.NimbusPolicyStatus, 
 // clusterPolicyReconciler generates the cluster-wide engine policies of each ClusterNimbusPolicy.
 type clusterPolicyReconciler struct {
 	*base
-	engineWatch
 }
 
-func (r *clusterPolicyReconciler) setup(mgr ctrl.Manager, opts controller.Options, engines []source.SyncingSource) (controller.Controller, error) {
+func (r *clusterPolicyReconciler) setup(mgr ctrl.Manager, opts controller.Options) error {
 	b := builder.ControllerManagedBy(mgr)
-	for _, src := range engines {
+	for _, src := range r.engineSources(mgr, clusterKinds, &intentv1alpha1.ClusterNimbusPolicy{}, &intentv1alpha1.ClusterNimbusPolicyList{}) {
 		b = b.WatchesRawSource(src)
 	}
 	return b.
 		Named("clusternimbuspolicy").
 		For(&intentv1alpha1.ClusterNimbusPolicy{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
-		WatchesRawSource(source.Channel(r.all, &handler.EnqueueRequestForObject{})).
 		WithOptions(opts).
-		Build(r)
+		Complete(r)
 }
 
 // Reconcile brings one ClusterNimbusPolicy's cluster-wide policies to what its rules generate.

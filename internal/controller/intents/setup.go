@@ -9,7 +9,6 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/workqueue"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -82,16 +81,77 @@ func (b *base) nimbus() *owned.Writer {
 	return &owned.Writer{Client: b.client, Reader: b.client, APIReader: b.apiReader}
 }
 
-// Setup registers the intents controllers with the manager.
-func Setup(mgr ctrl.Manager, o Options) error {
-	_, err := setup(mgr, o, enginePollInterval)
+// reportsPollInterval is how often the reports' state (their reports controller's Lease) is read.
+const reportsPollInterval = 10 * time.Second
+
+// Setup registers the intents controllers with the manager; kinds is the manager's follower of
+// what is served later (the engines, Kyverno's reports).
+func Setup(mgr ctrl.Manager, kinds *controllers.Kinds, o Options) error {
+	_, err := setup(mgr, kinds, o, reportsPollInterval)
 	return err
 }
 
-// setup is Setup with the interval at which engines, and Kyverno's reports, are looked for (tests
-// shorten it); it returns
-// what the reconcilers share, for tests.
-func setup(mgr ctrl.Manager, o Options, engineInterval time.Duration) (*base, error) {
+// setup is Setup with the interval at which the reports' state is read (tests shorten it); it
+// returns what the reconcilers share, for tests.
+func setup(mgr ctrl.Manager, kinds *controllers.Kinds, o Options, reportsInterval time.Duration) (*base, error) {
+	b, err := newBase(mgr, kinds, o, reportsInterval)
+	if err != nil {
+		return nil, err
+	}
+	if err := index(mgr); err != nil {
+		return nil, err
+	}
+	// The engines and the report kind there now are known before the controllers are built, so
+	// their watches are synced before the first reconcile; those that come later start their
+	// watches then (Late sources).
+	if err := b.engines.look(context.Background()); err != nil {
+		return nil, err
+	}
+	kinds.Check(context.Background(), reportsNeed)
+	b.reports.state = b.reports.look(context.Background())
+	opts := controller.Options{
+		MaxConcurrentReconciles: o.Concurrency,
+		RateLimiter:             workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](200*time.Millisecond, 2*time.Minute),
+	}
+	// A binding's reconcile has one request in flight at a time, a policy's up to policyWriters:
+	// with as many workers each, the policies' writes would take most of the API server and the
+	// NimbusPolicies would appear only as fast as their engine policies do.
+	bindingOpts := opts
+	bindingOpts.MaxConcurrentReconciles = o.Concurrency * bindingWorkers
+	wake := impactWake{si: make(chan event.GenericEvent, 64), sib: make(chan event.GenericEvent, 64), csib: make(chan event.GenericEvent, 64),
+		sie: make(chan event.GenericEvent, 64)}
+	exceptions := &exceptionReconciler{base: b, opts: o.Exceptions}
+	for _, setup := range []func() error{
+		func() error {
+			return (&intentReconciler{base: b}).setup(mgr, opts, b.impactSources(wake.si, b.reportsForIntents))
+		},
+		func() error {
+			return (&bindingReconciler{base: b}).setup(mgr, bindingOpts, b.impactSources(wake.sib, b.reportsForBindings))
+		},
+		func() error {
+			return (&clusterBindingReconciler{base: b}).setup(mgr, bindingOpts, b.impactSources(wake.csib, b.reportsForClusterBindings))
+		},
+		func() error {
+			srcs := append(b.impactSources(wake.sie, b.reportsForExceptions), b.kyvernoAppeared(&securityv1alpha1.SecurityIntentExceptionList{})...)
+			return exceptions.setup(mgr, opts, srcs)
+		},
+		func() error { return (&policyReconciler{base: b}).setup(mgr, opts) },
+		func() error { return (&clusterPolicyReconciler{base: b}).setup(mgr, opts) },
+	} {
+		if err := setup(); err != nil {
+			return nil, err
+		}
+	}
+	b.reports.wake = b.wakeScanned(wake.si, wake.sib, wake.csib, wake.sie)
+	if err := mgr.Add(b.reports); err != nil {
+		return nil, err
+	}
+	return b, mgr.Add(exceptionSweep{exceptions})
+}
+
+// newBase makes what the reconcilers share: the status-guarded client, the caches of the
+// controller's own, the engines and the reports.
+func newBase(mgr ctrl.Manager, kinds *controllers.Kinds, o Options, reportsInterval time.Duration) (*base, error) {
 	if _, _, err := mgr.GetScheme().ObjectKinds(&intentv1alpha1.NimbusPolicy{}); err != nil {
 		return nil, errors.New("the manager's scheme lacks intent.security.nimbus.com/v1alpha1 (add intentv1alpha1.AddToScheme)")
 	}
@@ -117,41 +177,19 @@ func setup(mgr ctrl.Manager, o Options, engineInterval time.Duration) (*base, er
 	}
 	// Caches of the controller's own: the shared cache may be narrowed to another controller's
 	// Namespaces and NetworkPolicies (the namespaces controller's labels).
-	for _, c := range []*cache.Cache{&b.namespaces, &b.nodes, &b.deployments} {
+	for _, c := range []*cache.Cache{&b.namespaces, &b.nodes, &b.deployments, &b.objects} {
 		own, err := newCache(mgr)
 		if err != nil {
 			return nil, err
 		}
 		*c = own
 	}
-	objects, err := newCache(mgr)
-	if err != nil {
-		return nil, err
-	}
-	b.objects = objects
-	dc, err := discovery.NewDiscoveryClientForConfig(mgr.GetConfig())
-	if err != nil {
-		return nil, err
-	}
 	allowed, err := o.engines()
 	if err != nil {
 		return nil, err
 	}
-	b.engines = &engines{allowed: allowed, discovery: dc, reader: mgr.GetAPIReader(), interval: engineInterval, log: mgr.GetLogger().WithName("intents"), present: map[intent.Engine]bool{}}
-	if err := index(mgr); err != nil {
-		return nil, err
-	}
-	// The engines installed now are known before the controllers are built: the registry may set
-	// them up in a manager that is already running, where each starts the moment it is built, and
-	// a policy reconciled before an installed engine is known would wait a recheck period. Their
-	// watches are added once the controllers exist.
-	installed := b.engines.markServed(context.Background())
-	opts := controller.Options{
-		MaxConcurrentReconciles: o.Concurrency,
-		RateLimiter:             workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](200*time.Millisecond, 2*time.Minute),
-	}
-	// Kyverno's reports: looked at now, so that a report kind served at start is watched from the
-	// start (see the engines' watches below for why), and later by the reports runnable.
+	log := mgr.GetLogger().WithName("intents")
+	b.engines = newEngines(kinds, mgr.GetAPIReader(), b.objects, log, allowed)
 	reportCache, err := newReportCache(mgr)
 	if err != nil {
 		return nil, err
@@ -160,97 +198,18 @@ func setup(mgr ctrl.Manager, o Options, engineInterval time.Duration) (*base, er
 	if kyvernoNamespace == "" {
 		kyvernoNamespace = "kyverno"
 	}
-	b.reports = &reports{cache: reportCache, reader: mgr.GetAPIReader(), discovery: dc, engines: b.engines,
-		namespace: kyvernoNamespace, interval: engineInterval, now: time.Now, log: mgr.GetLogger().WithName("intents")}
-	b.reports.state = b.reports.look(context.Background())
-	b.reports.watched = b.reports.state.readable
-	wake := impactWake{si: make(chan event.GenericEvent, 64), sib: make(chan event.GenericEvent, 64), csib: make(chan event.GenericEvent, 64),
-		sie: make(chan event.GenericEvent, 64)}
-	var impact [4][]source.Source
-	for i, w := range []struct {
-		wake chan event.GenericEvent
-		pick picker
-	}{{wake.si, b.reportsForIntents}, {wake.sib, b.reportsForBindings}, {wake.csib, b.reportsForClusterBindings}, {wake.sie, b.reportsForExceptions}} {
-		if impact[i], err = b.impactSources(w.wake, w.pick); err != nil {
-			return nil, err
-		}
-	}
-	siCtrl, err := (&intentReconciler{base: b}).setup(mgr, opts, impact[0])
-	if err != nil {
-		return nil, err
-	}
-	// A binding's reconcile has one request in flight at a time, a policy's up to policyWriters:
-	// with as many workers each, the policies' writes would take most of the API server and the
-	// NimbusPolicies would appear only as fast as their engine policies do.
-	bindingOpts := opts
-	bindingOpts.MaxConcurrentReconciles = o.Concurrency * bindingWorkers
-	sibCtrl, err := (&bindingReconciler{base: b}).setup(mgr, bindingOpts, impact[1])
-	if err != nil {
-		return nil, err
-	}
-	csibCtrl, err := (&clusterBindingReconciler{base: b}).setup(mgr, bindingOpts, impact[2])
-	if err != nil {
-		return nil, err
-	}
-	exceptions := &exceptionReconciler{base: b, opts: o.Exceptions}
-	sieCtrl, err := exceptions.setup(mgr, opts, impact[3])
-	if err != nil {
-		return nil, err
-	}
-	b.reports.watch = b.watchReports(siCtrl, sibCtrl, csibCtrl, sieCtrl)
-	b.reports.wake = b.wakeScanned(wake.si, wake.sib, wake.csib, wake.sie)
-	if err := mgr.Add(b.reports); err != nil {
-		return nil, err
-	}
-	if err := mgr.Add(exceptionSweep{exceptions}); err != nil {
-		return nil, err
-	}
-	// The watches of the engines there now (NetworkPolicy always; the others looked for above) are
-	// the policy controllers' from the start. Added to a controller the manager already runs, a
-	// watch waits for the lock the controller's start holds while its sources sync, and the manager
-	// stops the registry's runnable that waits before the controller: a stop in that window waited
-	// out the grace period (seen in the e2e suite). Engines that appear later are watched as they do.
-	initial := installed
-	if b.engines.enabled(intent.NetworkPolicy) {
-		initial = append([]intent.Engine{intent.NetworkPolicy}, installed...)
-	}
-	policies := &policyReconciler{base: b}
-	policies.engineWatch = newEngineWatch(namespacedKinds, &intentv1alpha1.NimbusPolicy{}, &intentv1alpha1.NimbusPolicyList{})
-	clusterPolicies := &clusterPolicyReconciler{base: b}
-	clusterPolicies.engineWatch = newEngineWatch(clusterKinds, &intentv1alpha1.ClusterNimbusPolicy{}, &intentv1alpha1.ClusterNimbusPolicyList{})
-	policySources, err := policies.sources(context.Background(), mgr, b.objects, initial...)
-	if err != nil {
-		return nil, err
-	}
-	clusterPolicySources, err := clusterPolicies.sources(context.Background(), mgr, b.objects, initial...)
-	if err != nil {
-		return nil, err
-	}
-	policyCtrl, err := policies.setup(mgr, opts, policySources)
-	if err != nil {
-		return nil, err
-	}
-	clusterPolicyCtrl, err := clusterPolicies.setup(mgr, opts, clusterPolicySources)
-	if err != nil {
-		return nil, err
-	}
-	exceptionsWake := wake.sie
-	b.engines.appeared = func(ctx context.Context, e intent.Engine, wake bool) error {
-		if err := policies.watchEngine(ctx, mgr, policyCtrl, b.objects, b.client, e, wake); err != nil {
-			return err
-		}
-		if err := clusterPolicies.watchEngine(ctx, mgr, clusterPolicyCtrl, b.objects, b.client, e, wake); err != nil {
-			return err
-		}
-		if e == intent.Kyverno && wake {
-			return b.wakeExceptions(ctx, exceptionsWake) // waiting for Kyverno (EngineNotInstalled)
-		}
+	b.reports = &reports{cache: reportCache, reader: mgr.GetAPIReader(), engines: b.engines,
+		namespace: kyvernoNamespace, interval: reportsInterval, now: time.Now, log: log}
+	return b, nil
+}
+
+// kyvernoAppeared is, with Kyverno enabled, the source that reconciles every object of list's kind
+// once Kyverno appears after the start (what waited for it, EngineNotInstalled, can be done now).
+func (b *base) kyvernoAppeared(list client.ObjectList) []source.Source {
+	if !b.engines.enabled(intent.Kyverno) {
 		return nil
 	}
-	for _, en := range installed {
-		b.engines.log.Info("policy engine installed: generating its policies", "engine", en)
-	}
-	return b, mgr.Add(b.engines)
+	return []source.Source{b.engines.kinds.WhenMet(b.engines.needs[intent.Kyverno], b.enqueueAll(list)).Prepare(b.engines.prepare(intent.Kyverno))}
 }
 
 func newCache(mgr ctrl.Manager) (cache.Cache, error) {

@@ -30,6 +30,7 @@ import (
 	intentv1alpha1 "github.com/quartermaster-dev/quartermaster/api/intent/v1alpha1"
 	securityv1alpha1 "github.com/quartermaster-dev/quartermaster/api/security/v1alpha1"
 	"github.com/quartermaster-dev/quartermaster/internal/cachemeta"
+	"github.com/quartermaster-dev/quartermaster/internal/controllers"
 	"github.com/quartermaster-dev/quartermaster/internal/intent"
 	"github.com/quartermaster-dev/quartermaster/internal/manager"
 	"github.com/quartermaster-dev/quartermaster/internal/testing/enginecrds"
@@ -129,7 +130,9 @@ func (f *fixture) newManager(t *testing.T) (ctrl.Manager, *base) {
 		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
 	})
 	must(t, err)
-	b, err := setup(mgr, Options{Concurrency: 4, Engines: f.engines, Exceptions: f.exceptions}, 200*time.Millisecond)
+	kinds, err := controllers.NewKinds(mgr, 200*time.Millisecond)
+	must(t, err)
+	b, err := setup(mgr, kinds, Options{Concurrency: 4, Engines: f.engines, Exceptions: f.exceptions}, 200*time.Millisecond)
 	must(t, err)
 	return mgr, b
 }

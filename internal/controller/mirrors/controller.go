@@ -87,7 +87,7 @@ func Controller() controllers.Controller {
 		Requires:   Kinds,
 		AddFlags:   o.AddFlags,
 		Configured: o.validate,
-		Setup: func(mgr ctrl.Manager) error {
+		Setup: func(mgr ctrl.Manager, _ *controllers.Kinds) error {
 			if err := o.validate(); err != nil {
 				return err
 			}

@@ -157,7 +157,7 @@ func (o *Options) controller() controllers.Controller {
 		CacheByObject:    o.cacheByObject,
 		Readyz:           o.readyz,
 		NoNamespaceIndex: noNamespaceIndex,
-		Setup: func(mgr ctrl.Manager) error {
+		Setup: func(mgr ctrl.Manager, _ *controllers.Kinds) error {
 			policy, defaults, err := o.policy()
 			if err != nil {
 				return err

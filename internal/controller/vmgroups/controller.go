@@ -91,7 +91,7 @@ func Controller() controllers.Controller {
 		Requires:   []schema.GroupVersionKind{computev1alpha1.GroupVersion.WithKind("VmGroup")},
 		AddFlags:   o.AddFlags,
 		Configured: o.validate,
-		Setup: func(mgr ctrl.Manager) error {
+		Setup: func(mgr ctrl.Manager, _ *controllers.Kinds) error {
 			if err := o.validate(); err != nil {
 				return err
 			}
