@@ -18,7 +18,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	intentv1alpha1 "github.com/quartermaster-dev/quartermaster/api/intent/v1alpha1"
-	securityv1alpha1 "github.com/quartermaster-dev/quartermaster/api/security/v1alpha1"
 	"github.com/quartermaster-dev/quartermaster/internal/intent"
 )
 
@@ -265,79 +264,47 @@ func (b *base) reportsForClusterBindings(_ context.Context, _, csibs []client.Ob
 	return csibs
 }
 
-// impactWake are the channels through which a change of the reports' state wakes each controller.
-type impactWake struct {
-	si, sib, csib, sie chan event.GenericEvent
-}
-
 // picker chooses, of a report's targets, those of one controller.
 type picker = func(ctx context.Context, sibs, csibs []client.ObjectKey, intents []string) []client.ObjectKey
 
-// impactSources are one controller's sources of impacts: the wake channel, and the report watch
-// (Late: it starts once the kind is served, with the report cache's index added first). With
-// Kyverno left out by --intents-engines no report is watched.
-func (b *base) impactSources(wake chan event.GenericEvent, pick picker) []source.Source {
-	srcs := []source.Source{source.Channel(wake, &handler.EnqueueRequestForObject{})}
+// impactSources are one controller's sources of impacts: the reports' state changes (keys: its
+// objects whose impact they change), and the report watch (Late: it starts once the kind is
+// served, with the report cache's index added first). With Kyverno left out by --intents-engines
+// no report is watched.
+func (b *base) impactSources(keys func(ctx context.Context) ([]client.ObjectKey, error), pick picker) []source.Source {
+	srcs := []source.Source{b.reports.stateChanges(keys)}
 	if b.engines.enabled(intent.Kyverno) {
 		srcs = append(srcs, b.engines.kinds.Watch(reportsNeed, b.reports.cache, newPolicyReport(), b.reportChanges(pick)).Prepare(b.reports.indexReports))
 	}
 	return srcs
 }
 
-// wakeScanned sends every SecurityIntent of a scanned intent, and every binding and exception naming
-// one, to its controller (the reports' state changed: their impacts say so).
-func (b *base) wakeScanned(si, sib, csib, sie chan<- event.GenericEvent) func(ctx context.Context) error {
-	return func(ctx context.Context) error {
+// scanned are the keys of the objects of list's kind that name a scanned intent, by the index
+// field (none: the SecurityIntents themselves), whose impacts a change of the reports' state
+// changes.
+func (b *base) scanned(list client.ObjectList, field string) func(ctx context.Context) ([]client.ObjectKey, error) {
+	return func(ctx context.Context) ([]client.ObjectKey, error) {
 		intents := &intentv1alpha1.SecurityIntentList{}
-		if err := b.client.List(ctx, intents); err != nil {
-			return err
+		if err := b.client.List(ctx, intents, client.UnsafeDisableDeepCopy); err != nil {
+			return nil, err
 		}
+		var out []client.ObjectKey
 		for i := range intents.Items {
 			s := &intents.Items[i]
 			if _, ok := intent.Scanned[s.Spec.Intent.ID]; !ok {
 				continue
 			}
-			if !send(ctx, si, s) {
-				return ctx.Err()
+			if field == "" {
+				out = append(out, client.ObjectKeyFromObject(s))
+				continue
 			}
-			for _, l := range []struct {
-				ch    chan<- event.GenericEvent
-				list  client.ObjectList
-				field string
-			}{
-				{sib, &intentv1alpha1.SecurityIntentBindingList{}, indexIntents},
-				{csib, &intentv1alpha1.ClusterSecurityIntentBindingList{}, indexIntents},
-				{sie, &securityv1alpha1.SecurityIntentExceptionList{}, indexExceptionIntent},
-			} {
-				if err := b.sendListed(ctx, l.ch, l.list, client.MatchingFields{l.field: s.Name}); err != nil {
-					return err
-				}
+			l := list.DeepCopyObject().(client.ObjectList)
+			if err := b.client.List(ctx, l, client.MatchingFields{field: s.Name}, client.UnsafeDisableDeepCopy); err != nil {
+				return nil, err
 			}
+			_ = forEach(l, func(o client.Object) { out = append(out, client.ObjectKeyFromObject(o)) })
 		}
-		return nil
-	}
-}
-
-// sendListed lists list's kind from the cache (opts narrow it) and sends each object to ch.
-func (b *base) sendListed(ctx context.Context, ch chan<- event.GenericEvent, list client.ObjectList, opts ...client.ListOption) error {
-	if err := b.client.List(ctx, list, opts...); err != nil {
-		return err
-	}
-	sent := true
-	_ = forEach(list, func(o client.Object) { sent = sent && send(ctx, ch, o) })
-	if !sent {
-		return ctx.Err()
-	}
-	return nil
-}
-
-// send sends obj to ch unless ctx ends first.
-func send(ctx context.Context, ch chan<- event.GenericEvent, obj client.Object) bool {
-	select {
-	case ch <- event.GenericEvent{Object: obj}:
-		return true
-	case <-ctx.Done():
-		return false
+		return out, nil
 	}
 }
 

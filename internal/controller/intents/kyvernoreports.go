@@ -3,6 +3,7 @@ package intents
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -15,6 +16,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrl "sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	"github.com/quartermaster-dev/quartermaster/internal/controllers"
 	"github.com/quartermaster-dev/quartermaster/internal/intent"
@@ -55,11 +58,9 @@ type reports struct {
 	now       func() time.Time
 	log       logr.Logger
 
-	// wake receives what must be reconciled when the state changes.
-	wake func(ctx context.Context) error
-
-	mu    sync.Mutex
-	state reportsState
+	mu       sync.Mutex
+	state    reportsState
+	watchers []stateWatcher // the controllers told of the state's changes (stateChanges)
 
 	indexOnce sync.Once
 	indexErr  error
@@ -73,6 +74,41 @@ type reportsState struct {
 
 // reportsNeed is what the report watches wait for: the kind served (Kinds).
 var reportsNeed = controllers.Need{Name: "Kyverno's PolicyReports", Kinds: []schema.GroupVersionKind{PolicyReportKind}}
+
+// stateWatcher is one controller's subscription to the reports' state: at each change, what keys
+// returns is added to its queue.
+type stateWatcher struct {
+	q    controllers.Queue
+	keys func(ctx context.Context) ([]client.ObjectKey, error)
+}
+
+// stateChanges is a source for a controller whose status shows what the reports say: at each
+// change of their state (readable or not, and why), the objects keys returns are reconciled.
+func (r *reports) stateChanges(keys func(ctx context.Context) ([]client.ObjectKey, error)) source.Source {
+	return source.Func(func(_ context.Context, q controllers.Queue) error {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		r.watchers = append(r.watchers, stateWatcher{q: q, keys: keys})
+		return nil
+	})
+}
+
+// wake adds, to each subscribed controller's queue, what its keys return.
+func (r *reports) wake(ctx context.Context) error {
+	r.mu.Lock()
+	watchers := slices.Clone(r.watchers)
+	r.mu.Unlock()
+	for _, w := range watchers {
+		keys, err := w.keys(ctx)
+		if err != nil {
+			return err
+		}
+		for _, k := range keys {
+			w.q.Add(reconcile.Request{NamespacedName: k})
+		}
+	}
+	return nil
+}
 
 // NeedLeaderElection is true: it wakes leader-elected controllers.
 func (r *reports) NeedLeaderElection() bool { return true }

@@ -51,7 +51,7 @@ func (r *policyReconciler) setup(mgr ctrl.Manager, opts controller.Options) erro
 	return b.
 		Named("nimbuspolicy").
 		For(&intentv1alpha1.NimbusPolicy{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
-		WatchesRawSource(source.Channel(r.deferred.release, &handler.EnqueueRequestForObject{})).
+		WatchesRawSource(r.deferred.released()).
 		// A node's pod range is in the NetworkPolicies.
 		WatchesRawSource(source.Kind[client.Object](r.nodes, &corev1.Node{},
 			handler.EnqueueRequestsFromMapFunc(r.needing(needsNodes)), podCIDRChanged())).

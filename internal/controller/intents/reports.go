@@ -1,14 +1,17 @@
 package intents
 
 import (
+	"context"
 	"slices"
 	"sync"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	intentv1alpha1 "github.com/quartermaster-dev/quartermaster/api/intent/v1alpha1"
+	"github.com/quartermaster-dev/quartermaster/internal/controllers"
 	"github.com/quartermaster-dev/quartermaster/internal/intent"
 )
 
@@ -31,11 +34,11 @@ import (
 // always completes. What is held lives in memory: a restart loses only the Event, as the next start
 // reads every policy from a synced cache and reports.
 type deferredReports struct {
-	release chan event.GenericEvent // the held NimbusPolicies, once their binding is enforced
-
 	mu       sync.Mutex
 	bindings map[types.UID]*enforcement // cluster bindings not yet enforced
 	pending  map[types.NamespacedName]pendingReport
+	queue    controllers.Queue      // the policy controller's, once it started (released)
+	unsent   []types.NamespacedName // released before it started
 }
 
 // enforcement is how far a cluster binding's enforcement is.
@@ -56,7 +59,6 @@ type pendingReport struct {
 
 func newDeferredReports() *deferredReports {
 	return &deferredReports{
-		release:  make(chan event.GenericEvent, 64),
 		bindings: map[types.UID]*enforcement{},
 		pending:  map[types.NamespacedName]pendingReport{},
 	}
@@ -166,12 +168,26 @@ func (d *deferredReports) releaseIfEnforced(binding types.UID) {
 		return
 	}
 	delete(d.bindings, binding)
-	if len(e.held) == 0 {
-		return
-	}
-	go func() { // neither the binding's reconcile nor a policy's waits on the policy controller's queue
-		for _, key := range e.held {
-			d.release <- event.GenericEvent{Object: &intentv1alpha1.NimbusPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name}}}
+	for _, key := range e.held {
+		if d.queue == nil {
+			d.unsent = append(d.unsent, key)
+			continue
 		}
-	}()
+		d.queue.Add(reconcile.Request{NamespacedName: key})
+	}
+}
+
+// released is the policy controller's source of the held NimbusPolicies, once their binding is
+// enforced (the queue does not block: neither the binding's reconcile nor a policy's waits on it).
+func (d *deferredReports) released() source.Source {
+	return source.Func(func(_ context.Context, q controllers.Queue) error {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		d.queue = q
+		for _, key := range d.unsent {
+			q.Add(reconcile.Request{NamespacedName: key})
+		}
+		d.unsent = nil
+		return nil
+	})
 }

@@ -1,12 +1,15 @@
 package intents
 
 import (
+	"context"
 	"errors"
 	"slices"
 	"testing"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/workqueue"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	intentv1alpha1 "github.com/quartermaster-dev/quartermaster/api/intent/v1alpha1"
 	"github.com/quartermaster-dev/quartermaster/internal/intent"
@@ -28,16 +31,17 @@ func TestDeferredReports(t *testing.T) {
 		return types.NamespacedName{Namespace: p.Namespace, Name: p.Name}
 	}
 	wrote := intent.Applied{Entries: []string{"NetworkPolicy/p"}, Changes: []string{"created NetworkPolicy p"}}
+	// Before the policy controller starts (no queue), what is released waits in unsent.
 	released := func(d *deferredReports, n int) []string {
+		t.Helper()
 		var names []string
-		for range n {
-			names = append(names, (<-d.release).Object.GetName())
+		for _, k := range d.unsent {
+			names = append(names, k.Name)
 		}
-		select {
-		case ev := <-d.release:
-			t.Errorf("released %s too", ev.Object.GetName())
-		default:
+		if len(names) != n {
+			t.Errorf("released %v, want %d", names, n)
 		}
+		d.unsent = nil
 		return names
 	}
 
@@ -66,10 +70,8 @@ func TestDeferredReports(t *testing.T) {
 			t.Fatal("a pass that wrote nothing: held")
 		}
 		done()
-		select {
-		case ev := <-d.release:
-			t.Fatalf("released %s with b's first pass still to come", ev.Object.GetName())
-		default:
+		if len(d.unsent) > 0 {
+			t.Fatalf("released %v with b's first pass still to come", d.unsent)
 		}
 		if d.passed(b, d.unreported(b), wrote, nil) {
 			t.Fatal("b's pass, the last the binding awaited, enforces it: held")
@@ -145,9 +147,33 @@ func TestDeferredReports(t *testing.T) {
 		done := d.writingFor(binding)
 		_ = d.passed(np("a", "1"), pendingReport{}, wrote, nil)
 		done()
-		<-d.release
+		released(d, 1)
 		if got := d.unreported(np("a", "2")); len(got.entries) != 0 || len(got.changes) != 0 {
 			t.Errorf("the new NimbusPolicy got %+v, the old one's", got)
+		}
+	})
+
+	t.Run("released into the policy controller's queue once it started", func(t *testing.T) {
+		d := newDeferredReports()
+		done := d.writingFor(binding)
+		_ = d.passed(np("a", "1"), pendingReport{}, wrote, nil)
+		done() // before the controller started
+		q := workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[reconcile.Request]())
+		defer q.ShutDown()
+		if err := d.released().Start(context.Background(), q); err != nil {
+			t.Fatal(err)
+		}
+		done = d.writingFor(binding)
+		_ = d.passed(np("b", "2"), pendingReport{}, wrote, nil)
+		done() // after
+		var got []string
+		for q.Len() > 0 {
+			item, _ := q.Get()
+			got = append(got, item.Name)
+			q.Done(item)
+		}
+		if slices.Sort(got); !slices.Equal(got, []string{"a", "b"}) || len(d.unsent) != 0 {
+			t.Errorf("queued %v (unsent %v), want [a b]", got, d.unsent)
 		}
 	})
 }

@@ -14,7 +14,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
-	"sigs.k8s.io/controller-runtime/pkg/event"
 	ctrl "sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
@@ -118,21 +117,22 @@ func setup(mgr ctrl.Manager, kinds *controllers.Kinds, o Options, reportsInterva
 	// NimbusPolicies would appear only as fast as their engine policies do.
 	bindingOpts := opts
 	bindingOpts.MaxConcurrentReconciles = o.Concurrency * bindingWorkers
-	wake := impactWake{si: make(chan event.GenericEvent, 64), sib: make(chan event.GenericEvent, 64), csib: make(chan event.GenericEvent, 64),
-		sie: make(chan event.GenericEvent, 64)}
 	exceptions := &exceptionReconciler{base: b, opts: o.Exceptions}
 	for _, setup := range []func() error{
 		func() error {
-			return (&intentReconciler{base: b}).setup(mgr, opts, b.impactSources(wake.si, b.reportsForIntents))
+			return (&intentReconciler{base: b}).setup(mgr, opts, b.impactSources(b.scanned(nil, ""), b.reportsForIntents))
 		},
 		func() error {
-			return (&bindingReconciler{base: b}).setup(mgr, bindingOpts, b.impactSources(wake.sib, b.reportsForBindings))
+			return (&bindingReconciler{base: b}).setup(mgr, bindingOpts,
+				b.impactSources(b.scanned(&intentv1alpha1.SecurityIntentBindingList{}, indexIntents), b.reportsForBindings))
 		},
 		func() error {
-			return (&clusterBindingReconciler{base: b}).setup(mgr, bindingOpts, b.impactSources(wake.csib, b.reportsForClusterBindings))
+			return (&clusterBindingReconciler{base: b}).setup(mgr, bindingOpts,
+				b.impactSources(b.scanned(&intentv1alpha1.ClusterSecurityIntentBindingList{}, indexIntents), b.reportsForClusterBindings))
 		},
 		func() error {
-			srcs := append(b.impactSources(wake.sie, b.reportsForExceptions), b.kyvernoAppeared(&securityv1alpha1.SecurityIntentExceptionList{})...)
+			srcs := append(b.impactSources(b.scanned(&securityv1alpha1.SecurityIntentExceptionList{}, indexExceptionIntent), b.reportsForExceptions),
+				b.kyvernoAppeared(&securityv1alpha1.SecurityIntentExceptionList{})...)
 			return exceptions.setup(mgr, opts, srcs)
 		},
 		func() error { return (&policyReconciler{base: b}).setup(mgr, opts) },
@@ -142,7 +142,6 @@ func setup(mgr ctrl.Manager, kinds *controllers.Kinds, o Options, reportsInterva
 			return nil, err
 		}
 	}
-	b.reports.wake = b.wakeScanned(wake.si, wake.sib, wake.csib, wake.sie)
 	if err := mgr.Add(b.reports); err != nil {
 		return nil, err
 	}
