@@ -3,7 +3,6 @@ package intents
 import (
 	"context"
 	"maps"
-	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/util/workqueue"
@@ -13,18 +12,12 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/quartermaster-dev/quartermaster/internal/controller/intents/cluster"
 )
 
-// aggregateWindow is how long an object whose status sums up many others (a SecurityIntent over
-// its bindings, a cluster binding over its namespaces' NimbusPolicies) waits after a readiness
-// change of one of them before it is reconciled. Changes within the window make one reconcile: a
-// burst of 1000 bindings becoming Ready is a few reconciles and status writes of the intent, not
-// hundreds (measured in make bench, intents/1000-bindings). A change of what the object asks for
-// (creations, deletions, spec and label changes) is not delayed.
-const aggregateWindow = time.Second
-
 // readinessCoalesced is a handler that enqueues the objects mapped from a watched one: at once for
-// creations, deletions and generation or label changes; after aggregateWindow for any other
+// creations, deletions and generation or label changes; after cluster.AggregateWindow for any other
 // update (a readiness change, which the watch's predicates pass). The queue keeps one entry per
 // object, so the updates of a window coalesce.
 func readinessCoalesced(mapped handler.MapFunc) handler.EventHandler {
@@ -49,7 +42,7 @@ func readinessCoalesced(mapped handler.MapFunc) handler.EventHandler {
 				return
 			}
 			for _, r := range mapped(ctx, e.ObjectNew) {
-				q.AddAfter(r, aggregateWindow)
+				q.AddAfter(r, cluster.AggregateWindow)
 			}
 		},
 	}

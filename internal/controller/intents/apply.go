@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/quartermaster-dev/quartermaster/internal/controller/intents/cluster"
 	"github.com/quartermaster-dev/quartermaster/internal/controller/owned"
 	"github.com/quartermaster-dev/quartermaster/internal/intent"
 )
@@ -79,13 +80,13 @@ func (b *base) applyPolicies(ctx context.Context, parent types.UID, desired []in
 func (b *base) sortOut(desired []intent.Policy) (a intent.Applied, present []intent.Policy, wanted map[schema.GroupVersionKind]map[string]bool) {
 	wanted = map[schema.GroupVersionKind]map[string]bool{}
 	for _, p := range desired {
-		if !b.engines.enabled(p.Engine) {
+		if !b.engines.Enabled(p.Engine) {
 			if !slices.Contains(a.Disabled, p.Engine) {
 				a.Disabled = append(a.Disabled, p.Engine)
 			}
 			continue
 		}
-		if !b.engines.has(p.Engine) {
+		if !b.engines.Has(p.Engine) {
 			if !slices.Contains(a.Missing, p.Engine) {
 				a.Missing = append(a.Missing, p.Engine)
 			}
@@ -111,7 +112,7 @@ func (b *base) sortOut(desired []intent.Policy) (a intent.Applied, present []int
 // noting each in a.Changes.
 func (b *base) deleteUnwanted(ctx context.Context, parent types.UID, wanted map[schema.GroupVersionKind]map[string]bool, namespace string, kinds []schema.GroupVersionKind, a *intent.Applied) error {
 	for _, gvk := range kinds {
-		if !b.engines.has(engineOf(gvk)) || !b.engines.enabled(engineOf(gvk)) {
+		if !b.engines.Has(engineOf(gvk)) || !b.engines.Enabled(engineOf(gvk)) {
 			continue // a disabled engine's objects are left alone, as it is not watched
 		}
 		list := &unstructured.UnstructuredList{}
@@ -121,7 +122,7 @@ func (b *base) deleteUnwanted(ctx context.Context, parent types.UID, wanted map[
 			in = intent.K8TLSNamespace // whoever owns them, they are there
 		}
 		// The parent's own only (an index), not every policy of the namespace.
-		if err := b.objects.List(ctx, list, client.InNamespace(in), client.MatchingFields{indexController: string(parent)}); err != nil {
+		if err := b.objects.List(ctx, list, client.InNamespace(in), client.MatchingFields{cluster.IndexController: string(parent)}); err != nil {
 			return err
 		}
 		for i := range list.Items {

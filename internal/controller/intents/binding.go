@@ -105,9 +105,9 @@ func (r *intentReconciler) intentOutcome(ctx context.Context, si *intentv1alpha1
 	for _, e := range slices.Concat(intent.Implementations[id], intent.ClusterImplementations[id]) {
 		switch {
 		case slices.Contains(enforcing, e) || slices.Contains(missing, e) || slices.Contains(disabled, e):
-		case !r.engines.enabled(e):
+		case !r.engines.Enabled(e):
 			disabled = append(disabled, e)
-		case !r.engines.has(e):
+		case !r.engines.Has(e):
 			missing = append(missing, e)
 		default:
 			enforcing = append(enforcing, e)

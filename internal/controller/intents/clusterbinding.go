@@ -22,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	intentv1alpha1 "github.com/quartermaster-dev/quartermaster/api/intent/v1alpha1"
+	"github.com/quartermaster-dev/quartermaster/internal/controller/intents/cluster"
 	"github.com/quartermaster-dev/quartermaster/internal/controller/owned"
 	"github.com/quartermaster-dev/quartermaster/internal/controller/status"
 	"github.com/quartermaster-dev/quartermaster/internal/intent"
@@ -56,7 +57,7 @@ func (r *clusterBindingReconciler) setup(mgr ctrl.Manager, opts controller.Optio
 // controllingClusterBinding maps a NimbusPolicy to the ClusterSecurityIntentBinding that controls
 // it, if one does.
 func controllingClusterBinding(_ context.Context, obj client.Object) []reconcile.Request {
-	name := controllerNamed(obj, "ClusterSecurityIntentBinding")
+	name := cluster.ControllerNamed(obj, "ClusterSecurityIntentBinding")
 	if name == "" {
 		return nil
 	}
@@ -185,7 +186,7 @@ func (r *clusterBindingReconciler) bind(ctx context.Context, csib *intentv1alpha
 // NimbusPolicies is not Ready (the first, by namespace): nil when all are.
 func (r *clusterBindingReconciler) namespacePoliciesInForce(ctx context.Context, csib *intentv1alpha1.ClusterSecurityIntentBinding) (*status.Outcome, error) {
 	made := &intentv1alpha1.NimbusPolicyList{}
-	if err := r.client.List(ctx, made, client.MatchingFields{indexController: string(csib.UID)}); err != nil {
+	if err := r.client.List(ctx, made, client.MatchingFields{cluster.IndexController: string(csib.UID)}); err != nil {
 		return &status.Outcome{}, err
 	}
 	slices.SortFunc(made.Items, func(a, b intentv1alpha1.NimbusPolicy) int { return strings.Compare(a.Namespace, b.Namespace) })
@@ -339,7 +340,7 @@ func (r *clusterBindingReconciler) ensureNamespacePolicies(ctx context.Context, 
 // namespace no longer selected, or of another name.
 func (r *clusterBindingReconciler) stalePolicies(ctx context.Context, csib *intentv1alpha1.ClusterSecurityIntentBinding, name string, selected []string) ([]*intentv1alpha1.NimbusPolicy, error) {
 	made := &intentv1alpha1.NimbusPolicyList{}
-	if err := r.client.List(ctx, made, client.MatchingFields{indexController: string(csib.UID)}); err != nil {
+	if err := r.client.List(ctx, made, client.MatchingFields{cluster.IndexController: string(csib.UID)}); err != nil {
 		return nil, err
 	}
 	isSelected := make(map[string]bool, len(selected))

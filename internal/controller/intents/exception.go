@@ -25,6 +25,7 @@ import (
 
 	intentv1alpha1 "github.com/quartermaster-dev/quartermaster/api/intent/v1alpha1"
 	securityv1alpha1 "github.com/quartermaster-dev/quartermaster/api/security/v1alpha1"
+	"github.com/quartermaster-dev/quartermaster/internal/controller/intents/cluster"
 	"github.com/quartermaster-dev/quartermaster/internal/controller/owned"
 	"github.com/quartermaster-dev/quartermaster/internal/controller/status"
 	"github.com/quartermaster-dev/quartermaster/internal/intent"
@@ -164,9 +165,9 @@ func (r *exceptionReconciler) exempt(ctx context.Context, exc *securityv1alpha1.
 	switch {
 	case ref != nil:
 		return r.refuse(ctx, exc, 0, *ref)
-	case !r.engines.enabled(intent.Kyverno):
+	case !r.engines.Enabled(intent.Kyverno):
 		return r.refuse(ctx, exc, 0, intent.Refusal{Reason: "EngineDisabled", Message: "Kyverno, whose PolicyException carries the exemption, is disabled by the manager's --intents-engines"})
-	case !r.engines.has(intent.Kyverno):
+	case !r.engines.Has(intent.Kyverno):
 		return status.Progressing("EngineNotInstalled", "Kyverno is not installed: its PolicyException is written once it is", engineRecheck), nil
 	}
 	policies, err := r.exemptedPolicies(ctx, exc, si.Name, id, namespaced, cluster)
@@ -286,7 +287,7 @@ func (r *exceptionReconciler) exempting(ctx context.Context, exc *securityv1alph
 func (r *exceptionReconciler) unexempted(id string) string {
 	var still []intent.Engine
 	for _, e := range slices.Concat(intent.Implementations[id], intent.ClusterImplementations[id]) {
-		if e != intent.Kyverno && !slices.Contains(still, e) && r.engines.enabled(e) && r.engines.has(e) {
+		if e != intent.Kyverno && !slices.Contains(still, e) && r.engines.Enabled(e) && r.engines.Has(e) {
 			still = append(still, e)
 		}
 	}
@@ -361,12 +362,12 @@ func notServed(err error) bool {
 // exempted counts the workloads Kyverno's reports say it skipped, for any of the policies, under
 // the PolicyException named pe; readable is false while the reports cannot be read.
 func (b *base) exempted(ctx context.Context, policies []intent.ScannedPolicy, pe string) (int32, bool, error) {
-	if !b.reports.current().readable {
+	if !b.reports.Current().Readable {
 		return 0, false, nil
 	}
-	ctx, cancel := context.WithTimeout(ctx, reportReadTimeout)
+	ctx, cancel := context.WithTimeout(ctx, cluster.ReadTimeout)
 	defer cancel()
-	n, err := intent.Exempted(policies, pe, b.reportsOf(ctx))
+	n, err := intent.Exempted(policies, pe, b.reports.ReportsOf(ctx))
 	return n, err == nil, err
 }
 
@@ -387,7 +388,7 @@ func (s exceptionSweep) Start(ctx context.Context) error {
 		if notServed(err) {
 			return nil // Kyverno is not installed: nothing was written
 		}
-		s.engines.log.Error(err, "the PolicyExceptions of SecurityIntentExceptions could not be listed: those left behind are not swept until the next start")
+		s.log.Error(err, "the PolicyExceptions of SecurityIntentExceptions could not be listed: those left behind are not swept until the next start")
 		return nil
 	}
 	for i := range list.Items {
@@ -406,10 +407,10 @@ func (s exceptionSweep) Start(ctx context.Context) error {
 		}
 		err := s.client.Delete(ctx, pe, client.Preconditions{UID: new(pe.GetUID())})
 		if client.IgnoreNotFound(err) != nil {
-			s.engines.log.Error(err, "a PolicyException no SecurityIntentException carries could not be deleted", "policyException", client.ObjectKeyFromObject(pe), "exception", nsName)
+			s.log.Error(err, "a PolicyException no SecurityIntentException carries could not be deleted", "policyException", client.ObjectKeyFromObject(pe), "exception", nsName)
 			continue
 		}
-		s.engines.log.Info("deleted a PolicyException no SecurityIntentException carries", "policyException", client.ObjectKeyFromObject(pe), "exception", nsName)
+		s.log.Info("deleted a PolicyException no SecurityIntentException carries", "policyException", client.ObjectKeyFromObject(pe), "exception", nsName)
 	}
 	return nil
 }

@@ -3,21 +3,14 @@ package intents
 import (
 	"context"
 	"fmt"
-	"slices"
-	"strings"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/client-go/util/workqueue"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/event"
-	"sigs.k8s.io/controller-runtime/pkg/handler"
-	"sigs.k8s.io/controller-runtime/pkg/reconcile"
-	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	intentv1alpha1 "github.com/quartermaster-dev/quartermaster/api/intent/v1alpha1"
+	"github.com/quartermaster-dev/quartermaster/internal/controller/intents/cluster"
 	"github.com/quartermaster-dev/quartermaster/internal/intent"
 )
 
@@ -34,7 +27,7 @@ import (
 // status writer, and a report that changes only its timestamps wakes nothing.
 //
 // A report's change wakes the intents and bindings whose policies it names, after
-// aggregateWindow, so a namespace of a thousand Pods scanned at once is a few status writes. What
+// cluster.AggregateWindow, so a namespace of a thousand Pods scanned at once is a few status writes. What
 // the impact cannot be read from (Kyverno's reports not served, its reports controller not
 // running) is polled and, when it changes, wakes every intent and binding that
 // has scanned intents: the status then says the impact is unknown, never zero. It is read every
@@ -42,8 +35,8 @@ import (
 
 // impactInputs starts the inputs of an impact with the reports' state, read once per impact.
 func (b *base) impactInputs() intent.ImpactInputs {
-	st := b.reports.current()
-	return intent.ImpactInputs{Readable: st.readable, Why: st.why}
+	st := b.reports.Current()
+	return intent.ImpactInputs{Readable: st.Readable, Why: st.Why}
 }
 
 // policyFor adds the intent id's scanned policy on the parent (a NimbusPolicy in namespace, or a
@@ -68,7 +61,7 @@ func (b *base) policyFor(ctx context.Context, in *intent.ImpactInputs, namespace
 	obj.SetGroupVersionKind(gvk)
 	err := b.objects.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, obj)
 	switch {
-	case apierrors.IsNotFound(err) || (err == nil && controllerNamed(obj, parentKind) != parent):
+	case apierrors.IsNotFound(err) || (err == nil && cluster.ControllerNamed(obj, parentKind) != parent):
 		in.Pending = append(in.Pending, p.Entry) // not written, or someone else's (the policy's status says Conflict)
 	case err != nil:
 		return err
@@ -82,29 +75,9 @@ func (b *base) policyFor(ctx context.Context, in *intent.ImpactInputs, namespace
 func (b *base) impact(ctx context.Context, in intent.ImpactInputs) (*intentv1alpha1.Impact, error) {
 	// The report cache blocks a read until it has synced: bounded, so that a cache that cannot
 	// sync (its RBAC, its CRD) shows as an Unknown impact instead of holding the worker.
-	ctx, cancel := context.WithTimeout(ctx, reportReadTimeout)
+	ctx, cancel := context.WithTimeout(ctx, cluster.ReadTimeout)
 	defer cancel()
-	return intent.Impact(in, b.reportsOf(ctx))
-}
-
-// reportsOf reads, from the report cache, the reports with results of a policy key.
-func (b *base) reportsOf(ctx context.Context) func(key string) ([]unstructured.Unstructured, error) {
-	return func(key string) ([]unstructured.Unstructured, error) {
-		list := newPolicyReportList()
-		if err := b.reports.cache.List(ctx, list, client.MatchingFields{indexReportPolicies: key}, client.UnsafeDisableDeepCopy); err != nil {
-			return nil, err
-		}
-		return list.Items, nil
-	}
-}
-
-// controllerNamed is the name of obj's controller when it is of kind in the intent API, "" otherwise.
-func controllerNamed(obj metav1.Object, kind string) string {
-	ref := metav1.GetControllerOfNoCopy(obj)
-	if ref == nil || ref.Kind != kind || ref.APIVersion != intentv1alpha1.GroupVersion.String() {
-		return ""
-	}
-	return ref.Name
+	return intent.Impact(in, b.reports.ReportsOf(ctx))
 }
 
 // bindingImpact is the impact of a SecurityIntentBinding (namespace set) or a
@@ -159,94 +132,6 @@ func (b *base) intentImpact(ctx context.Context, si *intentv1alpha1.SecurityInte
 	return b.impact(ctx, in)
 }
 
-// reportTargets maps a report to what its policies' impacts are shown on: the bindings whose
-// (Cluster)NimbusPolicies own the policies, and the intents those bindings name. Policies the
-// controller did not generate are passed over.
-func (b *base) reportTargets(ctx context.Context, keys []string) (sibs, csibs []client.ObjectKey, intents []string) {
-	for _, key := range keys {
-		namespace, name, namespaced := strings.Cut(key, "/")
-		if !namespaced {
-			namespace, name = "", key
-		}
-		_, gvk, parentKind := intent.KyvernoPolicyOf(namespace, name)
-		obj := &unstructured.Unstructured{}
-		obj.SetGroupVersionKind(gvk)
-		if err := b.objects.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, obj); err != nil {
-			continue
-		}
-		owner := controllerNamed(obj, parentKind)
-		if owner == "" {
-			continue
-		}
-		// The (Cluster)NimbusPolicy has its binding's name.
-		var named []intentv1alpha1.MatchIntent
-		if namespaced {
-			sib := &intentv1alpha1.SecurityIntentBinding{}
-			if err := b.client.Get(ctx, client.ObjectKey{Namespace: namespace, Name: owner}, sib); err != nil {
-				continue
-			}
-			sibs = append(sibs, client.ObjectKeyFromObject(sib))
-			named = sib.Spec.Intents
-		} else {
-			csib := &intentv1alpha1.ClusterSecurityIntentBinding{}
-			if err := b.client.Get(ctx, client.ObjectKey{Name: owner}, csib); err != nil {
-				continue
-			}
-			csibs = append(csibs, client.ObjectKeyFromObject(csib))
-			named = csib.Spec.Intents
-		}
-		for _, m := range named {
-			if !slices.Contains(intents, m.Name) {
-				intents = append(intents, m.Name)
-			}
-		}
-	}
-	return sibs, csibs, intents
-}
-
-// reportChanges is the handler of the report watch for one kind of target (pick chooses among
-// reportTargets' results): a report's creation, deletion, or a change of which policies pass or
-// fail on it (not of its timestamps) enqueues the targets after aggregateWindow.
-func (b *base) reportChanges(pick picker) handler.EventHandler {
-	enqueue := func(ctx context.Context, q workqueue.TypedRateLimitingInterface[reconcile.Request], objs ...client.Object) {
-		var keys []string
-		for _, o := range objs {
-			if u, ok := o.(*unstructured.Unstructured); ok {
-				for _, p := range intent.ReportPolicies(u, false) {
-					if !slices.Contains(keys, p) {
-						keys = append(keys, p)
-					}
-				}
-			}
-		}
-		sibs, csibs, intents := b.reportTargets(ctx, keys)
-		for _, k := range pick(ctx, sibs, csibs, intents) {
-			q.AddAfter(reconcile.Request{NamespacedName: k}, aggregateWindow)
-		}
-	}
-	return handler.Funcs{
-		CreateFunc: func(ctx context.Context, e event.CreateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
-			enqueue(ctx, q, e.Object)
-		},
-		DeleteFunc: func(ctx context.Context, e event.DeleteEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
-			enqueue(ctx, q, e.Object)
-		},
-		UpdateFunc: func(ctx context.Context, e event.UpdateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
-			if sameVerdicts(e.ObjectOld, e.ObjectNew) {
-				return
-			}
-			enqueue(ctx, q, e.ObjectOld, e.ObjectNew)
-		},
-	}
-}
-
-// sameVerdicts is intent.SameVerdicts of two versions of a cached report.
-func sameVerdicts(a, b client.Object) bool {
-	ua, ok1 := a.(*unstructured.Unstructured)
-	ub, ok2 := b.(*unstructured.Unstructured)
-	return ok1 && ok2 && intent.SameVerdicts(ua, ub)
-}
-
 // The targets of a report for each of the controllers that show what Kyverno's reports say.
 func (b *base) reportsForIntents(_ context.Context, _, _ []client.ObjectKey, intents []string) []client.ObjectKey {
 	out := make([]client.ObjectKey, 0, len(intents))
@@ -262,21 +147,6 @@ func (b *base) reportsForBindings(_ context.Context, sibs, _ []client.ObjectKey,
 
 func (b *base) reportsForClusterBindings(_ context.Context, _, csibs []client.ObjectKey, _ []string) []client.ObjectKey {
 	return csibs
-}
-
-// picker chooses, of a report's targets, those of one controller.
-type picker = func(ctx context.Context, sibs, csibs []client.ObjectKey, intents []string) []client.ObjectKey
-
-// impactSources are one controller's sources of impacts: the reports' state changes (keys: its
-// objects whose impact they change), and the report watch (Late: it starts once the kind is
-// served, with the report cache's index added first). With Kyverno left out by --intents-engines
-// no report is watched.
-func (b *base) impactSources(keys func(ctx context.Context) ([]client.ObjectKey, error), pick picker) []source.Source {
-	srcs := []source.Source{b.reports.stateChanges(keys)}
-	if b.engines.enabled(intent.Kyverno) {
-		srcs = append(srcs, b.engines.kinds.Watch(reportsNeed, b.reports.cache, newPolicyReport(), b.reportChanges(pick)).Prepare(b.reports.indexReports))
-	}
-	return srcs
 }
 
 // scanned are the keys of the objects of list's kind that name a scanned intent, by the index

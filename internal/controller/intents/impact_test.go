@@ -12,6 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	intentv1alpha1 "github.com/quartermaster-dev/quartermaster/api/intent/v1alpha1"
+	"github.com/quartermaster-dev/quartermaster/internal/controller/intents/cluster"
 )
 
 // TestImpactSaysWhyItIsUnknown walks an intent's impact through the states that need no report
@@ -75,7 +76,7 @@ func TestImpactSaysWhyItIsUnknown(t *testing.T) {
 		waitImpact(t, si, intentv1alpha1.ImpactUnknown, "never run here (no Lease kyverno/kyverno-reports-controller")
 		waitImpact(t, sib, intentv1alpha1.ImpactUnknown, "never run here")
 	})
-	lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: "kyverno", Name: ReportsControllerLease}}
+	lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: "kyverno", Name: cluster.ReportsControllerLease}}
 	t.Run("the reports controller holds its Lease: Current, read from the (empty) reports", func(t *testing.T) {
 		f.namespace(t, "kyverno")
 		lease.Spec = coordinationv1.LeaseSpec{HolderIdentity: ptr.To("kyverno-reports-controller-0"), LeaseDurationSeconds: ptr.To(int32(3600)),

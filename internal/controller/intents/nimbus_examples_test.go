@@ -93,7 +93,7 @@ func TestNimbusExamples(t *testing.T) {
 	// One node with a pod range: NetworkPolicies allow traffic to and from the nodes' ranges.
 	must(t, f.c.Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1"}, Spec: corev1.NodeSpec{PodCIDR: "10.244.0.0/24"}}))
 	eventually(t, "Kyverno and K8TLS detected", func() (bool, string) {
-		return f.base.engines.has(intent.Kyverno) && f.base.engines.has(intent.K8TLS), ""
+		return f.base.engines.Has(intent.Kyverno) && f.base.engines.Has(intent.K8TLS), ""
 	})
 
 	for _, ex := range nimbusExamples {

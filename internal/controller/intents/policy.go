@@ -20,6 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	intentv1alpha1 "github.com/quartermaster-dev/quartermaster/api/intent/v1alpha1"
+	"github.com/quartermaster-dev/quartermaster/internal/controller/intents/cluster"
 	"github.com/quartermaster-dev/quartermaster/internal/controller/status"
 	"github.com/quartermaster-dev/quartermaster/internal/intent"
 )
@@ -138,13 +139,13 @@ func (r *policyReconciler) Reconcile(ctx context.Context, req reconcile.Request)
 // becomes engine policies, so whoever may create a NimbusPolicy cannot have the controller write
 // Kyverno or NetworkPolicies for them.
 func madeByBinding(obj metav1.Object, kinds ...string) bool {
-	return slices.ContainsFunc(kinds, func(kind string) bool { return controllerNamed(obj, kind) != "" })
+	return slices.ContainsFunc(kinds, func(kind string) bool { return cluster.ControllerNamed(obj, kind) != "" })
 }
 
 // inputs are the cluster facts the rules' policies need: the nodes' pod ranges for
 // NetworkPolicies.
 func (r *policyReconciler) inputs(ctx context.Context, namespace string, rules []intentv1alpha1.NimbusRules) (intent.Inputs, error) {
-	in := intent.Inputs{Engines: r.engines.available}
+	in := intent.Inputs{Engines: r.engines.Available}
 	if needsNodes(rules) {
 		nodes := &corev1.NodeList{}
 		if err := r.nodes.List(ctx, nodes); err != nil {

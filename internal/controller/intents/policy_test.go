@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	intentv1alpha1 "github.com/quartermaster-dev/quartermaster/api/intent/v1alpha1"
+	"github.com/quartermaster-dev/quartermaster/internal/controller/intents/cluster"
 	"github.com/quartermaster-dev/quartermaster/internal/controller/status"
 	"github.com/quartermaster-dev/quartermaster/internal/intent"
 	"github.com/quartermaster-dev/quartermaster/internal/testing/testenv"
@@ -150,7 +151,7 @@ func testEngineCacheBehind(t *testing.T, f *fixture) {
 	for _, gvk := range namespacedKinds {
 		obj := &unstructured.Unstructured{}
 		obj.SetGroupVersionKind(gvk)
-		must(t, behind.IndexField(ctx, obj, indexController, controllerUID))
+		must(t, behind.IndexField(ctx, obj, cluster.IndexController, cluster.ControllerUID))
 	}
 	testenv.StartCache(t, behind)
 	cfg, api := testenv.Counting(f.env.Config)

@@ -18,9 +18,12 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
+	"github.com/go-logr/logr"
+
 	intentv1alpha1 "github.com/quartermaster-dev/quartermaster/api/intent/v1alpha1"
 	securityv1alpha1 "github.com/quartermaster-dev/quartermaster/api/security/v1alpha1"
 	"github.com/quartermaster-dev/quartermaster/internal/cachemeta"
+	"github.com/quartermaster-dev/quartermaster/internal/controller/intents/cluster"
 	"github.com/quartermaster-dev/quartermaster/internal/controller/owned"
 	"github.com/quartermaster-dev/quartermaster/internal/controller/status"
 	"github.com/quartermaster-dev/quartermaster/internal/controllers"
@@ -43,9 +46,6 @@ import (
 const (
 	// indexIntents indexes bindings by the SecurityIntent names they list.
 	indexIntents = "spec.intents.name"
-	// indexController indexes NimbusPolicies, and the engine policies in the controller's own
-	// cache, by their controller's UID.
-	indexController = "metadata.controllerUID"
 )
 
 // bindingWorkers is how many times --intents-concurrency bindings are reconciled in parallel.
@@ -61,10 +61,11 @@ type base struct {
 	deployments cache.Cache
 	objects     cache.Cache // the engines' policies, a cache of the controller's own
 	recorder    events.EventRecorder
-	engines     *engines
+	engines     *cluster.Engines
 	deferred    *deferredReports // NimbusPolicies' status reports, after their enforcement
-	reports     *reports         // Kyverno's reports of existing workloads (impact.go)
+	reports     *cluster.Reports // Kyverno's reports of existing workloads (impact.go)
 	now         func() metav1.Time
+	log         logr.Logger
 }
 
 // step ends every reconcile of an object the controllers report on (status.Step).
@@ -103,11 +104,10 @@ func setup(mgr ctrl.Manager, kinds *controllers.Kinds, o Options, reportsInterva
 	// The engines and the report kind there now are known before the controllers are built, so
 	// their watches are synced before the first reconcile; those that come later start their
 	// watches then (Late sources).
-	if err := b.engines.look(context.Background()); err != nil {
+	if err := b.engines.Look(context.Background()); err != nil {
 		return nil, err
 	}
-	kinds.Check(context.Background(), reportsNeed)
-	b.reports.state = b.reports.look(context.Background())
+	b.reports.Init(context.Background())
 	opts := controller.Options{
 		MaxConcurrentReconciles: o.Concurrency,
 		RateLimiter:             workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](200*time.Millisecond, 2*time.Minute),
@@ -120,18 +120,18 @@ func setup(mgr ctrl.Manager, kinds *controllers.Kinds, o Options, reportsInterva
 	exceptions := &exceptionReconciler{base: b, opts: o.Exceptions}
 	for _, setup := range []func() error{
 		func() error {
-			return (&intentReconciler{base: b}).setup(mgr, opts, b.impactSources(b.scanned(nil, ""), b.reportsForIntents))
+			return (&intentReconciler{base: b}).setup(mgr, opts, b.reports.Sources(b.scanned(nil, ""), b.reportsForIntents))
 		},
 		func() error {
 			return (&bindingReconciler{base: b}).setup(mgr, bindingOpts,
-				b.impactSources(b.scanned(&intentv1alpha1.SecurityIntentBindingList{}, indexIntents), b.reportsForBindings))
+				b.reports.Sources(b.scanned(&intentv1alpha1.SecurityIntentBindingList{}, indexIntents), b.reportsForBindings))
 		},
 		func() error {
 			return (&clusterBindingReconciler{base: b}).setup(mgr, bindingOpts,
-				b.impactSources(b.scanned(&intentv1alpha1.ClusterSecurityIntentBindingList{}, indexIntents), b.reportsForClusterBindings))
+				b.reports.Sources(b.scanned(&intentv1alpha1.ClusterSecurityIntentBindingList{}, indexIntents), b.reportsForClusterBindings))
 		},
 		func() error {
-			srcs := append(b.impactSources(b.scanned(&securityv1alpha1.SecurityIntentExceptionList{}, indexExceptionIntent), b.reportsForExceptions),
+			srcs := append(b.reports.Sources(b.scanned(&securityv1alpha1.SecurityIntentExceptionList{}, indexExceptionIntent), b.reportsForExceptions),
 				b.kyvernoAppeared(&securityv1alpha1.SecurityIntentExceptionList{})...)
 			return exceptions.setup(mgr, opts, srcs)
 		},
@@ -187,28 +187,23 @@ func newBase(mgr ctrl.Manager, kinds *controllers.Kinds, o Options, reportsInter
 	if err != nil {
 		return nil, err
 	}
-	log := mgr.GetLogger().WithName("intents")
-	b.engines = newEngines(kinds, mgr.GetAPIReader(), b.objects, log, allowed)
-	reportCache, err := newReportCache(mgr)
-	if err != nil {
-		return nil, err
-	}
+	b.log = mgr.GetLogger().WithName("intents")
+	b.engines = cluster.NewEngines(kinds, mgr.GetAPIReader(), b.objects, b.log, allowed)
 	kyvernoNamespace := o.KyvernoNamespace
 	if kyvernoNamespace == "" {
 		kyvernoNamespace = "kyverno"
 	}
-	b.reports = &reports{cache: reportCache, reader: mgr.GetAPIReader(), engines: b.engines,
-		namespace: kyvernoNamespace, interval: reportsInterval, now: time.Now, log: log}
-	return b, nil
+	b.reports, err = cluster.NewReports(mgr, b.engines, b.objects, kyvernoNamespace, reportsInterval)
+	return b, err
 }
 
 // kyvernoAppeared is, with Kyverno enabled, the source that reconciles every object of list's kind
 // once Kyverno appears after the start (what waited for it, EngineNotInstalled, can be done now).
 func (b *base) kyvernoAppeared(list client.ObjectList) []source.Source {
-	if !b.engines.enabled(intent.Kyverno) {
+	if !b.engines.Enabled(intent.Kyverno) {
 		return nil
 	}
-	return []source.Source{b.engines.kinds.WhenMet(b.engines.needs[intent.Kyverno], b.enqueueAll(list)).Prepare(b.engines.prepare(intent.Kyverno))}
+	return []source.Source{b.engines.Kinds().WhenMet(b.engines.Need(intent.Kyverno), b.enqueueAll(list)).Prepare(b.engines.Prepare(intent.Kyverno))}
 }
 
 func newCache(mgr ctrl.Manager) (cache.Cache, error) {
@@ -262,15 +257,7 @@ func index(mgr ctrl.Manager) error {
 	}); err != nil {
 		return err
 	}
-	return mgr.GetFieldIndexer().IndexField(ctx, &intentv1alpha1.NimbusPolicy{}, indexController, controllerUID)
-}
-
-// controllerUID is the value of indexController.
-func controllerUID(o client.Object) []string {
-	if ref := metav1.GetControllerOf(o); ref != nil {
-		return []string{string(ref.UID)}
-	}
-	return nil
+	return mgr.GetFieldIndexer().IndexField(ctx, &intentv1alpha1.NimbusPolicy{}, cluster.IndexController, cluster.ControllerUID)
 }
 
 func namespaceMetadata() *metav1.PartialObjectMetadata {

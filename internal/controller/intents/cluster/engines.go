@@ -1,9 +1,12 @@
-package intents
+// Package cluster is what the intents controller's parts know of the cluster beyond the API
+// objects they reconcile: which policy engines it has (Engines, from the manager's Kinds) and what
+// Kyverno's reports say of the generated policies (Reports: a cache of them, and whether they can
+// be read). The parts read them and are told of their changes through sources of their own
+// controllers; none writes through them.
+package cluster
 
 import (
 	"context"
-	"fmt"
-	"slices"
 	"sync"
 
 	"github.com/go-logr/logr"
@@ -11,23 +14,22 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/handler"
-	ctrl "sigs.k8s.io/controller-runtime/pkg/manager"
-	"sigs.k8s.io/controller-runtime/pkg/reconcile"
-	"sigs.k8s.io/controller-runtime/pkg/source"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	intentv1alpha1 "github.com/quartermaster-dev/quartermaster/api/intent/v1alpha1"
 
 	"github.com/quartermaster-dev/quartermaster/internal/controllers"
 	"github.com/quartermaster-dev/quartermaster/internal/intent"
 )
 
-// engines knows which policy engines the cluster has, from the manager's Kinds (an engine is
+// Engines knows which policy engines the cluster has, from the manager's Kinds (an engine is
 // installed once its kinds are served; K8TLS once its namespace and ServiceAccount exist). An engine
 // installed late is watched by the policy controllers' Late sources, which reconcile every policy
 // when it appears.
-type engines struct {
+type Engines struct {
 	kinds   *controllers.Kinds
 	reader  client.Reader // reads K8TLS's ServiceAccount, uncached
 	objects cache.Cache   // the engines' policies (indexed by their controller once served)
@@ -51,8 +53,10 @@ type prepared struct {
 	done bool
 }
 
-func newEngines(kinds *controllers.Kinds, reader client.Reader, objects cache.Cache, log logr.Logger, allowed map[intent.Engine]bool) *engines {
-	e := &engines{kinds: kinds, reader: reader, objects: objects, log: log, allowed: allowed,
+// NewEngines follows the engines allowed (nil: every engine) through kinds; reader reads K8TLS's
+// ServiceAccount (uncached), objects is the cache of the engines' policies their kinds are indexed in.
+func NewEngines(kinds *controllers.Kinds, reader client.Reader, objects cache.Cache, log logr.Logger, allowed map[intent.Engine]bool) *Engines {
+	e := &Engines{kinds: kinds, reader: reader, objects: objects, log: log, allowed: allowed,
 		needs: map[intent.Engine]controllers.Need{}, prepared: map[intent.Engine]*prepared{}}
 	const installed = "policy engine installed: generating its policies"
 	for _, en := range []intent.Engine{intent.KubeArmor, intent.Kyverno, intent.NetworkPolicy, intent.K8TLS} {
@@ -65,17 +69,17 @@ func newEngines(kinds *controllers.Kinds, reader client.Reader, objects cache.Ca
 	return e
 }
 
-// prepare indexes the engine's kinds in objects by their controller's UID (a reconcile lists its
+// Prepare indexes the engine's kinds in objects by their controller's UID (a reconcile lists its
 // owner's policies only), once; the engine counts as installed from then on. Every Late source of
 // the engine runs it before it starts (an index cannot be added before its kind is served).
-func (e *engines) prepare(en intent.Engine) func(ctx context.Context) error {
+func (e *Engines) Prepare(en intent.Engine) func(ctx context.Context) error {
 	return func(ctx context.Context) error {
 		p := e.prepared[en]
 		p.once.Do(func() {
 			for _, gvk := range intent.EngineKinds[en] {
 				obj := &unstructured.Unstructured{}
 				obj.SetGroupVersionKind(gvk)
-				if p.err = e.objects.IndexField(ctx, obj, indexController, controllerUID); p.err != nil {
+				if p.err = e.objects.IndexField(ctx, obj, IndexController, ControllerUID); p.err != nil {
 					return
 				}
 			}
@@ -87,18 +91,18 @@ func (e *engines) prepare(en intent.Engine) func(ctx context.Context) error {
 	}
 }
 
-// enabled reports whether --intents-engines lets the controller use the engine.
-func (e *engines) enabled(en intent.Engine) bool {
+// Enabled reports whether --intents-engines lets the controller use the engine.
+func (e *Engines) Enabled(en intent.Engine) bool {
 	return e.allowed == nil || e.allowed[en]
 }
 
-// available reports whether the engine is enabled and installed: its policies are written.
-func (e *engines) available(en intent.Engine) bool {
-	return e.enabled(en) && e.has(en)
+// Available reports whether the engine is enabled and installed: its policies are written.
+func (e *Engines) Available(en intent.Engine) bool {
+	return e.Enabled(en) && e.Has(en)
 }
 
-// has reports whether the engine's kinds are served and indexed.
-func (e *engines) has(en intent.Engine) bool {
+// Has reports whether the engine's kinds are served and indexed.
+func (e *Engines) Has(en intent.Engine) bool {
 	p := e.prepared[en]
 	if p == nil {
 		return false
@@ -108,12 +112,12 @@ func (e *engines) has(en intent.Engine) bool {
 	return p.done
 }
 
-// look asks now for the enabled engines and prepares those installed, so that they are known
+// Look asks now for the enabled engines and prepares those installed, so that they are known
 // before the controllers are built: their watches are synced before the first reconcile.
-func (e *engines) look(ctx context.Context) error {
+func (e *Engines) Look(ctx context.Context) error {
 	for en, n := range e.needs {
-		if e.enabled(en) && e.kinds.Check(ctx, n) {
-			if err := e.prepare(en)(ctx); err != nil {
+		if e.Enabled(en) && e.kinds.Check(ctx, n) {
+			if err := e.Prepare(en)(ctx); err != nil {
 				return err
 			}
 		}
@@ -121,54 +125,11 @@ func (e *engines) look(ctx context.Context) error {
 	return nil
 }
 
-// sources are the watches of the kinds among kinds that the enabled engines generate, one Late
-// source each, for a controller of owner (listed by list): an edit or deletion of a generated
-// policy reconciles its owner; creations are the owner's own and wake nothing (the reconcile that
-// made an object has looked at it, and an informer's replay at start is of owners reconciled at
-// start anyway); an engine that appears after the start reconciles every owner, whose policies
-// for it can be made now.
-func (b *base) engineSources(mgr ctrl.Manager, kinds []schema.GroupVersionKind, owner client.Object, list client.ObjectList) []source.Source {
-	var out []source.Source
-	for _, en := range []intent.Engine{intent.KubeArmor, intent.NetworkPolicy, intent.Kyverno, intent.K8TLS} {
-		if !b.engines.enabled(en) {
-			continue
-		}
-		woken := false
-		for _, gvk := range intent.EngineKinds[en] {
-			if !slices.Contains(kinds, gvk) {
-				continue
-			}
-			obj := &unstructured.Unstructured{}
-			obj.SetGroupVersionKind(gvk)
-			late := b.engines.kinds.Watch(b.engines.needs[en], b.objects, obj,
-				handler.EnqueueRequestForOwner(mgr.GetScheme(), mgr.GetRESTMapper(), owner, handler.OnlyControllerOwner()), notCreated()).
-				Prepare(b.engines.prepare(en))
-			if !woken {
-				late, woken = late.Appeared(b.enqueueAll(list)), true
-			}
-			out = append(out, late)
-		}
-	}
-	return out
-}
-
-// enqueueAll adds every object of list's kind to a controller's queue.
-func (b *base) enqueueAll(list client.ObjectList) func(ctx context.Context, q controllers.Queue) {
-	return func(ctx context.Context, q controllers.Queue) {
-		l := list.DeepCopyObject().(client.ObjectList)
-		if err := b.client.List(ctx, l); err != nil {
-			b.engines.log.Error(err, "reconciling every object after an engine appeared: listing failed; each is reconciled at its recheck", "kind", fmt.Sprintf("%T", list))
-			return
-		}
-		_ = forEach(l, func(o client.Object) { q.Add(reconcile.Request{NamespacedName: client.ObjectKeyFromObject(o)}) })
-	}
-}
-
 // k8tlsInstalled reports whether nimbus-k8tls's namespace and the ServiceAccount its scans run as
 // exist: its kinds (CronJob, ConfigMap) are built in, so they say nothing. Without the optional
 // Role of config/rbac/intents-k8tls the manager may not read the ServiceAccount: not installed,
 // as far as it can tell, and the log says why once.
-func (e *engines) k8tlsInstalled(ctx context.Context) (bool, error) {
+func (e *Engines) k8tlsInstalled(ctx context.Context) (bool, error) {
 	sa := &corev1.ServiceAccount{}
 	err := e.reader.Get(ctx, client.ObjectKey{Namespace: intent.K8TLSNamespace, Name: intent.K8TLSServiceAccount}, sa)
 	if err == nil {
@@ -191,4 +152,31 @@ func (e *engines) k8tlsInstalled(ctx context.Context) (bool, error) {
 		return false, nil
 	}
 	return false, err
+}
+
+// Need is what the engine waits for, as the manager's Kinds knows it.
+func (e *Engines) Need(en intent.Engine) controllers.Need { return e.needs[en] }
+
+// Kinds is the manager's follower of what is served later.
+func (e *Engines) Kinds() *controllers.Kinds { return e.kinds }
+
+// IndexController indexes NimbusPolicies (in the manager's cache), and the engine policies in the
+// controller's objects cache, by their controller's UID.
+const IndexController = "metadata.controllerUID"
+
+// ControllerUID is the value of IndexController.
+func ControllerUID(o client.Object) []string {
+	if ref := metav1.GetControllerOf(o); ref != nil {
+		return []string{string(ref.UID)}
+	}
+	return nil
+}
+
+// ControllerNamed is the name of obj's controller when it is of kind in the intent API, "" otherwise.
+func ControllerNamed(obj metav1.Object, kind string) string {
+	ref := metav1.GetControllerOfNoCopy(obj)
+	if ref == nil || ref.Kind != kind || ref.APIVersion != intentv1alpha1.GroupVersion.String() {
+		return ""
+	}
+	return ref.Name
 }
