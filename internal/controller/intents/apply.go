@@ -8,7 +8,6 @@ import (
 	"strings"
 
 	"golang.org/x/sync/errgroup"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -19,12 +18,6 @@ import (
 	"github.com/quartermaster-dev/quartermaster/internal/controller/owned"
 	"github.com/quartermaster-dev/quartermaster/internal/intent"
 )
-
-// rejected reports an answer that retrying the same object cannot change: the object is invalid
-// or an admission webhook refuses it.
-func rejected(err error) bool {
-	return apierrors.IsInvalid(err) || apierrors.IsBadRequest(err)
-}
 
 // applyPolicies creates the generated policies that are missing, reverts the ones edited by hand,
 // and deletes the parent's policies that are no longer generated (of the given kinds, in
@@ -51,7 +44,7 @@ func (b *base) applyPolicies(ctx context.Context, parent types.UID, desired []in
 	var transient error
 	for i, r := range results {
 		switch {
-		case r.err != nil && rejected(r.err):
+		case r.err != nil && owned.Rejected(r.err):
 			a.Rejected = append(a.Rejected, fmt.Sprintf("%s: %s", present[i].Entry, r.err))
 		case r.err != nil:
 			transient = cmp.Or(transient, fmt.Errorf("%s: %w", present[i].Entry, r.err))

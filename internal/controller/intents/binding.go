@@ -9,9 +9,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
@@ -25,6 +23,7 @@ import (
 
 	intentv1alpha1 "github.com/quartermaster-dev/quartermaster/api/intent/v1alpha1"
 	securityv1alpha1 "github.com/quartermaster-dev/quartermaster/api/security/v1alpha1"
+	"github.com/quartermaster-dev/quartermaster/internal/controller/intents/cluster"
 	"github.com/quartermaster-dev/quartermaster/internal/controller/owned"
 	"github.com/quartermaster-dev/quartermaster/internal/controller/status"
 	"github.com/quartermaster-dev/quartermaster/internal/intent"
@@ -48,30 +47,14 @@ func (r *intentReconciler) setup(mgr ctrl.Manager, opts controller.Options, impa
 		Named("securityintent").
 		For(&intentv1alpha1.SecurityIntent{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		// An intent is in force when the bindings naming it are: their readiness changes coalesce.
-		Watches(&intentv1alpha1.SecurityIntentBinding{}, readinessCoalesced(intentsNamed),
+		Watches(&intentv1alpha1.SecurityIntentBinding{}, readinessCoalesced(cluster.IntentsNamed),
 			builder.WithPredicates(predicate.Or[client.Object](status.ReadyChanged(), enforcedChanged(), createOrDelete(), predicate.GenerationChangedPredicate{}))).
-		Watches(&intentv1alpha1.ClusterSecurityIntentBinding{}, readinessCoalesced(intentsNamed),
+		Watches(&intentv1alpha1.ClusterSecurityIntentBinding{}, readinessCoalesced(cluster.IntentsNamed),
 			builder.WithPredicates(predicate.Or[client.Object](status.ReadyChanged(), enforcedChanged(), createOrDelete(), predicate.GenerationChangedPredicate{}))).
 		// Its status lists the exceptions to it.
 		Watches(&securityv1alpha1.SecurityIntentException{}, handler.EnqueueRequestsFromMapFunc(exceptionsOf), builder.WithPredicates(exceptionShown())).
 		WithOptions(opts).
 		Complete(r)
-}
-
-// intentsNamed maps a binding to the SecurityIntents it names.
-func intentsNamed(_ context.Context, obj client.Object) []reconcile.Request {
-	var names []intentv1alpha1.MatchIntent
-	switch b := obj.(type) {
-	case *intentv1alpha1.SecurityIntentBinding:
-		names = b.Spec.Intents
-	case *intentv1alpha1.ClusterSecurityIntentBinding:
-		names = b.Spec.Intents
-	}
-	reqs := make([]reconcile.Request, 0, len(names))
-	for _, m := range names {
-		reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKey{Name: m.Name}})
-	}
-	return reqs
 }
 
 // Reconcile writes one SecurityIntent's status: Ready when every binding naming it is (its engine
@@ -126,7 +109,7 @@ func (r *intentReconciler) intentOutcome(ctx context.Context, si *intentv1alpha1
 	}
 	recheck := time.Duration(0)
 	if len(missing) > 0 {
-		recheck = engineRecheck // its message names engines that may be installed meanwhile
+		recheck = cluster.EngineRecheck // its message names engines that may be installed meanwhile
 	}
 	if len(enforcing) == 0 {
 		return status.Healthy("Accepted", "no engine enforces "+id+" here"+suffix+": bindings accept it, nothing enforces it", recheck), nil
@@ -218,7 +201,7 @@ func enforcedChanged() predicate.Predicate {
 
 // bindingsNaming is what the intent's status reads of the bindings naming it.
 func (r *intentReconciler) bindingsNaming(ctx context.Context, name string) ([]boundBy, error) {
-	sibs, csibs, err := r.bindingsNamingIntent(ctx, name)
+	sibs, csibs, err := cluster.BindingsNaming(ctx, r.client, name)
 	if err != nil {
 		return nil, err
 	}
@@ -230,21 +213,6 @@ func (r *intentReconciler) bindingsNaming(ctx context.Context, name string) ([]b
 		out = append(out, boundBy{"ClusterSecurityIntentBinding " + b.Name, b.Status.Conditions, b.Generation, enforcedGeneration(b.Status.EnforcedIntents, name)})
 	}
 	return out, nil
-}
-
-// bindingsNamingIntent lists the bindings of both kinds that name the intent, from the cache. The
-// cache's objects are not copied (an intent may be bound thousands of times): callers only read
-// them.
-func (b *base) bindingsNamingIntent(ctx context.Context, name string) ([]intentv1alpha1.SecurityIntentBinding, []intentv1alpha1.ClusterSecurityIntentBinding, error) {
-	sibs := &intentv1alpha1.SecurityIntentBindingList{}
-	if err := b.client.List(ctx, sibs, client.MatchingFields{indexIntents: name}, client.UnsafeDisableDeepCopy); err != nil {
-		return nil, nil, err
-	}
-	csibs := &intentv1alpha1.ClusterSecurityIntentBindingList{}
-	if err := b.client.List(ctx, csibs, client.MatchingFields{indexIntents: name}, client.UnsafeDisableDeepCopy); err != nil {
-		return nil, nil, err
-	}
-	return sibs.Items, csibs.Items, nil
 }
 
 // intentsOf reads the SecurityIntents a binding names (those that exist).
@@ -268,11 +236,11 @@ func (b *base) intentsOf(ctx context.Context, names []intentv1alpha1.MatchIntent
 func (b *base) bindingsOf(list client.ObjectList) handler.MapFunc {
 	return func(ctx context.Context, obj client.Object) []reconcile.Request {
 		l := list.DeepCopyObject().(client.ObjectList)
-		if err := b.client.List(ctx, l, client.MatchingFields{indexIntents: obj.GetName()}); err != nil {
+		if err := b.client.List(ctx, l, client.MatchingFields{cluster.IndexIntents: obj.GetName()}); err != nil {
 			return nil
 		}
 		var reqs []reconcile.Request
-		_ = forEach(l, func(o client.Object) {
+		_ = cluster.ForEach(l, func(o client.Object) {
 			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(o)})
 		})
 		return reqs
@@ -392,7 +360,7 @@ func (r *bindingReconciler) bind(ctx context.Context, sib *intentv1alpha1.Securi
 	if did == owned.Taken {
 		setBound("")
 		return status.WaitsForPerson("Conflict", fmt.Sprintf(
-			"NimbusPolicy %s/%s exists and was not generated from this binding; it is left alone", sib.Namespace, sib.Name), conflictRetry), nil
+			"NimbusPolicy %s/%s exists and was not generated from this binding; it is left alone", sib.Namespace, sib.Name), cluster.ConflictRetry), nil
 	}
 	if did != owned.Unchanged {
 		r.recorder.Eventf(sib, nil, corev1.EventTypeNormal, "NimbusPolicy"+strings.ToUpper(string(did[:1]))+string(did[1:]), "Bind",
@@ -426,11 +394,4 @@ func policyInForce(stored client.Object, did owned.Outcome) *status.Outcome {
 		o = &q
 	}
 	return o
-}
-
-func forEach(list client.ObjectList, f func(client.Object)) error {
-	return meta.EachListItem(list, func(o runtime.Object) error {
-		f(o.(client.Object))
-		return nil
-	})
 }

@@ -158,7 +158,7 @@ func (r *clusterBindingReconciler) bind(ctx context.Context, csib *intentv1alpha
 		}
 		return status.Transient("Error", msg, err), nil
 	case len(conflicts) > 0:
-		return status.WaitsForPerson("Conflict", strings.Join(conflicts, ", ")+" exist and were not generated from this binding; they are left alone", conflictRetry), nil
+		return status.WaitsForPerson("Conflict", strings.Join(conflicts, ", ")+" exist and were not generated from this binding; they are left alone", cluster.ConflictRetry), nil
 	case len(rules) == 0:
 		return status.Progressing("IntentNotFound", fmt.Sprintf(
 			"no named SecurityIntent exists (%s); the policies are made when one does", strings.Join(missing, ", ")), 0), nil

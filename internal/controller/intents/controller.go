@@ -2,8 +2,9 @@
 // bound by SecurityIntentBindings and ClusterSecurityIntentBindings become NimbusPolicies and
 // ClusterNimbusPolicies, and those become the engines' policies (KubeArmor, NetworkPolicy,
 // Kyverno) for whichever engines the cluster has, in one process. Each intent and binding shows its
-// impact on the workloads that already run, read from Kyverno's reports (impact.go), and
-// SecurityIntentExceptions become Kyverno PolicyExceptions that end at their expiry (exception.go).
+// impact on the workloads that already run, read from Kyverno's reports (impact.go, cluster.Reports),
+// and SecurityIntentExceptions become Kyverno PolicyExceptions that end at their expiry (the
+// exceptions part, package exceptions). docs/development.md says how the parts divide the work.
 package intents
 
 import (

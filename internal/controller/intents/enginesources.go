@@ -1,8 +1,6 @@
 package intents
 
 import (
-	"context"
-	"fmt"
 	"slices"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -10,10 +8,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	ctrl "sigs.k8s.io/controller-runtime/pkg/manager"
-	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
-	"github.com/quartermaster-dev/quartermaster/internal/controllers"
+	"github.com/quartermaster-dev/quartermaster/internal/controller/intents/cluster"
 	"github.com/quartermaster-dev/quartermaster/internal/intent"
 )
 
@@ -40,22 +37,10 @@ func (b *base) engineSources(mgr ctrl.Manager, kinds []schema.GroupVersionKind, 
 				handler.EnqueueRequestForOwner(mgr.GetScheme(), mgr.GetRESTMapper(), owner, handler.OnlyControllerOwner()), notCreated()).
 				Prepare(b.engines.Prepare(en))
 			if !woken {
-				late, woken = late.Appeared(b.enqueueAll(list)), true
+				late, woken = late.Appeared(cluster.EnqueueAll(b.client, list, b.log)), true
 			}
 			out = append(out, late)
 		}
 	}
 	return out
-}
-
-// enqueueAll adds every object of list's kind to a controller's queue.
-func (b *base) enqueueAll(list client.ObjectList) func(ctx context.Context, q controllers.Queue) {
-	return func(ctx context.Context, q controllers.Queue) {
-		l := list.DeepCopyObject().(client.ObjectList)
-		if err := b.client.List(ctx, l); err != nil {
-			b.log.Error(err, "reconciling every object after an engine appeared: listing failed; each is reconciled at its recheck", "kind", fmt.Sprintf("%T", list))
-			return
-		}
-		_ = forEach(l, func(o client.Object) { q.Add(reconcile.Request{NamespacedName: client.ObjectKeyFromObject(o)}) })
-	}
 }

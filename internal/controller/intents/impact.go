@@ -111,7 +111,7 @@ func (b *base) intentImpact(ctx context.Context, si *intentv1alpha1.SecurityInte
 		}
 		return b.impact(ctx, in)
 	}
-	sibs, csibs, err := b.bindingsNamingIntent(ctx, si.Name)
+	sibs, csibs, err := cluster.BindingsNaming(ctx, b.client, si.Name)
 	if err != nil {
 		return nil, err
 	}
@@ -147,35 +147,6 @@ func (b *base) reportsForBindings(_ context.Context, sibs, _ []client.ObjectKey,
 
 func (b *base) reportsForClusterBindings(_ context.Context, _, csibs []client.ObjectKey, _ []string) []client.ObjectKey {
 	return csibs
-}
-
-// scanned are the keys of the objects of list's kind that name a scanned intent, by the index
-// field (none: the SecurityIntents themselves), whose impacts a change of the reports' state
-// changes.
-func (b *base) scanned(list client.ObjectList, field string) func(ctx context.Context) ([]client.ObjectKey, error) {
-	return func(ctx context.Context) ([]client.ObjectKey, error) {
-		intents := &intentv1alpha1.SecurityIntentList{}
-		if err := b.client.List(ctx, intents, client.UnsafeDisableDeepCopy); err != nil {
-			return nil, err
-		}
-		var out []client.ObjectKey
-		for i := range intents.Items {
-			s := &intents.Items[i]
-			if _, ok := intent.Scanned[s.Spec.Intent.ID]; !ok {
-				continue
-			}
-			if field == "" {
-				out = append(out, client.ObjectKeyFromObject(s))
-				continue
-			}
-			l := list.DeepCopyObject().(client.ObjectList)
-			if err := b.client.List(ctx, l, client.MatchingFields{field: s.Name}, client.UnsafeDisableDeepCopy); err != nil {
-				return nil, err
-			}
-			_ = forEach(l, func(o client.Object) { out = append(out, client.ObjectKeyFromObject(o)) })
-		}
-		return out, nil
-	}
 }
 
 // keepImpact sets *dst to the impact read; one that could not be read is Unknown, with the error

@@ -4,7 +4,6 @@ import (
 	"context"
 	"slices"
 	"strings"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -24,13 +23,6 @@ import (
 	"github.com/quartermaster-dev/quartermaster/internal/controller/status"
 	"github.com/quartermaster-dev/quartermaster/internal/intent"
 )
-
-// engineRecheck is how often a policy waiting for an engine looks again, besides being woken when
-// the engine is detected.
-const engineRecheck = 5 * time.Minute
-
-// conflictRetry is how often a policy blocked by an object it does not control looks again.
-const conflictRetry = 5 * time.Minute
 
 // namespacedKinds are the engine kinds a NimbusPolicy generates; clusterKinds a ClusterNimbusPolicy's
 // (assessTLS's CronJob and ConfigMap, in K8TLS's namespace, included).
@@ -177,15 +169,15 @@ func (b *base) report(obj client.Object, st *intentv1alpha1.NimbusPolicyStatus, 
 	} else {
 		switch v := a.Verdict(unenforced); v.Readiness {
 		case intent.NeedsPerson:
-			recheck := conflictRetry
+			recheck := cluster.ConflictRetry
 			if v.Reason == "EngineNotInstalled" {
-				recheck = engineRecheck
+				recheck = cluster.EngineRecheck
 			}
 			o = status.WaitsForPerson(v.Reason, v.Message, recheck)
 		case intent.WaitingForEngine:
 			// The engine's status write wakes the policy (its watch); the recheck covers an
 			// engine that is installed but not running.
-			o = status.Progressing(v.Reason, v.Message, engineRecheck).Silenced() // expected until the engine reports: no Warning
+			o = status.Progressing(v.Reason, v.Message, cluster.EngineRecheck).Silenced() // expected until the engine reports: no Warning
 		default:
 			o = status.Healthy(v.Reason, v.Message, 0)
 		}

@@ -16,7 +16,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	ctrl "sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
-	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	"github.com/go-logr/logr"
 
@@ -24,6 +23,7 @@ import (
 	securityv1alpha1 "github.com/quartermaster-dev/quartermaster/api/security/v1alpha1"
 	"github.com/quartermaster-dev/quartermaster/internal/cachemeta"
 	"github.com/quartermaster-dev/quartermaster/internal/controller/intents/cluster"
+	"github.com/quartermaster-dev/quartermaster/internal/controller/intents/exceptions"
 	"github.com/quartermaster-dev/quartermaster/internal/controller/owned"
 	"github.com/quartermaster-dev/quartermaster/internal/controller/status"
 	"github.com/quartermaster-dev/quartermaster/internal/controllers"
@@ -43,11 +43,6 @@ import (
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
 // Field indexes of the shared cache.
-const (
-	// indexIntents indexes bindings by the SecurityIntent names they list.
-	indexIntents = "spec.intents.name"
-)
-
 // bindingWorkers is how many times --intents-concurrency bindings are reconciled in parallel.
 const bindingWorkers = 4
 
@@ -98,7 +93,7 @@ func setup(mgr ctrl.Manager, kinds *controllers.Kinds, o Options, reportsInterva
 	if err != nil {
 		return nil, err
 	}
-	if err := index(mgr); err != nil {
+	if err := cluster.Index(mgr); err != nil {
 		return nil, err
 	}
 	// The engines and the report kind there now are known before the controllers are built, so
@@ -117,24 +112,19 @@ func setup(mgr ctrl.Manager, kinds *controllers.Kinds, o Options, reportsInterva
 	// NimbusPolicies would appear only as fast as their engine policies do.
 	bindingOpts := opts
 	bindingOpts.MaxConcurrentReconciles = o.Concurrency * bindingWorkers
-	exceptions := &exceptionReconciler{base: b, opts: o.Exceptions}
 	for _, setup := range []func() error{
 		func() error {
-			return (&intentReconciler{base: b}).setup(mgr, opts, b.reports.Sources(b.scanned(nil, ""), b.reportsForIntents))
+			return (&intentReconciler{base: b}).setup(mgr, opts, b.reports.Sources(cluster.Scanned(b.client, nil, ""), b.reportsForIntents))
 		},
 		func() error {
 			return (&bindingReconciler{base: b}).setup(mgr, bindingOpts,
-				b.reports.Sources(b.scanned(&intentv1alpha1.SecurityIntentBindingList{}, indexIntents), b.reportsForBindings))
+				b.reports.Sources(cluster.Scanned(b.client, &intentv1alpha1.SecurityIntentBindingList{}, cluster.IndexIntents), b.reportsForBindings))
 		},
 		func() error {
 			return (&clusterBindingReconciler{base: b}).setup(mgr, bindingOpts,
-				b.reports.Sources(b.scanned(&intentv1alpha1.ClusterSecurityIntentBindingList{}, indexIntents), b.reportsForClusterBindings))
+				b.reports.Sources(cluster.Scanned(b.client, &intentv1alpha1.ClusterSecurityIntentBindingList{}, cluster.IndexIntents), b.reportsForClusterBindings))
 		},
-		func() error {
-			srcs := append(b.reports.Sources(b.scanned(&securityv1alpha1.SecurityIntentExceptionList{}, indexExceptionIntent), b.reportsForExceptions),
-				b.kyvernoAppeared(&securityv1alpha1.SecurityIntentExceptionList{})...)
-			return exceptions.setup(mgr, opts, srcs)
-		},
+		func() error { return exceptions.Setup(mgr, opts, b.engines, b.reports, o.Exceptions) },
 		func() error { return (&policyReconciler{base: b}).setup(mgr, opts) },
 		func() error { return (&clusterPolicyReconciler{base: b}).setup(mgr, opts) },
 	} {
@@ -145,7 +135,7 @@ func setup(mgr ctrl.Manager, kinds *controllers.Kinds, o Options, reportsInterva
 	if err := mgr.Add(b.reports); err != nil {
 		return nil, err
 	}
-	return b, mgr.Add(exceptionSweep{exceptions})
+	return b, nil
 }
 
 // newBase makes what the reconcilers share: the status-guarded client, the caches of the
@@ -164,11 +154,10 @@ func newBase(mgr ctrl.Manager, kinds *controllers.Kinds, o Options, reportsInter
 	} {
 		status.CountObjects(mgr, kind, list, status.ConditionState)
 	}
-	status.CountObjects(mgr, "SecurityIntentException", &securityv1alpha1.SecurityIntentExceptionList{}, exceptionState)
 	b := &base{
 		client: status.NewClient(owned.WithFieldOwner(mgr.GetClient()),
 			&intentv1alpha1.SecurityIntent{}, &intentv1alpha1.SecurityIntentBinding{}, &intentv1alpha1.ClusterSecurityIntentBinding{},
-			&intentv1alpha1.NimbusPolicy{}, &intentv1alpha1.ClusterNimbusPolicy{}, &securityv1alpha1.SecurityIntentException{}),
+			&intentv1alpha1.NimbusPolicy{}, &intentv1alpha1.ClusterNimbusPolicy{}),
 		apiReader: mgr.GetAPIReader(),
 		recorder:  status.NewRecorder(mgr, "quartermaster-intents"),
 		deferred:  newDeferredReports(),
@@ -197,15 +186,6 @@ func newBase(mgr ctrl.Manager, kinds *controllers.Kinds, o Options, reportsInter
 	return b, err
 }
 
-// kyvernoAppeared is, with Kyverno enabled, the source that reconciles every object of list's kind
-// once Kyverno appears after the start (what waited for it, EngineNotInstalled, can be done now).
-func (b *base) kyvernoAppeared(list client.ObjectList) []source.Source {
-	if !b.engines.Enabled(intent.Kyverno) {
-		return nil
-	}
-	return []source.Source{b.engines.Kinds().WhenMet(b.engines.Need(intent.Kyverno), b.enqueueAll(list)).Prepare(b.engines.Prepare(intent.Kyverno))}
-}
-
 func newCache(mgr ctrl.Manager) (cache.Cache, error) {
 	c, err := cache.New(mgr.GetConfig(), cache.Options{
 		Scheme: mgr.GetScheme(), Mapper: mgr.GetRESTMapper(),
@@ -231,33 +211,6 @@ func nodeSpecOnly(obj any) (any, error) {
 		n.ManagedFields = nil
 	}
 	return obj, nil
-}
-
-func index(mgr ctrl.Manager) error {
-	ctx := context.Background()
-	names := func(intents []intentv1alpha1.MatchIntent) []string {
-		out := make([]string, 0, len(intents))
-		for _, m := range intents {
-			out = append(out, m.Name)
-		}
-		return out
-	}
-	if err := mgr.GetFieldIndexer().IndexField(ctx, &intentv1alpha1.SecurityIntentBinding{}, indexIntents, func(o client.Object) []string {
-		return names(o.(*intentv1alpha1.SecurityIntentBinding).Spec.Intents)
-	}); err != nil {
-		return err
-	}
-	if err := mgr.GetFieldIndexer().IndexField(ctx, &intentv1alpha1.ClusterSecurityIntentBinding{}, indexIntents, func(o client.Object) []string {
-		return names(o.(*intentv1alpha1.ClusterSecurityIntentBinding).Spec.Intents)
-	}); err != nil {
-		return err
-	}
-	if err := mgr.GetFieldIndexer().IndexField(ctx, &securityv1alpha1.SecurityIntentException{}, indexExceptionIntent, func(o client.Object) []string {
-		return []string{o.(*securityv1alpha1.SecurityIntentException).Spec.Intent}
-	}); err != nil {
-		return err
-	}
-	return mgr.GetFieldIndexer().IndexField(ctx, &intentv1alpha1.NimbusPolicy{}, cluster.IndexController, cluster.ControllerUID)
 }
 
 func namespaceMetadata() *metav1.PartialObjectMetadata {

@@ -202,3 +202,9 @@ func Merged(base, over map[string]string) map[string]string {
 	maps.Copy(out, over)
 	return out
 }
+
+// Rejected reports an answer that retrying the same object cannot change: the object is invalid
+// or an admission webhook refuses it.
+func Rejected(err error) bool {
+	return apierrors.IsInvalid(err) || apierrors.IsBadRequest(err)
+}

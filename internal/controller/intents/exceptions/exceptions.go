@@ -1,41 +1,9 @@
-package intents
-
-import (
-	"context"
-	"fmt"
-	"slices"
-	"strings"
-	"time"
-
-	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/utils/ptr"
-	"sigs.k8s.io/controller-runtime/pkg/builder"
-	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/controller"
-	"sigs.k8s.io/controller-runtime/pkg/event"
-	"sigs.k8s.io/controller-runtime/pkg/handler"
-	ctrl "sigs.k8s.io/controller-runtime/pkg/manager"
-	"sigs.k8s.io/controller-runtime/pkg/predicate"
-	"sigs.k8s.io/controller-runtime/pkg/reconcile"
-	"sigs.k8s.io/controller-runtime/pkg/source"
-
-	intentv1alpha1 "github.com/quartermaster-dev/quartermaster/api/intent/v1alpha1"
-	securityv1alpha1 "github.com/quartermaster-dev/quartermaster/api/security/v1alpha1"
-	"github.com/quartermaster-dev/quartermaster/internal/controller/intents/cluster"
-	"github.com/quartermaster-dev/quartermaster/internal/controller/owned"
-	"github.com/quartermaster-dev/quartermaster/internal/controller/status"
-	"github.com/quartermaster-dev/quartermaster/internal/intent"
-)
-
-// Exceptions: a SecurityIntentException (security.quartermaster.dev, namespaced) exempts some
-// workloads from one SecurityIntent until its expiry, with an owner and a reason. It becomes
-// Kyverno's own PolicyException (kyverno.io/v2) in the one namespace where Kyverno accepts them
-// (--intents-exception-namespace, Kyverno's --exceptionNamespace), naming the intent's Kyverno
-// policies that apply to the exempted namespaces, every rule of each.
+// Package exceptions is the intents controller's exceptions part: a SecurityIntentException
+// (security.quartermaster.dev, namespaced) exempts some workloads from one SecurityIntent until its
+// expiry, with an owner and a reason. It becomes Kyverno's own PolicyException (kyverno.io/v2) in
+// the one namespace where Kyverno accepts them (--intents-exception-namespace, Kyverno's
+// --exceptionNamespace), naming the intent's Kyverno policies that apply to the exempted
+// namespaces, every rule of each.
 //
 // What the API server cannot check is refused here, the failed check named in the Stalled
 // condition, and what an earlier version of the exception wrote is removed: exceptions not enabled
@@ -56,49 +24,70 @@ import (
 // PolicyExceptions of exceptions deleted meanwhile, and all those outside the exception namespace
 // (the flag changed, or emptied). Kyverno's reports say what it actually skipped: status.exempted
 // counts the workloads whose results for those policies are skipped under this PolicyException.
+package exceptions
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	ctrl "sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/go-logr/logr"
+
+	intentv1alpha1 "github.com/quartermaster-dev/quartermaster/api/intent/v1alpha1"
+	securityv1alpha1 "github.com/quartermaster-dev/quartermaster/api/security/v1alpha1"
+	"github.com/quartermaster-dev/quartermaster/internal/controller/intents/cluster"
+	"github.com/quartermaster-dev/quartermaster/internal/controller/owned"
+	"github.com/quartermaster-dev/quartermaster/internal/controller/status"
+	"github.com/quartermaster-dev/quartermaster/internal/intent"
+)
 
 // +kubebuilder:rbac:groups=security.quartermaster.dev,resources=securityintentexceptions,verbs=get;list;watch
 // +kubebuilder:rbac:groups=security.quartermaster.dev,resources=securityintentexceptions/status,verbs=patch
 // +kubebuilder:rbac:groups=kyverno.io,resources=policyexceptions,verbs=get;list;create;update;delete
 
 const (
-	// indexExceptionIntent indexes SecurityIntentExceptions by the intent they name.
-	indexExceptionIntent = "spec.intent"
 	// exceptionResync is how often an exception in force is looked at without a change (its
 	// PolicyException is read from the API server: someone's edit is repaired then).
 	exceptionResync = 10 * time.Minute
 )
 
-// exceptionReconciler makes each SecurityIntentException a Kyverno PolicyException and ends it at
+// reconciler makes each SecurityIntentException a Kyverno PolicyException and ends it at
 // its expiry.
-type exceptionReconciler struct {
-	*base
-	opts intent.ExceptionRules
+type reconciler struct {
+	client    client.Client // the manager's, guarded against reading its own writes stale
+	apiReader client.Reader
+	recorder  events.EventRecorder
+	engines   *cluster.Engines
+	reports   *cluster.Reports
+	opts      intent.ExceptionRules
+	now       func() metav1.Time
+	log       logr.Logger
 }
 
-func (r *exceptionReconciler) setup(mgr ctrl.Manager, opts controller.Options, impact []source.Source) error {
-	b := builder.ControllerManagedBy(mgr)
-	for _, src := range impact {
-		b = b.WatchesRawSource(src)
-	}
-	changed := builder.WithPredicates(predicate.Or[client.Object](createOrDelete(), predicate.GenerationChangedPredicate{}))
-	return b.
-		Named("securityintentexception").
-		For(&securityv1alpha1.SecurityIntentException{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
-		// The intent's id and its bindings say which policies are exempted from.
-		Watches(&intentv1alpha1.SecurityIntent{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
-			return r.exceptionsNaming(ctx, o.GetName())
-		}), changed).
-		Watches(&intentv1alpha1.SecurityIntentBinding{}, handler.EnqueueRequestsFromMapFunc(r.exceptionsOfBinding), changed).
-		Watches(&intentv1alpha1.ClusterSecurityIntentBinding{}, handler.EnqueueRequestsFromMapFunc(r.exceptionsOfBinding), changed).
-		WithOptions(opts).
-		Complete(r)
-}
+// step ends every reconcile of an exception (status.Step).
+func (r *reconciler) step() status.Step { return status.Step{Client: r.client, Recorder: r.recorder} }
 
 // exceptionsNaming are the requests of the exceptions naming the intent.
-func (b *base) exceptionsNaming(ctx context.Context, intentName string) []reconcile.Request {
+func (r *reconciler) exceptionsNaming(ctx context.Context, intentName string) []reconcile.Request {
 	list := &securityv1alpha1.SecurityIntentExceptionList{}
-	if err := b.client.List(ctx, list, client.MatchingFields{indexExceptionIntent: intentName}, client.UnsafeDisableDeepCopy); err != nil {
+	if err := r.client.List(ctx, list, client.MatchingFields{cluster.IndexExceptionIntent: intentName}, client.UnsafeDisableDeepCopy); err != nil {
 		return nil
 	}
 	reqs := make([]reconcile.Request, 0, len(list.Items))
@@ -108,19 +97,19 @@ func (b *base) exceptionsNaming(ctx context.Context, intentName string) []reconc
 	return reqs
 }
 
-func (r *exceptionReconciler) exceptionsOfBinding(ctx context.Context, obj client.Object) []reconcile.Request {
+func (r *reconciler) exceptionsOfBinding(ctx context.Context, obj client.Object) []reconcile.Request {
 	var reqs []reconcile.Request
-	for _, req := range intentsNamed(ctx, obj) {
+	for _, req := range cluster.IntentsNamed(ctx, obj) {
 		reqs = append(reqs, r.exceptionsNaming(ctx, req.Name)...)
 	}
 	return reqs
 }
 
-// reportsForExceptions picks, of a report's targets, the exceptions of the intents it is about.
-func (b *base) reportsForExceptions(ctx context.Context, _, _ []client.ObjectKey, intents []string) []client.ObjectKey {
+// reportTargets picks, of a report's targets, the exceptions of the intents it is about.
+func (r *reconciler) reportTargets(ctx context.Context, _, _ []client.ObjectKey, intents []string) []client.ObjectKey {
 	var out []client.ObjectKey
 	for _, n := range intents {
-		for _, req := range b.exceptionsNaming(ctx, n) {
+		for _, req := range r.exceptionsNaming(ctx, n) {
 			out = append(out, req.NamespacedName)
 		}
 	}
@@ -128,7 +117,7 @@ func (b *base) reportsForExceptions(ctx context.Context, _, _ []client.ObjectKey
 }
 
 // Reconcile brings one exception's PolicyException about, or removes it.
-func (r *exceptionReconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+func (r *reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	exc := &securityv1alpha1.SecurityIntentException{}
 	if err := r.client.Get(ctx, req.NamespacedName, exc); err != nil {
 		if apierrors.IsNotFound(err) {
@@ -149,7 +138,7 @@ func (r *exceptionReconciler) Reconcile(ctx context.Context, req reconcile.Reque
 
 // exempt brings the exception's PolicyException to its spec (or removes it when the exception
 // is refused or has nothing to exempt), and says so.
-func (r *exceptionReconciler) exempt(ctx context.Context, exc *securityv1alpha1.SecurityIntentException) (status.Outcome, error) {
+func (r *reconciler) exempt(ctx context.Context, exc *securityv1alpha1.SecurityIntentException) (status.Outcome, error) {
 	now := r.now().Time
 	if ref := intent.CheckException(exc, r.opts, now); ref != nil {
 		return r.refuse(ctx, exc, 0, *ref)
@@ -161,16 +150,16 @@ func (r *exceptionReconciler) exempt(ctx context.Context, exc *securityv1alpha1.
 		return status.Outcome{}, err
 	}
 	id := si.Spec.Intent.ID
-	ref, namespaced, cluster := intent.CheckExceptionIntent(si.Name, id)
+	ref, namespaced, clusterWide := intent.CheckExceptionIntent(si.Name, id)
 	switch {
 	case ref != nil:
 		return r.refuse(ctx, exc, 0, *ref)
 	case !r.engines.Enabled(intent.Kyverno):
 		return r.refuse(ctx, exc, 0, intent.Refusal{Reason: "EngineDisabled", Message: "Kyverno, whose PolicyException carries the exemption, is disabled by the manager's --intents-engines"})
 	case !r.engines.Has(intent.Kyverno):
-		return status.Progressing("EngineNotInstalled", "Kyverno is not installed: its PolicyException is written once it is", engineRecheck), nil
+		return status.Progressing("EngineNotInstalled", "Kyverno is not installed: its PolicyException is written once it is", cluster.EngineRecheck), nil
 	}
-	policies, err := r.exemptedPolicies(ctx, exc, si.Name, id, namespaced, cluster)
+	policies, err := r.exemptedPolicies(ctx, exc, si.Name, id, namespaced, clusterWide)
 	if err != nil {
 		return status.Outcome{}, err
 	}
@@ -184,7 +173,7 @@ func (r *exceptionReconciler) exempt(ctx context.Context, exc *securityv1alpha1.
 		o.RequeueAfter = until + time.Second
 		return o, nil
 	}
-	want, did, o, err := r.writePolicyException(ctx, exc, policies, min(conflictRetry, until+time.Second))
+	want, did, o, err := r.writePolicyException(ctx, exc, policies, min(cluster.ConflictRetry, until+time.Second))
 	if err != nil || want == nil {
 		return o, err
 	}
@@ -192,14 +181,14 @@ func (r *exceptionReconciler) exempt(ctx context.Context, exc *securityv1alpha1.
 }
 
 // withdraw removes what the exception's PolicyException exempted, and its status says none.
-func (r *exceptionReconciler) withdraw(ctx context.Context, exc *securityv1alpha1.SecurityIntentException) error {
+func (r *reconciler) withdraw(ctx context.Context, exc *securityv1alpha1.SecurityIntentException) error {
 	exc.Status.PolicyException, exc.Status.Policies, exc.Status.Exempted = "", nil, nil
 	return r.removePolicyException(ctx, client.ObjectKeyFromObject(exc))
 }
 
 // refuse withdraws the exception's exemption and says why, looking again after retry (0: on a
 // change only).
-func (r *exceptionReconciler) refuse(ctx context.Context, exc *securityv1alpha1.SecurityIntentException, retry time.Duration, ref intent.Refusal) (status.Outcome, error) {
+func (r *reconciler) refuse(ctx context.Context, exc *securityv1alpha1.SecurityIntentException, retry time.Duration, ref intent.Refusal) (status.Outcome, error) {
 	if err := r.withdraw(ctx, exc); err != nil {
 		return status.Outcome{}, err
 	}
@@ -209,7 +198,7 @@ func (r *exceptionReconciler) refuse(ctx context.Context, exc *securityv1alpha1.
 // writePolicyException brings the exception's PolicyException about, with an Event when it
 // changed, and returns it with what the write did. It returns no PolicyException when it is not
 // in force: the outcome (or the error) says why, looked at again after retry.
-func (r *exceptionReconciler) writePolicyException(ctx context.Context, exc *securityv1alpha1.SecurityIntentException, policies []intent.ScannedPolicy, retry time.Duration) (*unstructured.Unstructured, owned.Outcome, status.Outcome, error) {
+func (r *reconciler) writePolicyException(ctx context.Context, exc *securityv1alpha1.SecurityIntentException, policies []intent.ScannedPolicy, retry time.Duration) (*unstructured.Unstructured, owned.Outcome, status.Outcome, error) {
 	names := make([]string, 0, len(policies))
 	for _, p := range policies {
 		names = append(names, p.Key)
@@ -225,7 +214,7 @@ func (r *exceptionReconciler) writePolicyException(ctx context.Context, exc *sec
 	}})
 	var o status.Outcome
 	switch {
-	case err != nil && rejected(err):
+	case err != nil && owned.Rejected(err):
 		// What an earlier version of the exception wrote exempts no longer either.
 		o, err = r.refuse(ctx, exc, retry, intent.Refusal{Reason: "Rejected", Message: "Kyverno's PolicyException is refused: " + err.Error()})
 		return nil, owned.Unchanged, o, err
@@ -246,7 +235,7 @@ func (r *exceptionReconciler) writePolicyException(ctx context.Context, exc *sec
 
 // exempting is the status of an exception whose PolicyException pe is in force (did: what its
 // write did), until its expiry.
-func (r *exceptionReconciler) exempting(ctx context.Context, exc *securityv1alpha1.SecurityIntentException, id string, policies []intent.ScannedPolicy,
+func (r *reconciler) exempting(ctx context.Context, exc *securityv1alpha1.SecurityIntentException, id string, policies []intent.ScannedPolicy,
 	pe *unstructured.Unstructured, did owned.Outcome, until time.Duration) status.Outcome {
 	st := &exc.Status
 	st.PolicyException = pe.GetNamespace() + "/" + pe.GetName()
@@ -284,7 +273,7 @@ func (r *exceptionReconciler) exempting(ctx context.Context, exc *securityv1alph
 
 // unexempted says which of the intent's other engines still enforce it on the exempted workloads
 // ("" when none): KubeArmor, which enforces escapeToHost at run time too, has no exception.
-func (r *exceptionReconciler) unexempted(id string) string {
+func (r *reconciler) unexempted(id string) string {
 	var still []intent.Engine
 	for _, e := range slices.Concat(intent.Implementations[id], intent.ClusterImplementations[id]) {
 		if e != intent.Kyverno && !slices.Contains(still, e) && r.engines.Enabled(e) && r.engines.Has(e) {
@@ -300,8 +289,8 @@ func (r *exceptionReconciler) unexempted(id string) string {
 // exemptedPolicies are the intent's Kyverno policies that apply to the exception's namespaces:
 // the namespaced Policy of each SecurityIntentBinding naming it there, the ClusterPolicy of each
 // ClusterSecurityIntentBinding naming it, by their key in Kyverno's results, sorted.
-func (r *exceptionReconciler) exemptedPolicies(ctx context.Context, exc *securityv1alpha1.SecurityIntentException, intentName, id string, namespaced, cluster bool) ([]intent.ScannedPolicy, error) {
-	sibs, csibs, err := r.bindingsNamingIntent(ctx, intentName)
+func (r *reconciler) exemptedPolicies(ctx context.Context, exc *securityv1alpha1.SecurityIntentException, intentName, id string, namespaced, clusterWide bool) ([]intent.ScannedPolicy, error) {
+	sibs, csibs, err := cluster.BindingsNaming(ctx, r.client, intentName)
 	if err != nil {
 		return nil, err
 	}
@@ -314,7 +303,7 @@ func (r *exceptionReconciler) exemptedPolicies(ctx context.Context, exc *securit
 		}
 	}
 	for _, csib := range csibs {
-		if !cluster {
+		if !clusterWide {
 			break
 		}
 		p, _, _ := intent.KyvernoPolicyOf("", intent.PolicyName(csib.Name, id))
@@ -334,7 +323,7 @@ func entriesOf(policies []intent.ScannedPolicy) []string {
 
 // removePolicyException deletes the PolicyException carrying the exception key, when there is
 // one and it carries that exception.
-func (r *exceptionReconciler) removePolicyException(ctx context.Context, key client.ObjectKey) error {
+func (r *reconciler) removePolicyException(ctx context.Context, key client.ObjectKey) error {
 	if r.opts.Namespace == "" {
 		return nil // none is written (the sweep removes those of an earlier configuration)
 	}
@@ -361,27 +350,27 @@ func notServed(err error) bool {
 
 // exempted counts the workloads Kyverno's reports say it skipped, for any of the policies, under
 // the PolicyException named pe; readable is false while the reports cannot be read.
-func (b *base) exempted(ctx context.Context, policies []intent.ScannedPolicy, pe string) (int32, bool, error) {
-	if !b.reports.Current().Readable {
+func (r *reconciler) exempted(ctx context.Context, policies []intent.ScannedPolicy, pe string) (int32, bool, error) {
+	if !r.reports.Current().Readable {
 		return 0, false, nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, cluster.ReadTimeout)
 	defer cancel()
-	n, err := intent.Exempted(policies, pe, b.reports.ReportsOf(ctx))
+	n, err := intent.Exempted(policies, pe, r.reports.ReportsOf(ctx))
 	return n, err == nil, err
 }
 
-// exceptionSweep deletes, once each time the controller leads, the PolicyExceptions it wrote that
+// sweep deletes, once each time the controller leads, the PolicyExceptions it wrote that
 // carry nothing any more: those of exceptions deleted while no manager ran (a running one deletes
 // them at once), and every one outside --intents-exception-namespace (all of them when exceptions
 // are off: a manager restarted with the flag changed or empty leaves no exemption in force).
-type exceptionSweep struct {
-	*exceptionReconciler
+type sweep struct {
+	*reconciler
 }
 
-func (s exceptionSweep) NeedLeaderElection() bool { return true }
+func (s sweep) NeedLeaderElection() bool { return true }
 
-func (s exceptionSweep) Start(ctx context.Context) error {
+func (s sweep) Start(ctx context.Context) error {
 	list := &unstructured.UnstructuredList{}
 	list.SetGroupVersionKind(intent.PolicyExceptionKind.GroupVersion().WithKind("PolicyExceptionList"))
 	if err := s.apiReader.List(ctx, list, client.MatchingLabels{intent.ManagedByLabel: intent.ManagedByValue}); err != nil {
@@ -415,58 +404,9 @@ func (s exceptionSweep) Start(ctx context.Context) error {
 	return nil
 }
 
-// exceptionShown passes the changes of an exception that its intent's status shows.
-func exceptionShown() predicate.Predicate {
-	return predicate.Funcs{
-		UpdateFunc: func(e event.UpdateEvent) bool {
-			a, ok1 := e.ObjectOld.(*securityv1alpha1.SecurityIntentException)
-			b, ok2 := e.ObjectNew.(*securityv1alpha1.SecurityIntentException)
-			if !ok1 || !ok2 {
-				return true
-			}
-			return a.Spec.Intent != b.Spec.Intent || !equality.Semantic.DeepEqual(summarize(a), summarize(b))
-		},
-	}
-}
-
-// summarize is how an intent's status shows the exception.
-func summarize(exc *securityv1alpha1.SecurityIntentException) intentv1alpha1.IntentException {
-	return intentv1alpha1.IntentException{
-		Name: exc.Namespace + "/" + exc.Name, Owner: exc.Spec.Owner, Expires: exc.Spec.Expires,
-		State: status.ReadyReason(exc.Status.Conditions), Exempted: exc.Status.Exempted,
-	}
-}
-
-// exceptionsOf maps an exception to the intent it names.
-func exceptionsOf(_ context.Context, obj client.Object) []reconcile.Request {
-	exc, ok := obj.(*securityv1alpha1.SecurityIntentException)
-	if !ok {
-		return nil
-	}
-	return []reconcile.Request{{NamespacedName: client.ObjectKey{Name: exc.Spec.Intent}}}
-}
-
-// intentExceptions are the exceptions naming the intent, as its status lists them (the first
-// MaxListedExceptions by namespace/name).
-func (b *base) intentExceptions(ctx context.Context, name string) ([]intentv1alpha1.IntentException, error) {
-	list := &securityv1alpha1.SecurityIntentExceptionList{}
-	if err := b.client.List(ctx, list, client.MatchingFields{indexExceptionIntent: name}, client.UnsafeDisableDeepCopy); err != nil {
-		return nil, err
-	}
-	out := make([]intentv1alpha1.IntentException, 0, len(list.Items))
-	for i := range list.Items {
-		out = append(out, summarize(&list.Items[i]))
-	}
-	slices.SortFunc(out, func(a, b intentv1alpha1.IntentException) int { return strings.Compare(a.Name, b.Name) })
-	if len(out) == 0 {
-		return nil, nil
-	}
-	return out[:min(len(out), intentv1alpha1.MaxListedExceptions)], nil
-}
-
-// exceptionState is the state quartermaster_objects counts an exception in: expiring (Ready, in
+// State is the state quartermaster_objects counts an exception in: expiring (Ready, in
 // its last --intents-exception-expiry-warning) and expired beside ready, stalled and reconciling.
-func exceptionState(obj client.Object) string {
+func State(obj client.Object) string {
 	switch status.ReadyReason(status.ConditionsOf(obj)) {
 	case "ExpiresSoon":
 		return "expiring"
@@ -474,4 +414,39 @@ func exceptionState(obj client.Object) string {
 		return "expired"
 	}
 	return status.ConditionState(obj)
+}
+
+// Setup registers the exceptions part: its controller (one queue, opts) and its sweep. engines and
+// reports are what it knows of the cluster; rules are the platform's (the manager's flags).
+func Setup(mgr ctrl.Manager, opts controller.Options, engines *cluster.Engines, reports *cluster.Reports, rules intent.ExceptionRules) error {
+	status.CountObjects(mgr, "SecurityIntentException", &securityv1alpha1.SecurityIntentExceptionList{}, State)
+	r := &reconciler{
+		client:    status.NewClient(owned.WithFieldOwner(mgr.GetClient()), &securityv1alpha1.SecurityIntentException{}),
+		apiReader: mgr.GetAPIReader(), recorder: status.NewRecorder(mgr, "quartermaster-intents"),
+		engines: engines, reports: reports, opts: rules, now: metav1.Now, log: mgr.GetLogger().WithName("intents").WithName("exceptions"),
+	}
+	b := builder.ControllerManagedBy(mgr)
+	for _, src := range reports.Sources(cluster.Scanned(mgr.GetClient(), &securityv1alpha1.SecurityIntentExceptionList{}, cluster.IndexExceptionIntent), r.reportTargets) {
+		b = b.WatchesRawSource(src)
+	}
+	if engines.Enabled(intent.Kyverno) {
+		// Kyverno installed after the start: what waited for it (EngineNotInstalled) is written now.
+		b = b.WatchesRawSource(engines.Kinds().WhenMet(engines.Need(intent.Kyverno),
+			cluster.EnqueueAll(mgr.GetClient(), &securityv1alpha1.SecurityIntentExceptionList{}, r.log)).Prepare(engines.Prepare(intent.Kyverno)))
+	}
+	// The intent's id and its bindings say which policies are exempted from.
+	changed := builder.WithPredicates(predicate.GenerationChangedPredicate{})
+	err := b.Named("securityintentexception").
+		For(&securityv1alpha1.SecurityIntentException{}, changed).
+		Watches(&intentv1alpha1.SecurityIntent{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
+			return r.exceptionsNaming(ctx, o.GetName())
+		}), changed).
+		Watches(&intentv1alpha1.SecurityIntentBinding{}, handler.EnqueueRequestsFromMapFunc(r.exceptionsOfBinding), changed).
+		Watches(&intentv1alpha1.ClusterSecurityIntentBinding{}, handler.EnqueueRequestsFromMapFunc(r.exceptionsOfBinding), changed).
+		WithOptions(opts).
+		Complete(r)
+	if err != nil {
+		return err
+	}
+	return mgr.Add(sweep{r})
 }
