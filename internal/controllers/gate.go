@@ -31,8 +31,9 @@ func (s *Starter) Start(ctx context.Context) error {
 	need := Need{Name: "the " + s.Controller.Name + " controller's kinds", Kinds: s.Controller.Requires}
 	waited := !s.Kinds.Check(ctx, need)
 	if waited {
+		missing, _ := s.Kinds.Missing(need)
 		log.Info("waiting for the CustomResourceDefinition to be installed; the controller starts when it is served",
-			"missing", s.Kinds.Missing(need))
+			"missing", missing)
 		if err := s.Kinds.Wait(ctx, need); err != nil {
 			return nil //nolint:nilerr // the wait ends early only when the manager is stopping
 		}

@@ -56,6 +56,7 @@ type need struct {
 	met     chan struct{} // closed once met
 	done    bool
 	missing string // what the last look found missing, for the log (once per change)
+	failed  bool   // the last look could not tell (discovery or the probe failed)
 }
 
 // NewKinds makes the manager's Kinds, polling every interval (DefaultKindPollInterval when zero),
@@ -177,14 +178,14 @@ func (k *Kinds) lookAt(ctx context.Context, needs []*need) {
 		}
 	}
 	for _, s := range needs {
-		missing := k.missing(ctx, s, served, failed)
+		missing, lookFailed := k.missing(ctx, s, served, failed)
 		k.mu.Lock()
 		if s.done {
 			k.mu.Unlock()
 			continue
 		}
 		changed := missing != s.missing
-		s.missing = missing
+		s.missing, s.failed = missing, lookFailed
 		if missing == "" {
 			s.done = true
 			close(s.met)
@@ -195,7 +196,7 @@ func (k *Kinds) lookAt(ctx context.Context, needs []*need) {
 			k.log.Info(s.Announce, "need", s.Name)
 		case missing == "":
 			k.log.V(1).Info("met", "need", s.Name)
-		case changed && strings.Contains(missing, "failed"):
+		case changed && lookFailed:
 			k.log.Info("looking for what is awaited failed; looked for again every "+k.interval.String(), "need", s.Name, "missing", missing)
 		case changed:
 			k.log.V(1).Info("waiting", "need", s.Name, "missing", missing, "interval", k.interval.String())
@@ -203,21 +204,24 @@ func (k *Kinds) lookAt(ctx context.Context, needs []*need) {
 	}
 }
 
-// Missing says what of n the last look found missing ("" when met or not looked at yet).
-func (k *Kinds) Missing(n Need) string {
+// Missing says what of n the last look found missing ("" when met or not looked at yet), and
+// whether that look failed (discovery or the probe answered an error) rather than found it absent.
+func (k *Kinds) Missing(n Need) (what string, failed bool) {
 	s := k.register(n)
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	return s.missing
+	return s.missing, s.failed
 }
 
-// missing says what of s is not there yet ("" when s is met).
-func (k *Kinds) missing(ctx context.Context, s *need, served map[schema.GroupVersion][]string, failed map[schema.GroupVersion]error) string {
+// missing says what of s is not there yet ("" when s is met), and whether a question failed.
+func (k *Kinds) missing(ctx context.Context, s *need, served map[schema.GroupVersion][]string, failed map[schema.GroupVersion]error) (string, bool) {
 	var out []string
+	lookFailed := false
 	for _, gvk := range s.Kinds {
 		gv := gvk.GroupVersion()
 		switch {
 		case failed[gv] != nil:
+			lookFailed = true
 			out = append(out, fmt.Sprintf("%s (discovery failed: %v)", gvk.Kind, failed[gv]))
 		case !slices.Contains(served[gv], gvk.Kind):
 			out = append(out, gvk.Kind+"."+gvk.GroupVersion().String())
@@ -227,12 +231,13 @@ func (k *Kinds) missing(ctx context.Context, s *need, served map[schema.GroupVer
 		ok, err := s.Probe(ctx)
 		switch {
 		case err != nil:
+			lookFailed = true
 			out = append(out, "probe failed: "+err.Error())
 		case !ok:
 			out = append(out, "not installed")
 		}
 	}
-	return strings.Join(out, ", ")
+	return strings.Join(out, ", "), lookFailed
 }
 
 // servedKinds are the kinds the API server serves in gv (none when it serves no such group version).

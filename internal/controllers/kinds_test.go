@@ -41,8 +41,8 @@ func TestKindsAsksOncePerGroupVersionAndStopsWhenMet(t *testing.T) {
 	if kinds.Check(ctx, a) || kinds.Check(ctx, b) {
 		t.Fatal("met before anything is served")
 	}
-	if got := kinds.Missing(a); got != "A.example.quartermaster.dev/v1" {
-		t.Errorf("Missing(a) = %q", got)
+	if got, failed := kinds.Missing(a); got != "A.example.quartermaster.dev/v1" || failed {
+		t.Errorf("Missing(a) = %q, %v", got, failed)
 	}
 	asked := d.polls()
 	d.serve(&metav1.APIResourceList{GroupVersion: gv.String(), APIResources: []metav1.APIResource{{Name: "as", Kind: "A"}, {Name: "bs", Kind: "B"}}})
@@ -57,7 +57,7 @@ func TestKindsAsksOncePerGroupVersionAndStopsWhenMet(t *testing.T) {
 	if n := d.polls() - asked; n != 1 {
 		t.Errorf("one look at two needs of one group version asked %d times, want once", n)
 	}
-	if !kinds.Has(a) || !kinds.Has(b) || kinds.Missing(a) != "" {
+	if !kinds.Has(a) || !kinds.Has(b) || func() bool { m, _ := kinds.Missing(a); return m != "" }() {
 		t.Error("not met after the look that found them")
 	}
 	if n := logs.count("b is here"); n != 1 {

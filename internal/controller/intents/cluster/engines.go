@@ -8,6 +8,7 @@ package cluster
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 
 	"github.com/go-logr/logr"
 	batchv1 "k8s.io/api/batch/v1"
@@ -42,7 +43,6 @@ type Engines struct {
 	allowed map[intent.Engine]bool
 	needs   map[intent.Engine]controllers.Need
 
-	mu       sync.Mutex
 	prepared map[intent.Engine]*prepared // engines whose kinds are indexed in objects
 }
 
@@ -50,7 +50,7 @@ type Engines struct {
 type prepared struct {
 	once sync.Once
 	err  error
-	done bool
+	done atomic.Bool
 }
 
 // NewEngines follows the engines allowed (nil: every engine) through kinds; reader reads K8TLS's
@@ -58,14 +58,17 @@ type prepared struct {
 func NewEngines(kinds *controllers.Kinds, reader client.Reader, objects cache.Cache, log logr.Logger, allowed map[intent.Engine]bool) *Engines {
 	e := &Engines{kinds: kinds, reader: reader, objects: objects, log: log, allowed: allowed,
 		needs: map[intent.Engine]controllers.Need{}, prepared: map[intent.Engine]*prepared{}}
-	const installed = "policy engine installed: generating its policies"
 	for _, en := range []intent.Engine{intent.KubeArmor, intent.Kyverno, intent.NetworkPolicy, intent.K8TLS} {
-		e.needs[en] = controllers.Need{Name: "policy engine " + string(en), Kinds: intent.EngineKinds[en], Announce: installed}
-		e.prepared[en] = &prepared{}
+		n := controllers.Need{Name: "policy engine " + string(en), Kinds: intent.EngineKinds[en], Announce: "policy engine installed: generating its policies"}
+		switch en {
+		case intent.NetworkPolicy:
+			n.Announce = "" // built in: always there
+		case intent.K8TLS:
+			// Its kinds (CronJob, ConfigMap) are built in and say nothing: its namespace and ServiceAccount do.
+			n.Kinds, n.Probe = nil, e.k8tlsInstalled
+		}
+		e.needs[en], e.prepared[en] = n, &prepared{}
 	}
-	e.needs[intent.NetworkPolicy] = controllers.Need{Name: "policy engine " + string(intent.NetworkPolicy), Kinds: intent.EngineKinds[intent.NetworkPolicy]} // built in
-	// Its kinds (CronJob, ConfigMap) are built in and say nothing: its namespace and ServiceAccount do.
-	e.needs[intent.K8TLS] = controllers.Need{Name: "policy engine " + string(intent.K8TLS), Probe: e.k8tlsInstalled, Announce: installed}
 	return e
 }
 
@@ -83,9 +86,7 @@ func (e *Engines) Prepare(en intent.Engine) func(ctx context.Context) error {
 					return
 				}
 			}
-			e.mu.Lock()
-			p.done = true
-			e.mu.Unlock()
+			p.done.Store(true)
 		})
 		return p.err
 	}
@@ -104,12 +105,7 @@ func (e *Engines) Available(en intent.Engine) bool {
 // Has reports whether the engine's kinds are served and indexed.
 func (e *Engines) Has(en intent.Engine) bool {
 	p := e.prepared[en]
-	if p == nil {
-		return false
-	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return p.done
+	return p != nil && p.done.Load()
 }
 
 // Look asks now for the enabled engines and prepares those installed, so that they are known

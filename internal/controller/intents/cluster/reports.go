@@ -174,7 +174,7 @@ func (r *Reports) look(ctx context.Context) State {
 		return State{Why: "Kyverno is not installed, so nothing here scans existing workloads"}
 	}
 	if !r.engines.Kinds().Has(ReportsNeed) {
-		if missing := r.engines.Kinds().Missing(ReportsNeed); strings.Contains(missing, "failed") {
+		if missing, failed := r.engines.Kinds().Missing(ReportsNeed); failed {
 			return State{Why: "Kyverno's PolicyReports (" + PolicyReportKind.GroupVersion().String() + ") cannot be looked up: " + missing}
 		}
 		return State{Why: "Kyverno's PolicyReport kind (" + PolicyReportKind.GroupVersion().String() + ") is not served: Kyverno was installed without its report CRDs"}
